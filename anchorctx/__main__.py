@@ -1,0 +1,5 @@
+import sys
+
+from anchorctx.cli import main
+
+sys.exit(main())

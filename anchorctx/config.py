@@ -1,0 +1,413 @@
+"""The one typed experiment config.
+
+Every setting of an experiment lives in exactly one place in this tree. YAML files in
+``configs/`` are validated against it; ``--set a.b=value`` overrides are applied to the raw
+mapping *before* validation, so a typo in a key is an error that names the valid keys, never a
+silent default. ``extra="forbid"`` everywhere.
+"""
+
+from __future__ import annotations
+
+import copy
+import difflib
+import hashlib
+import json
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+Variant = Literal["full", "intra_doc", "intra_doc_reset", "anchor"]
+Engine = Literal["auto", "sdpa", "flex", "varlen", "flash_attn"]
+VARIANTS: tuple[str, ...] = ("full", "intra_doc", "intra_doc_reset", "anchor")
+ENGINES: tuple[str, ...] = ("auto", "sdpa", "flex", "varlen", "flash_attn")
+
+# The paper's Figure 1 / Eq. 4 shift list (Δ1 values, with Δ2 = 16).
+PAPER_SHIFTS = [0, 2, 4, 6, 8, 10, 12, 14, 15, 16, 17, 18, 20, 22, 50, 100, 200, 500, 1000, 2000]
+
+
+class ConfigError(ValueError):
+    """A config file or override is invalid; the message names the key and the valid ones."""
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, frozen=False)
+
+
+# --------------------------------------------------------------------------------------- model
+class TinyModelConfig(Strict):
+    """A randomly initialised model defined in the config (demo, tests, benchmarks)."""
+
+    architecture: Literal["llama", "mistral", "qwen2"] = "llama"
+    hidden_size: int = Field(64, gt=0)
+    intermediate_size: int = Field(128, gt=0)
+    num_hidden_layers: int = Field(2, gt=0)
+    num_attention_heads: int = Field(4, gt=0)
+    num_key_value_heads: int = Field(2, gt=0)
+    head_dim: int | None = None
+    vocab_size: int | None = Field(None, description="Default: the tokenizer's length.")
+    init_seed: int = 0
+
+    @model_validator(mode="after")
+    def _heads_divide(self) -> TinyModelConfig:
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ValueError(
+                f"num_attention_heads={self.num_attention_heads} must be a multiple of "
+                f"num_key_value_heads={self.num_key_value_heads}"
+            )
+        if self.head_dim is None and self.hidden_size % self.num_attention_heads:
+            raise ValueError("hidden_size must be a multiple of num_attention_heads")
+        return self
+
+
+class ModelConfig(Strict):
+    path: Path | None = Field(None, description="Local Hugging Face model directory.")
+    tiny: TinyModelConfig | None = Field(None, description="In-config random model (demo/tests).")
+    tokenizer: Path | None = Field(
+        None, description="Tokenizer directory. Default: model.path. Required with model.tiny."
+    )
+    rope_theta: float | None = Field(None, gt=0, description="RoPE base override (Table 1).")
+    max_position_embeddings: int | None = Field(
+        None, gt=0, description="Default when rope_theta is overridden: data.seq_len."
+    )
+    dtype: Literal["bfloat16", "float32", "float16"] = "bfloat16"
+    rope_fp32: bool = Field(
+        False, description="Apply RoPE to q/k in float32 inside bf16 training (ablation)."
+    )
+
+    @model_validator(mode="after")
+    def _one_source(self) -> ModelConfig:
+        if (self.path is None) == (self.tiny is None):
+            raise ValueError("set exactly one of model.path or model.tiny")
+        if self.tiny is not None and self.tokenizer is None:
+            raise ValueError("model.tiny needs model.tokenizer (e.g. the demo corpus tokenizer)")
+        return self
+
+    @property
+    def tokenizer_path(self) -> Path:
+        return self.tokenizer if self.tokenizer is not None else self.path  # type: ignore[return-value]
+
+
+# ---------------------------------------------------------------------------------------- data
+class SourceConfig(Strict):
+    path: Path = Field(description="A file, a directory, or a glob of SlimPajama-layout files.")
+    format: Literal["auto", "jsonl", "jsonl.zst", "parquet", "hf"] = "auto"
+    text_field: str = "text"
+    domain_field: str = Field("meta.redpajama_set_name", description="Dotted path in a record.")
+    domain: str | None = Field(None, description="Fixed domain for every record of this source.")
+
+
+class UpsampleConfig(Strict):
+    threshold: int = Field(4096, gt=0, description="Documents longer than this (tokens) are 'long'.")
+    long_share: float = Field(
+        0.7, gt=0, lt=1, description="Target share of tokens from long documents, per domain."
+    )
+
+
+class DemoCorpusConfig(Strict):
+    """Generate the seeded synthetic demo corpus and tokenizer here when missing."""
+
+    dir: Path = Path(".demo/corpus")
+    seed: int = 0
+    docs_per_domain: int = Field(40, gt=0)
+
+
+class DataConfig(Strict):
+    demo_corpus: DemoCorpusConfig | None = Field(
+        None, description="Demo/tests only: write the synthetic corpus to demo_corpus.dir first."
+    )
+    sources: list[SourceConfig] = Field(default_factory=list)
+    seq_len: int = Field(65536, gt=1)
+    token_budget: int | None = Field(None, gt=0, description="Tokens to sample; None: all input.")
+    mixture: Literal["original", "upsampled"] | dict[str, float] = "original"
+    upsample: UpsampleConfig = Field(default_factory=UpsampleConfig)
+    separator: str = Field("eos", description="'eos', 'none', or literal text after each document.")
+    domain_tags: bool = False
+    tag_template: str = "{domain}\n"
+    interleave_chunks: bool = False
+    chunks_per_document: tuple[int, int] = (2, 3)
+    on_bad_input: Literal["error", "skip"] = "error"
+    num_workers: int = Field(1, ge=1)
+    tokenize_batch_size: int = Field(256, ge=1)
+    output_dir: Path | None = Field(
+        None, description="Default: <run_root>/<name>/data/<data fingerprint>."
+    )
+
+
+# ------------------------------------------------------------------------------------ training
+class SaveConfig(Strict):
+    every: int = Field(10, gt=0, description="Save every N steps ...")
+    last: int | None = Field(50, gt=0, description="... within the last N steps (None: whole run).")
+    keep: int | None = Field(None, gt=0, description="Keep only the newest N checkpoints.")
+
+
+class TrainingConfig(Strict):
+    attention: Variant = "anchor"
+    engine: Engine = "auto"
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    nproc: int = Field(1, ge=1, description="Processes (GPUs) per node.")
+    nnodes: int = Field(1, ge=1)
+    hostfile: Path | None = None
+    sequence_parallel: int = Field(1, ge=1)
+    zero_stage: int | None = Field(None, ge=0, le=3, description="Default: 3 on GPU, 0 on CPU.")
+    steps: int = Field(2000, gt=0)
+    global_batch_size: int = Field(8, gt=0, description="Sequences per optimiser step.")
+    micro_batch_size: int = Field(1, gt=0)
+    lr: float = Field(2e-5, gt=0)
+    warmup_steps: int = Field(0, ge=0)
+    betas: tuple[float, float] = (0.9, 0.95)
+    weight_decay: float = Field(0.1, ge=0)
+    grad_clip: float = Field(1.0, ge=0)
+    precision: Literal["bf16", "fp32"] = "bf16"
+    activation_checkpointing: bool = True
+    save: SaveConfig = Field(default_factory=SaveConfig)
+    log_every: int = Field(1, gt=0)
+
+
+# ---------------------------------------------------------------------------------- evaluation
+class RulerConfig(Strict):
+    tasks: list[str] | None = Field(None, description="Default: all 13 RULER tasks.")
+    exclude: list[str] = Field(default_factory=list, description="Paper (Llama-2): cwe, mk3.")
+    lengths: list[int] = Field(default_factory=lambda: [4096, 8192, 16384, 32768, 65536, 131072])
+    num_samples: int = Field(500, gt=0)
+    seed: int = 42
+    essay_path: Path | None = None
+    squad_path: Path | None = None
+    hotpotqa_path: Path | None = None
+
+
+class LongBenchConfig(Strict):
+    data_dir: Path | None = None
+    datasets: list[str] | None = Field(None, description="Default: the English datasets.")
+    max_length: int | None = Field(None, description="Prompt token budget; default: model max.")
+    limit: int | None = Field(None, gt=0, description="Samples per dataset (None: all).")
+
+
+class HarnessConfig(Strict):
+    mmlu_dir: Path | None = None
+    hellaswag_dir: Path | None = None
+    mmlu_fewshot: int = 5
+    limit: int | None = Field(None, gt=0)
+    batch_size: int = Field(8, gt=0)
+
+
+class EvaluationConfig(Strict):
+    suites: list[Literal["ruler", "longbench", "mmlu", "hellaswag"]] = Field(
+        default_factory=lambda: ["ruler"]
+    )
+    ruler: RulerConfig = Field(default_factory=RulerConfig)
+    longbench: LongBenchConfig = Field(default_factory=LongBenchConfig)
+    harness: HarnessConfig = Field(default_factory=HarnessConfig)
+    last_k: int = Field(5, gt=0, description="Average over the last k checkpoints (paper: 5).")
+    demo_fixtures: Path | None = Field(
+        None, description="Demo/tests only: write synthetic evaluation data files here if missing."
+    )
+    batch_size: int = Field(1, gt=0, description="Generation batch size.")
+    engine: Engine = "auto"
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    dtype: Literal["bfloat16", "float32", "float16"] = "bfloat16"
+
+
+# ------------------------------------------------------------------------------------ analysis
+class RopePrecisionConfig(Strict):
+    shifts: list[int] = Field(default_factory=lambda: list(PAPER_SHIFTS))
+    delta2: int = 16
+    seq_len: int = Field(4096, gt=1)
+    num_sequences: int = Field(50, gt=0)
+    lengths: list[int] = Field(
+        default_factory=lambda: [64, 128, 256, 512, 1024, 2048, 4096, 8192]
+    )
+    precisions: list[Literal["bf16", "fp32"]] = Field(default_factory=lambda: ["bf16", "fp32"])
+    text_files: list[Path] = Field(
+        default_factory=list, description="Text inputs; default: the packed dataset."
+    )
+    random_init: bool = Field(False, description="Ignore model.path weights: random init.")
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+
+
+class AnalysisConfig(Strict):
+    rope_precision: RopePrecisionConfig = Field(default_factory=RopePrecisionConfig)
+
+
+# ---------------------------------------------------------------------------------- experiment
+class VariantSpec(Strict):
+    """One arm of an experiment: a name, an attention variant, and dotted overrides."""
+
+    name: str = Field(pattern=r"^[A-Za-z0-9_.-]+$")
+    attention: Variant
+    overrides: dict[str, Any] = Field(
+        default_factory=dict, description="Dotted keys, e.g. {'data.domain_tags': true}."
+    )
+
+
+class ExperimentConfig(Strict):
+    name: str = Field(pattern=r"^[A-Za-z0-9_.-]+$")
+    run_root: Path = Path("runs")
+    seed: int = 0
+    model: ModelConfig
+    data: DataConfig = Field(default_factory=DataConfig)
+    training: TrainingConfig = Field(default_factory=TrainingConfig)
+    evaluation: EvaluationConfig = Field(default_factory=EvaluationConfig)
+    analysis: AnalysisConfig = Field(default_factory=AnalysisConfig)
+    variants: list[VariantSpec] = Field(
+        default_factory=list, description="Arms of full-experiment; empty: training.attention."
+    )
+    variant: str | None = Field(None, description="Run name under the experiment (set per arm).")
+
+    # -- derived paths ------------------------------------------------------------------
+    @property
+    def variant_name(self) -> str:
+        return self.variant or self.training.attention
+
+    @property
+    def experiment_dir(self) -> Path:
+        return self.run_root / self.name
+
+    @property
+    def run_dir(self) -> Path:
+        """``<run_root>/<experiment>/<variant>/`` (DESIGN.md, run directory contract)."""
+        return self.experiment_dir / self.variant_name
+
+    def for_variant(self, spec: VariantSpec) -> ExperimentConfig:
+        """The config of one experiment arm: overrides applied, attention and name set."""
+        raw = self.model_dump(mode="json")
+        raw["variants"] = []
+        for key, value in spec.overrides.items():
+            _set_dotted(raw, key, value)
+        raw["training"]["attention"] = spec.attention
+        raw["variant"] = spec.name
+        return _validate(raw, source=f"variant {spec.name!r}")
+
+    def arms(self) -> list[ExperimentConfig]:
+        """Every arm of the experiment (a single arm when ``variants`` is empty)."""
+        return [self.for_variant(v) for v in self.variants] if self.variants else [self]
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False)
+
+    def fingerprint(self, *sections: str) -> str:
+        """Content hash of the whole config or of the named top-level sections."""
+        dumped = self.model_dump(mode="json")
+        if sections:
+            dumped = {s: dumped[s] for s in sections}
+        return hashlib.sha256(json.dumps(dumped, sort_keys=True).encode()).hexdigest()[:16]
+
+
+# ------------------------------------------------------------------------ loading and overrides
+def load_config(path: str | Path, overrides: list[str] | None = None) -> ExperimentConfig:
+    """Read a YAML config, apply ``a.b=value`` overrides, validate.
+
+    Relative paths inside the file stay relative to the working directory (like every CLI).
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"config file not found: {path}")
+    try:
+        raw = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as err:
+        raise ConfigError(f"{path}: invalid YAML: {err}") from err
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: top level must be a mapping, got {type(raw).__name__}")
+    return config_from_dict(raw, overrides, source=str(path))
+
+
+def config_from_dict(
+    raw: dict[str, Any], overrides: list[str] | None = None, source: str = "config"
+) -> ExperimentConfig:
+    raw = copy.deepcopy(raw)
+    for item in overrides or []:
+        key, sep, text = item.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"override {item!r} must look like a.b=value")
+        _check_key(key.strip())
+        _set_dotted(raw, key.strip(), yaml.safe_load(text) if text.strip() else None)
+    return _validate(raw, source)
+
+
+def _validate(raw: dict[str, Any], source: str) -> ExperimentConfig:
+    try:
+        return ExperimentConfig.model_validate(raw)
+    except ValidationError as err:
+        raise ConfigError(f"{source}:\n" + _explain(err)) from None
+
+
+def _explain(err: ValidationError) -> str:
+    lines = []
+    for e in err.errors():
+        loc = ".".join(str(p) for p in e["loc"])
+        if e["type"] == "extra_forbidden":
+            lines.append("  " + _unknown_key_message(loc))
+        else:
+            lines.append(f"  {loc or '<root>'}: {e['msg']} (got {e.get('input')!r})")
+    return "\n".join(lines)
+
+
+def _model_at(dotted: str) -> tuple[type[BaseModel] | None, str]:
+    """Walk the model classes along a dotted key; return the parent model of the last part."""
+    model: type[BaseModel] | None = ExperimentConfig
+    parts = dotted.split(".")
+    for part in parts[:-1]:
+        if model is None:
+            return None, parts[-1]
+        field = model.model_fields.get(part)
+        if field is None:
+            return model, part
+        model = _sub_model(field.annotation)
+    return model, parts[-1]
+
+
+def _sub_model(annotation: Any) -> type[BaseModel] | None:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in getattr(annotation, "__args__", ()) or ():
+        if isinstance(arg, type) and issubclass(arg, BaseModel):
+            return arg
+    return None
+
+
+def _unknown_key_message(dotted: str) -> str:
+    model, last = _model_at(dotted)
+    if model is None:
+        return f"unknown key {dotted!r}"
+    valid = sorted(model.model_fields)
+    near = difflib.get_close_matches(last, valid, n=1)
+    hint = f" Did you mean {near[0]!r}?" if near else ""
+    return f"unknown key {dotted!r}.{hint} Valid keys here: {', '.join(valid)}"
+
+
+def _check_key(dotted: str) -> None:
+    """Reject an override whose key does not exist in the schema (dict-valued leaves excepted)."""
+    model: type[BaseModel] | None = ExperimentConfig
+    for part in dotted.split("."):
+        if model is None:  # inside a free-form mapping (e.g. data.mixture, variant overrides)
+            return
+        if part.isdigit():  # list index into a list of models, e.g. data.sources.0.path
+            continue
+        field = model.model_fields.get(part)
+        if field is None:
+            raise ConfigError(_unknown_key_message(dotted))
+        model = _sub_model(field.annotation)
+
+
+def _set_dotted(raw: dict[str, Any], dotted: str, value: Any) -> None:
+    node: Any = raw
+    parts = dotted.split(".")
+    for part in parts[:-1]:
+        if isinstance(node, list):
+            node = node[int(part)]
+            continue
+        if not isinstance(node.get(part), dict | list):
+            node[part] = {}
+        node = node[part]
+    if isinstance(node, list):
+        node[int(parts[-1])] = value
+    else:
+        node[parts[-1]] = value
+
+
+def dump_config(cfg: ExperimentConfig, path: Path) -> None:
+    """Write the resolved config atomically (``config.yaml`` beside every run's outputs)."""
+    from anchorctx.io import atomic_write_text
+
+    atomic_write_text(path, cfg.to_yaml())

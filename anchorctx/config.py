@@ -73,7 +73,9 @@ class ModelConfig(Strict):
     )
     dtype: Literal["bfloat16", "float32", "float16"] = "bfloat16"
     rope_fp32: bool = Field(
-        False, description="Apply RoPE to q/k in float32 inside bf16 training (ablation)."
+        False,
+        description="Apply RoPE to q/k in float32 inside a bf16 model, rounding the rotated q/k "
+        "to bf16 once (anchorctx.training.rope.enable_fp32_rope). A no-op in float32.",
     )
 
     @model_validator(mode="after")
@@ -140,13 +142,18 @@ class SaveConfig(Strict):
     every: int = Field(10, gt=0, description="Save every N steps ...")
     last: int | None = Field(50, gt=0, description="... within the last N steps (None: whole run).")
     keep: int | None = Field(None, gt=0, description="Keep only the newest N checkpoints.")
+    resume_every: int | None = Field(
+        50, gt=0, description="Write resume state every N steps (also at checkpoints and the end)."
+    )
 
 
 class TrainingConfig(Strict):
     attention: Variant = "anchor"
     engine: Engine = "auto"
     device: Literal["auto", "cpu", "cuda"] = "auto"
-    nproc: int = Field(1, ge=1, description="Processes (GPUs) per node.")
+    nproc: int | None = Field(
+        None, ge=1, description="Processes per node. Default: visible GPUs; sequence_parallel on CPU."
+    )
     nnodes: int = Field(1, ge=1)
     hostfile: Path | None = None
     sequence_parallel: int = Field(1, ge=1)
@@ -163,6 +170,12 @@ class TrainingConfig(Strict):
     activation_checkpointing: bool = True
     save: SaveConfig = Field(default_factory=SaveConfig)
     log_every: int = Field(1, gt=0)
+    peak_tflops: float | None = Field(
+        None, gt=0, description="Per-device peak for MFU. Default: known GPUs' dense bf16 peak."
+    )
+    master_port: int | None = Field(
+        None, gt=0, lt=65536, description="Rendezvous port of launched runs. Default: a free one."
+    )
 
 
 # ---------------------------------------------------------------------------------- evaluation
@@ -211,19 +224,40 @@ class EvaluationConfig(Strict):
 
 # ------------------------------------------------------------------------------------ analysis
 class RopePrecisionConfig(Strict):
-    shifts: list[int] = Field(default_factory=lambda: list(PAPER_SHIFTS))
-    delta2: int = 16
-    seq_len: int = Field(4096, gt=1)
+    """The BF16 RoPE precision study (paper Section 2, Figure 1; ``anchorctx rope-precision``)."""
+
+    shifts: list[int] = Field(
+        default_factory=lambda: list(PAPER_SHIFTS), description="Δ1 values of Eq. 4 (≥ 0)."
+    )
+    delta2: int = Field(16, ge=0, description="Reference shift Δ2 of Eq. 4.")
+    compare_shift: int = Field(
+        0, ge=0, description="Δ1 of the per-token split (Fig. 1 middle) and of D_logit (Eq. 5)."
+    )
+    seq_len: int = Field(4096, gt=1, description="Tokens per sequence for the shift curve.")
     num_sequences: int = Field(50, gt=0)
     lengths: list[int] = Field(
-        default_factory=lambda: [64, 128, 256, 512, 1024, 2048, 4096, 8192]
+        default_factory=lambda: [64, 128, 256, 512, 1024, 2048, 4096, 8192],
+        description="Sequence lengths of the first-token logit difference (Fig. 1 right).",
     )
-    precisions: list[Literal["bf16", "fp32"]] = Field(default_factory=lambda: ["bf16", "fp32"])
+    precisions: list[Literal["bf16", "fp32", "bf16_rope_fp32"]] = Field(
+        default_factory=lambda: ["bf16", "bf16_rope_fp32", "fp32"],
+        description="bf16_rope_fp32: bf16 model with model.rope_fp32 (RoPE applied in fp32).",
+    )
     text_files: list[Path] = Field(
         default_factory=list, description="Text inputs; default: the packed dataset."
     )
     random_init: bool = Field(False, description="Ignore model.path weights: random init.")
     device: Literal["auto", "cpu", "cuda"] = "auto"
+
+    @model_validator(mode="after")
+    def _valid_positions(self) -> RopePrecisionConfig:
+        if not self.shifts or min(self.shifts) < 0:
+            raise ValueError(f"shifts must be a non-empty list of values >= 0 (got {self.shifts})")
+        if not self.lengths or min(self.lengths) < 2:
+            raise ValueError(f"lengths must be a non-empty list of values >= 2 (got {self.lengths})")
+        if not self.precisions or len(set(self.precisions)) != len(self.precisions):
+            raise ValueError(f"precisions must be non-empty and distinct (got {self.precisions})")
+        return self
 
 
 class AnalysisConfig(Strict):

@@ -38,7 +38,9 @@ def load_tokenizer(model_cfg: ModelConfig) -> PreTrainedTokenizerBase:
 
 def anchor_token_id(tokenizer: PreTrainedTokenizerBase) -> int:
     """The shared anchor: BOS, or EOS for tokenizers without BOS (Qwen)."""
-    tok_id = tokenizer.bos_token_id if tokenizer.bos_token_id is not None else tokenizer.eos_token_id
+    tok_id = (
+        tokenizer.bos_token_id if tokenizer.bos_token_id is not None else tokenizer.eos_token_id
+    )
     if tok_id is None:
         raise ModelLoadError("tokenizer has neither a BOS nor an EOS token: no anchor token")
     return int(tok_id)
@@ -47,7 +49,11 @@ def anchor_token_id(tokenizer: PreTrainedTokenizerBase) -> int:
 def tokenizer_fingerprint(tokenizer: PreTrainedTokenizerBase) -> str:
     """Hash of the vocabulary, merges/normaliser and special tokens: equal iff same tokenisation."""
     backend = getattr(tokenizer, "backend_tokenizer", None)
-    state = backend.to_str() if backend is not None else json.dumps(tokenizer.get_vocab(), sort_keys=True)
+    state = (
+        backend.to_str()
+        if backend is not None
+        else json.dumps(tokenizer.get_vocab(), sort_keys=True)
+    )
     specials = json.dumps(
         {"bos": tokenizer.bos_token_id, "eos": tokenizer.eos_token_id, "len": len(tokenizer)},
         sort_keys=True,

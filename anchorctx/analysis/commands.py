@@ -1,0 +1,35 @@
+"""``anchorctx rope-precision CONFIG [--out DIR]``: the BF16 RoPE precision study."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def rope_precision_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--out", default=None, metavar="DIR",
+        help="Output directory (default: <run_dir>/analysis/).",
+    )  # fmt: skip
+    parser.add_argument("--no-progress", action="store_true", help="Hide the progress bar.")
+
+
+def rope_precision(args: argparse.Namespace) -> int:
+    from anchorctx.analysis.rope_precision import StudyInputError, run_study
+    from anchorctx.io import read_json
+
+    try:
+        path = run_study(args.cfg, out_dir=args.out, progress=not args.no_progress)
+    except StudyInputError as err:
+        print(f"anchorctx rope-precision: {err}")
+        return 2
+    result = read_json(path)
+    for mode in result["settings"]["modes"]:
+        curve = result["shift_curve"][mode]
+        print(
+            f"{mode:>15}: D(Δ1=0)={curve.get('0', float('nan')):.3e}  "
+            f"first-token share={result['first_token_share'][mode]:.1%}  "
+            f"D_logit(T={result['settings']['lengths'][-1]})="
+            f"{result['logit_diff_by_length'][mode][str(result['settings']['lengths'][-1])]:.3e}"
+        )
+    print(f"wrote {path} (figure and table beside it)")
+    return 0

@@ -1,0 +1,88 @@
+"""The three-panel figure of the RoPE precision study, laid out like the paper's Figure 1."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+STYLE = {
+    "bf16": {"color": "tab:red", "marker": "o", "label": "bf16"},
+    "bf16_rope_fp32": {"color": "tab:orange", "marker": "s", "label": "bf16, RoPE in fp32"},
+    "fp32": {"color": "tab:blue", "marker": "^", "label": "fp32"},
+}
+
+
+def _positive(values: list[float]) -> list[float]:
+    """Log axes cannot show 0 (D at Δ1 = Δ2 is exactly 0): plot it as a gap."""
+    return [v if v > 0 else float("nan") for v in values]
+
+
+def _shift_panel(ax, result: dict[str, Any]) -> None:
+    settings = result["settings"]
+    shifts = settings["shifts"]
+    for mode in settings["modes"]:
+        ys = [result["shift_curve"][mode][str(d)] for d in shifts]
+        ax.plot(range(len(shifts)), _positive(ys), **STYLE[mode])
+    if settings["delta2"] in shifts:
+        ax.axvline(shifts.index(settings["delta2"]), color="grey", ls=":", lw=1)
+    ax.set_xticks(range(len(shifts)), [str(d) for d in shifts], rotation=60, fontsize=7)
+    ax.set_yscale("log")
+    ax.set_xlabel(f"Δ1 (Δ2 = {settings['delta2']}; D = 0 at Δ1 = Δ2)")
+    ax.set_ylabel("attention difference D")
+    ax.set_title("Shifted position ids (Eq. 4)")
+
+
+def _token_panel(ax, result: dict[str, Any]) -> None:
+    settings = result["settings"]
+    for mode in settings["modes"]:
+        ys = result["per_token"][mode]
+        share = result["first_token_share"][mode]
+        style = {**STYLE[mode], "label": f"{STYLE[mode]['label']} (token 0: {share:.0%})"}
+        style.pop("marker")
+        ax.plot(range(len(ys)), _positive(ys), lw=0.8, **style)
+        ax.plot([0], _positive([ys[0]]), marker="*", ms=10, color=style["color"])
+    ax.set_xscale("symlog", linthresh=10)
+    ax.set_yscale("log")
+    ax.set_xlabel("key token index")
+    ax.set_ylabel("contribution to D")
+    ax.set_title(f"Per-token, Δ1 = {settings['compare_shift']} vs Δ2 = {settings['delta2']}")
+
+
+def _length_panel(ax, result: dict[str, Any]) -> None:
+    settings = result["settings"]
+    lengths = settings["lengths"]
+    for mode in settings["modes"]:
+        ys = [result["logit_diff_by_length"][mode][str(n)] for n in lengths]
+        ax.plot(lengths, _positive(ys), **STYLE[mode])
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xticks(lengths, [str(n) for n in lengths], rotation=45, fontsize=7)
+    ax.set_xlabel("sequence length")
+    ax.set_ylabel("first-token logit difference")
+    ax.set_title("First-token logits vs length (Eq. 5)")
+
+
+def plot_study(result: dict[str, Any], path: Path) -> Path:
+    """Render the figure to ``path`` (PNG) with the non-interactive Agg backend."""
+    import matplotlib
+
+    matplotlib.use("Agg", force=True)
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 3, figsize=(16, 4.6))
+    _shift_panel(axes[0], result)
+    _token_panel(axes[1], result)
+    _length_panel(axes[2], result)
+    for ax in axes:
+        ax.grid(True, which="both", alpha=0.25)
+        ax.legend(fontsize=7)
+    settings = result["settings"]
+    fig.suptitle(
+        f"BF16 RoPE precision — {settings.get('weights', '')}; "
+        f"{settings['num_sequences']} sequence(s) × {settings['seq_len']} tokens",
+        fontsize=10,
+    )
+    fig.tight_layout()
+    fig.savefig(path, dpi=130, format="png")
+    plt.close(fig)
+    return path

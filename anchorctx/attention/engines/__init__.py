@@ -1,0 +1,65 @@
+"""Attention engines behind one interface (see :mod:`.base`), and the ``auto`` choice."""
+
+from __future__ import annotations
+
+from anchorctx.attention.engines.base import AttentionCall, Capabilities, Engine
+from anchorctx.attention.engines.flex import FlexEngine
+from anchorctx.attention.engines.sdpa import SdpaEngine
+from anchorctx.attention.engines.varlen import FlashAttnEngine, VarlenEngine
+from anchorctx.attention.errors import AttentionError
+
+ENGINES: dict[str, Engine] = {
+    e.name: e for e in (SdpaEngine(), FlexEngine(), VarlenEngine(), FlashAttnEngine())
+}
+ENGINE_NAMES: tuple[str, ...] = ("auto", *ENGINES)
+
+# Fastest first, per the measurements in docs/PERFORMANCE.md. ``full`` is plain causal
+# attention: dense cuDNN/FlashAttention through SDPA beats every sparse kernel there.
+_CUDA_ORDER = ("varlen", "flash_attn", "flex", "sdpa")
+_CUDA_ORDER_FULL = ("sdpa", "varlen", "flash_attn", "flex")
+
+
+def available_engines() -> list[str]:
+    """Engines usable in this process (whatever the device)."""
+    return [name for name, e in ENGINES.items() if e.available()[0]]
+
+
+def get_engine(name: str) -> Engine:
+    if name not in ENGINES:
+        raise AttentionError(f"unknown attention engine {name!r}; valid: {', '.join(ENGINE_NAMES)}")
+    return ENGINES[name]
+
+
+def select_engine(call: AttentionCall, name: str = "auto") -> Engine:
+    """The named engine after checking it can run ``call``, or the fastest one that can."""
+    if name != "auto":
+        engine = get_engine(name)
+        engine.check(call)
+        return engine
+    if call.q.device.type != "cuda":
+        order: tuple[str, ...] = ("sdpa",)  # exact, with backward; flex on CPU is unfused
+    elif all(v == "full" for v in call.batch.variants):
+        order = _CUDA_ORDER_FULL
+    else:
+        order = _CUDA_ORDER
+    reasons = []
+    for candidate in order:
+        try:
+            ENGINES[candidate].check(call)
+        except AttentionError as err:
+            reasons.append(str(err))
+            continue
+        return ENGINES[candidate]
+    raise AttentionError("no attention engine can run this call:\n  " + "\n  ".join(reasons))
+
+
+__all__ = [
+    "ENGINES",
+    "ENGINE_NAMES",
+    "AttentionCall",
+    "Capabilities",
+    "Engine",
+    "available_engines",
+    "get_engine",
+    "select_engine",
+]

@@ -1,0 +1,235 @@
+"""Average a run's evaluation results over its last k checkpoints (the paper reports RULER as
+the mean over the last 5 checkpoints, saved every 10 steps over the last 50).
+
+Reads every ``<run_dir>/eval/<checkpoint>/<suite>.json``, picks per suite the last ``k``
+checkpoints by training step, and writes ``<run_dir>/eval/summary.json`` and ``summary.md``
+with the mean and the population standard deviation (ddof=0, so one checkpoint gives std 0)
+per task and length/split, plus:
+
+- RULER: the per-length mean over tasks of each checkpoint (the paper's headline number),
+  leaving out the tasks in that result's ``evaluation.ruler.exclude``, then mean/std over
+  checkpoints;
+- LongBench: the category averages the suite reports, mean/std over checkpoints.
+
+Checkpoints without a step (e.g. a weight-averaged checkpoint) are listed separately.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from anchorctx.io import atomic_write_json, atomic_write_text, read_json
+
+SUMMARY_JSON = "summary.json"
+SUMMARY_MD = "summary.md"
+
+
+# ------------------------------------------------------------------------------ helpers
+def stats(values: Iterable[float]) -> dict[str, float | int]:
+    """Mean, population std (ddof=0) and count of the values."""
+    vals = [float(v) for v in values]
+    if not vals:
+        raise ValueError("stats of no values")
+    mean = sum(vals) / len(vals)
+    var = sum((v - mean) ** 2 for v in vals) / len(vals)
+    return {"mean": mean, "std": math.sqrt(var), "n": len(vals)}
+
+
+def _sort_key(key: str) -> tuple[int, float, str]:
+    """Numeric keys (lengths) ascending, then names alphabetically."""
+    try:
+        return (0, float(key), "")
+    except ValueError:
+        return (1, 0.0, key)
+
+
+def sorted_keys(keys: Iterable[str]) -> list[str]:
+    return sorted(set(keys), key=_sort_key)
+
+
+def length_label(key: str) -> str:
+    """``"4096"`` -> ``"4K"``, ``"131072"`` -> ``"128K"``; other keys unchanged."""
+    if key.isdigit() and int(key) >= 1024 and int(key) % 1024 == 0:
+        return f"{int(key) // 1024}K"
+    return key
+
+
+def fmt_stat(s: dict[str, Any] | None, digits: int = 2) -> str:
+    if s is None:
+        return "—"
+    if s.get("n", 1) > 1:
+        return f"{s['mean']:.{digits}f} ± {s['std']:.{digits}f}"
+    return f"{s['mean']:.{digits}f}"
+
+
+def markdown_table(headers: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
+
+
+# --------------------------------------------------------------------------- collecting
+def result_step(result: dict[str, Any]) -> int | None:
+    step = result.get("step")
+    if isinstance(step, int):
+        return step
+    m = re.fullmatch(r"step-(\d+)", str(result.get("checkpoint_name", "")))
+    return int(m.group(1)) if m else None
+
+
+def collect_results(run_dir: str | Path) -> dict[str, list[dict[str, Any]]]:
+    """Every readable result JSON under ``<run_dir>/eval/*/``, grouped by suite."""
+    out: dict[str, list[dict[str, Any]]] = {}
+    eval_root = Path(run_dir) / "eval"
+    for path in sorted(eval_root.glob("*/*.json")):
+        if path.name.startswith("."):
+            continue
+        try:
+            result = read_json(path)
+        except (OSError, ValueError):
+            continue  # a foreign or torn file is not a result
+        if not isinstance(result, dict) or "suite" not in result or "scores" not in result:
+            continue
+        result.setdefault("checkpoint_name", path.parent.name)
+        out.setdefault(result["suite"], []).append(result)
+    return out
+
+
+# ------------------------------------------------------------------------ per-checkpoint
+def ruler_average(result: dict[str, Any]) -> tuple[dict[str, float], list[str]]:
+    """Per-length unweighted mean over the RULER tasks of one result, honouring ``exclude``."""
+    exclude = set((result.get("evaluation", {}).get("ruler") or {}).get("exclude") or [])
+    tasks = [
+        t for t, by_len in result["scores"].items()
+        if t not in exclude and isinstance(by_len, dict)
+    ]  # fmt: skip
+    per_len: dict[str, list[float]] = {}
+    for task in tasks:
+        for length, value in result["scores"][task].items():
+            if _is_number(value):
+                per_len.setdefault(str(length), []).append(float(value))
+    return {k: sum(v) / len(v) for k, v in per_len.items()}, sorted(tasks)
+
+
+def _flat_scores(result: dict[str, Any]) -> dict[tuple[str, str], float]:
+    return {
+        (task, str(key)): float(value)
+        for task, by_key in result["scores"].items()
+        if isinstance(by_key, dict)
+        for key, value in by_key.items()
+        if _is_number(value)
+    }
+
+
+def _stats_by_key(rows: list[dict[Any, float]]) -> dict[Any, dict[str, Any]]:
+    keys = {k for row in rows for k in row}
+    return {k: stats(row[k] for row in rows if k in row) for k in keys}
+
+
+# --------------------------------------------------------------------------- summaries
+def summarize_results(suite: str, results: list[dict[str, Any]]) -> dict[str, Any]:
+    """Mean/std over the given results of one suite (already chosen: the last k)."""
+    scores: dict[str, dict[str, Any]] = {}
+    for (task, key), s in _stats_by_key([_flat_scores(r) for r in results]).items():
+        scores.setdefault(task, {})[key] = s
+    out: dict[str, Any] = {
+        "checkpoints": [r.get("checkpoint_name") for r in results],
+        "steps": [result_step(r) for r in results],
+        "n": len(results),
+        "scores": {t: {k: scores[t][k] for k in sorted_keys(scores[t])} for t in sorted(scores)},
+        "not_run": {t: why for r in results for t, why in (r.get("not_run") or {}).items()},
+    }
+    if suite == "ruler":
+        averages = [ruler_average(r) for r in results]
+        avg = _stats_by_key([a for a, _ in averages])
+        out["average"] = {k: avg[k] for k in sorted_keys(avg)}
+        out["average_tasks"] = sorted({t for _, tasks in averages for t in tasks})
+        out["excluded"] = sorted(
+            {t for r in results for t in (r.get("evaluation", {}).get("ruler") or {}).get("exclude") or []}
+        )  # fmt: skip
+    categories = [
+        {c: float(v) for c, v in (r.get("categories") or {}).items() if _is_number(v)}
+        for r in results
+    ]
+    if any(categories):
+        cat = _stats_by_key(categories)
+        out["categories"] = {c: cat[c] for c in cat}  # keep the suite's category order
+    return out
+
+
+def summarize_run(run_dir: str | Path, last_k: int) -> dict[str, Any]:
+    """Average every suite over the last ``last_k`` evaluated checkpoints of a run.
+
+    Writes ``eval/summary.json`` and ``eval/summary.md`` atomically and returns the summary.
+    """
+    if last_k < 1:
+        raise ValueError(f"last_k must be >= 1, got {last_k}")
+    run_dir = Path(run_dir)
+    grouped = collect_results(run_dir)
+    summary: dict[str, Any] = {
+        "run_dir": str(run_dir.resolve()),
+        "last_k": last_k,
+        "std": "population standard deviation (ddof=0) over checkpoints",
+        "suites": {},
+        "other_checkpoints": {},
+    }
+    for suite in sorted(grouped):
+        stepped = sorted((r for r in grouped[suite] if result_step(r) is not None), key=result_step)  # type: ignore[arg-type]
+        if stepped:
+            summary["suites"][suite] = summarize_results(suite, stepped[-last_k:])
+        for r in grouped[suite]:
+            if result_step(r) is None:
+                summary["other_checkpoints"].setdefault(r["checkpoint_name"], {})[suite] = (
+                    summarize_results(suite, [r])
+                )
+    eval_root = run_dir / "eval"
+    atomic_write_json(eval_root / SUMMARY_JSON, summary)
+    atomic_write_text(eval_root / SUMMARY_MD, summary_markdown(summary))
+    return summary
+
+
+# ---------------------------------------------------------------------------- markdown
+def suite_markdown(suite: str, s: dict[str, Any]) -> str:
+    """Markdown tables of one suite's summary (tasks as rows, lengths/splits as columns)."""
+    parts = []
+    if "average" in s:
+        lengths = list(s["average"])
+        parts.append(markdown_table(
+            ["RULER"] + [length_label(k) for k in lengths],
+            [["**average**"] + [fmt_stat(s["average"][k]) for k in lengths]],
+        ))  # fmt: skip
+    if "categories" in s:
+        cats = list(s["categories"])
+        parts.append(markdown_table(["category", "score"],
+                                    [[c, fmt_stat(s["categories"][c])] for c in cats]))  # fmt: skip
+    keys = sorted_keys(k for by_key in s["scores"].values() for k in by_key)
+    if keys:
+        rows = [[task] + [fmt_stat(s["scores"][task].get(k)) for k in keys] for task in s["scores"]]
+        parts.append(markdown_table(["task"] + [length_label(k) for k in keys], rows))
+    if s.get("excluded"):
+        parts.append(f"Excluded from the average: {', '.join(s['excluded'])}.")
+    if s.get("not_run"):
+        parts.append("Not run: " + "; ".join(f"{t} ({why})" for t, why in s["not_run"].items()))
+    return "\n\n".join(parts)
+
+
+def summary_markdown(summary: dict[str, Any]) -> str:
+    lines = [f"# Evaluation summary: {summary['run_dir']}", "",
+             f"Mean ± std over the last {summary['last_k']} evaluated checkpoints "
+             "(std: population, ddof=0; no ± when one checkpoint)."]  # fmt: skip
+    for suite, s in summary["suites"].items():
+        steps = ", ".join(str(x) for x in s["steps"])
+        lines += ["", f"## {suite}", "", f"{s['n']} checkpoint(s), steps {steps}.", ""]
+        lines.append(suite_markdown(suite, s))
+    for name, suites in summary["other_checkpoints"].items():
+        for suite, s in suites.items():
+            lines += ["", f"## {suite} — {name}", "", suite_markdown(suite, s)]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,152 @@
+"""``anchorctx evaluate``, ``anchorctx report`` and ``anchorctx average-weights``."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+from anchorctx.evaluation.results import SUITES
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
+    return value
+
+
+def _run_checkpoints(run_dir: Path) -> list[Path]:
+    from anchorctx.training.checkpoints import list_checkpoints
+
+    return list_checkpoints(run_dir)
+
+
+def _checkpoints(args: argparse.Namespace) -> list[Path]:
+    """Explicit --checkpoint dirs, else the complete checkpoints of the run (newest last_k)."""
+    if args.checkpoint:
+        return [Path(c) for c in args.checkpoint]
+    run_dir = Path(args.run_dir) if args.run_dir else args.cfg.run_dir
+    found = _run_checkpoints(run_dir)
+    if not found:
+        from anchorctx.evaluation.results import EvaluationError
+
+        raise EvaluationError(f"no complete checkpoints under {run_dir / 'checkpoints'}: train "
+                              "first, or pass --checkpoint DIR")  # fmt: skip
+    return found[-args.last_k :] if args.last_k else found
+
+
+# ------------------------------------------------------------------------------- evaluate
+def evaluate_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--checkpoint", action="append", default=[], metavar="DIR",
+                        help="Checkpoint directory (repeatable). Default: every complete "
+                             "checkpoint of the run directory.")  # fmt: skip
+    parser.add_argument("--run-dir", metavar="DIR", help="Run directory. Default: the config's.")
+    parser.add_argument("--last-k", type=_positive, metavar="K",
+                        help="Only the newest K checkpoints of the run directory.")  # fmt: skip
+    parser.add_argument("--suite", action="append", default=[], choices=sorted(SUITES),
+                        help="Suite to run (repeatable). Default: evaluation.suites.")  # fmt: skip
+    parser.add_argument("--force", action="store_true",
+                        help="Re-evaluate even when an up-to-date result exists.")  # fmt: skip
+
+
+def evaluate(args: argparse.Namespace) -> int:
+    from anchorctx.evaluation.results import EvaluationError, evaluate_checkpoint, load_result
+
+    cfg = args.cfg
+    suites = args.suite or list(cfg.evaluation.suites)
+    try:
+        checkpoints = _checkpoints(args)
+        for ckpt in checkpoints:
+            for suite in suites:
+                path = evaluate_checkpoint(cfg, ckpt, suite, force=args.force)
+                result = load_result(path)
+                assert result is not None
+                print(f"\n{ckpt.name} · {suite} -> {path}")
+                print(results_table(result))
+    except EvaluationError as err:
+        print(f"anchorctx evaluate: {err}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def results_table(result: dict[str, Any]) -> str:
+    """One result's scores as a Markdown table (tasks x lengths/splits), plus not-run tasks."""
+    from anchorctx.evaluation.averaging import length_label, markdown_table, sorted_keys
+
+    scores = result["scores"]
+    keys = sorted_keys(k for by_key in scores.values() if isinstance(by_key, dict) for k in by_key)
+    rows = [
+        [task] + [_fmt(by_key.get(k)) for k in keys]
+        for task, by_key in scores.items()
+        if isinstance(by_key, dict)
+    ]
+    text = (
+        markdown_table(["task"] + [length_label(k) for k in keys], rows) if rows else "(no scores)"
+    )
+    for task, why in (result.get("not_run") or {}).items():
+        text += f"\nnot run: {task}: {why}"
+    return text
+
+
+def _fmt(value: Any) -> str:
+    return f"{value:.2f}" if isinstance(value, int | float) else "—"
+
+
+# --------------------------------------------------------------------------------- report
+def report_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--last-k", type=_positive, metavar="K",
+                        help="Average over the last K checkpoints. Default: evaluation.last_k.")  # fmt: skip
+
+
+def report(args: argparse.Namespace) -> int:
+    from anchorctx.evaluation.averaging import summarize_run
+    from anchorctx.evaluation.report import write_experiment_report
+
+    cfg = args.cfg
+    last_k = args.last_k or cfg.evaluation.last_k
+    arms = cfg.arms()
+    for arm in arms:
+        if (arm.run_dir / "eval").is_dir():
+            summarize_run(arm.run_dir, last_k)
+        else:
+            print(f"note: {arm.run_dir} has no evaluation results yet", file=sys.stderr)
+    out = write_experiment_report(cfg.experiment_dir, [arm.variant_name for arm in arms])
+    print(out["markdown"])
+    for name, path in out["paths"].items():
+        print(f"{name}: {path}")
+    return 0
+
+
+# ------------------------------------------------------------------------ average-weights
+def average_weights_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--run-dir", metavar="DIR", help="Run directory. Default: the config's.")
+    parser.add_argument("--last-k", type=_positive, metavar="K",
+                        help="Average the newest K checkpoints. Default: evaluation.last_k.")  # fmt: skip
+    parser.add_argument("--out", metavar="DIR",
+                        help="Output directory. Default: <run_dir>/averaged/averaged-last-K "
+                             "(evaluate it with --checkpoint).")  # fmt: skip
+
+
+def average_weights(args: argparse.Namespace) -> int:
+    from anchorctx.evaluation.weights import WeightAveragingError
+    from anchorctx.evaluation.weights import average_weights as _average
+
+    cfg = args.cfg
+    run_dir = Path(args.run_dir) if args.run_dir else cfg.run_dir
+    k = args.last_k or cfg.evaluation.last_k
+    found = _run_checkpoints(run_dir)
+    if not found:
+        print(f"anchorctx average-weights: no complete checkpoints under {run_dir / 'checkpoints'}",
+              file=sys.stderr)  # fmt: skip
+        return 2
+    chosen = found[-k:]
+    out = Path(args.out) if args.out else run_dir / "averaged" / f"averaged-last-{k}"
+    try:
+        path = _average(chosen, out)
+    except (WeightAveragingError, ValueError) as err:
+        print(f"anchorctx average-weights: {err}", file=sys.stderr)
+        return 2
+    print(f"averaged {len(chosen)} checkpoints ({', '.join(c.name for c in chosen)}) -> {path}")
+    return 0

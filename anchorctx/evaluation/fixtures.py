@@ -1,0 +1,571 @@
+"""Tiny, deterministic evaluation data in the real file formats, for the demo and the tests.
+
+Every benchmark reads user-supplied local files (nothing is downloaded). To let the demo and
+the CI suite exercise the exact same readers, this module writes small synthetic stand-ins:
+
+| key              | path under ``out``          | format of the real file                           |
+|------------------|-----------------------------|---------------------------------------------------|
+| ``essay``        | ``essays.json``             | RULER's ``PaulGrahamEssays.json``: ``{"text": ...}`` |
+| ``squad``        | ``squad.json``              | SQuAD v2.0 dev (``data/paragraphs/qas``)          |
+| ``hotpotqa``     | ``hotpotqa.json``           | HotpotQA dev distractor (list of questions)       |
+| ``longbench_dir``| ``longbench/{name}.jsonl``  | THUDM LongBench v1 (one file per dataset)         |
+| ``mmlu_dir``     | ``mmlu/{dev,test}/{subject}.jsonl`` | ``cais/mmlu`` records (see evaluation.harness) |
+| ``hellaswag_dir``| ``hellaswag/validation.jsonl`` | ``Rowan/hellaswag`` records                    |
+
+The text is generated from a small built-in lexicon with a seeded RNG: no copyrighted content,
+identical bytes for identical ``seed``. Answers are planted in the text so a perfect reader
+could score 100.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from anchorctx.io import atomic_directory, read_json
+
+if TYPE_CHECKING:
+    from anchorctx.config import ExperimentConfig
+
+FIXTURES_VERSION = 1
+KEYS = ("essay", "squad", "hotpotqa", "longbench_dir", "mmlu_dir", "hellaswag_dir")
+_RELATIVE = {
+    "essay": "essays.json",
+    "squad": "squad.json",
+    "hotpotqa": "hotpotqa.json",
+    "longbench_dir": "longbench",
+    "mmlu_dir": "mmlu",
+    "hellaswag_dir": "hellaswag",
+}
+MMLU_FIXTURE_SUBJECTS = ("abstract_algebra", "astronomy", "high_school_geography")
+
+# ------------------------------------------------------------------------------------ lexicon
+ADJECTIVES = [
+    "amber",
+    "quiet",
+    "bright",
+    "narrow",
+    "ancient",
+    "gentle",
+    "hollow",
+    "silver",
+    "rapid",
+    "humble",
+    "distant",
+    "golden",
+    "crimson",
+    "steady",
+    "frozen",
+    "curious",
+    "modest",
+    "vivid",
+    "patient",
+    "sturdy",
+    "rustic",
+    "lively",
+    "serene",
+    "northern",
+    "western",
+    "copper",
+    "marble",
+    "velvet",
+    "brisk",
+    "dusty",
+]
+NOUNS = [
+    "river",
+    "lantern",
+    "harbor",
+    "orchard",
+    "bridge",
+    "meadow",
+    "tower",
+    "garden",
+    "valley",
+    "engine",
+    "library",
+    "market",
+    "canal",
+    "forest",
+    "island",
+    "castle",
+    "village",
+    "mill",
+    "beacon",
+    "chapel",
+    "quarry",
+    "vineyard",
+    "workshop",
+    "observatory",
+    "railway",
+    "fountain",
+    "archive",
+    "glacier",
+    "lighthouse",
+]
+VERBS = [
+    "watches",
+    "crosses",
+    "guards",
+    "shelters",
+    "follows",
+    "supplies",
+    "borders",
+    "faces",
+    "joins",
+    "serves",
+    "overlooks",
+    "surrounds",
+    "feeds",
+    "connects",
+    "outlasts",
+]
+PLACES = [
+    "Ardel",
+    "Brimvale",
+    "Corwick",
+    "Dunmere",
+    "Elsford",
+    "Farrowby",
+    "Glenhaven",
+    "Harlow",
+    "Istmere",
+    "Jorvale",
+    "Kestrel",
+    "Lowmarsh",
+    "Mirefield",
+    "Northam",
+    "Oakhurst",
+    "Pellingham",
+    "Quarrow",
+    "Rosedene",
+    "Saltmere",
+    "Thornbury",
+    "Upwell",
+    "Varnham",
+    "Westmoor",
+    "Yarrowfield",
+]
+NAMES = [
+    "Alia",
+    "Brenn",
+    "Cato",
+    "Dessa",
+    "Elric",
+    "Fenna",
+    "Galen",
+    "Hesper",
+    "Ilya",
+    "Joren",
+    "Kalla",
+    "Loric",
+    "Maren",
+    "Nils",
+    "Orla",
+    "Perrin",
+    "Quill",
+    "Rhea",
+    "Soren",
+    "Talia",
+    "Ulric",
+    "Vesna",
+    "Wren",
+    "Yuri",
+]
+
+
+class _Writer:
+    """Seeded sentence and paragraph generator over the built-in lexicon."""
+
+    def __init__(self, seed: int) -> None:
+        self.rng = random.Random(seed)
+
+    def pick(self, seq: tuple[str, ...] | list[str]) -> str:
+        return self.rng.choice(seq)
+
+    def sentence(self) -> str:
+        r = self.pick
+        return (
+            f"The {r(ADJECTIVES)} {r(NOUNS)} {r(VERBS)} the {r(ADJECTIVES)} {r(NOUNS)} "
+            f"near {r(PLACES)}."
+        )
+
+    def paragraph(self, sentences: int) -> str:
+        return " ".join(self.sentence() for _ in range(sentences))
+
+    def words(self, n: int) -> str:
+        """About ``n`` words of prose, as sentences."""
+        out: list[str] = []
+        count = 0
+        while count < n:
+            s = self.sentence()
+            out.append(s)
+            count += len(s.split())
+        return " ".join(out)
+
+
+def _sid(*parts: Any) -> str:
+    return hashlib.sha256("/".join(map(str, parts)).encode()).hexdigest()[:24]
+
+
+# ----------------------------------------------------------------------------- RULER inputs
+def essay_json(w: _Writer, words: int) -> dict[str, str]:
+    """RULER reads ``json.load(f)["text"]`` and splits it on whitespace."""
+    paragraphs = []
+    total = 0
+    while total < words:
+        p = w.paragraph(w.rng.randint(4, 9))
+        paragraphs.append(p)
+        total += len(p.split())
+    return {"text": "\n\n".join(paragraphs)}
+
+
+def _fact(w: _Writer, place: str) -> tuple[str, str, str]:
+    """(sentence, question, answer) with the answer a span of the sentence."""
+    adj, noun, name = w.pick(ADJECTIVES), w.pick(NOUNS), w.pick(NAMES)
+    year = str(w.rng.randint(1400, 1999))
+    if w.rng.random() < 0.5:
+        return (
+            f"The {adj} {noun} of {place} was built by {name} in {year}.",
+            f"Who built the {adj} {noun} of {place}?",
+            name,
+        )
+    return (
+        f"The {adj} {noun} of {place} was completed in the year {year} by {name}.",
+        f"In which year was the {adj} {noun} of {place} completed?",
+        year,
+    )
+
+
+def squad_json(w: _Writer, titles: int, paragraphs: int) -> dict[str, Any]:
+    """SQuAD v2.0 layout; RULER's qa_1 keeps the answerable questions only."""
+    data = []
+    for t in range(titles):
+        place = PLACES[t % len(PLACES)] + ("" if t < len(PLACES) else str(t))
+        pars = []
+        for p in range(paragraphs):
+            fact, question, answer = _fact(w, place)
+            before, after = w.paragraph(w.rng.randint(2, 4)), w.paragraph(w.rng.randint(1, 3))
+            context = f"{before} {fact} {after}"
+            start = context.index(fact) + fact.index(answer)
+            qas = [
+                {
+                    "question": question,
+                    "id": _sid("squad", t, p, 0),
+                    "answers": [{"text": answer, "answer_start": start}],
+                    "is_impossible": False,
+                },
+                {  # unanswerable, as in v2.0: no answers, a plausible one instead
+                    "question": f"Who repaired the {w.pick(ADJECTIVES)} tower of {place}?",
+                    "id": _sid("squad", t, p, 1),
+                    "answers": [],
+                    "plausible_answers": [{"text": answer, "answer_start": start}],
+                    "is_impossible": True,
+                },
+            ]
+            pars.append({"context": context, "qas": qas})
+        data.append({"title": place, "paragraphs": pars})
+    return {"version": "v2.0", "data": data}
+
+
+def _sentences(w: _Writer, n: int) -> list[str]:
+    # HotpotQA stores a paragraph as a list of sentences, later ones with a leading space,
+    # so that "".join(sentences) (what RULER does) reproduces the paragraph text.
+    return [(" " if i else "") + w.sentence() for i in range(n)]
+
+
+def hotpotqa_json(w: _Writer, questions: int, distractor_pool: int) -> list[dict[str, Any]]:
+    """HotpotQA dev-distractor layout: 2 gold paragraphs and 8 distractors per question."""
+    pool = [(f"The {w.pick(ADJECTIVES).title()} {w.pick(NOUNS).title()} {i}", _sentences(w, 3))
+            for i in range(distractor_pool)]  # fmt: skip
+    rows = []
+    for q in range(questions):
+        site = (
+            f"The {w.pick(ADJECTIVES).title()} {w.pick(NOUNS).title()} of {PLACES[q % len(PLACES)]}"
+        )
+        town, mayor = f"{w.pick(PLACES)}ton {q}", w.pick(NAMES)
+        gold_a = (site, [f"{site} is a landmark located in {town}.", *_sentences(w, 2)[1:]])
+        gold_b = (town, [f"{town} is a market town whose mayor is {mayor}.", *_sentences(w, 2)[1:]])
+        context = [list(gold_a), list(gold_b)] + [list(p) for p in w.rng.sample(pool, 8)]
+        w.rng.shuffle(context)
+        rows.append({
+            "_id": _sid("hotpotqa", q),
+            "answer": mayor,
+            "question": f"Who is the mayor of the town where {site} is located?",
+            "supporting_facts": [[site, 0], [town, 0]],
+            "context": context,
+            "type": "bridge",
+            "level": "medium",
+        })  # fmt: skip
+    return rows
+
+
+# ------------------------------------------------------------------------------- LongBench
+def _lb_row(name: str, i: int, context: str, inp: str, answers: list[str],
+            all_classes: list[str] | None = None) -> dict[str, Any]:  # fmt: skip
+    return {
+        "input": inp,
+        "context": context,
+        "answers": answers,
+        "length": len(context.split()),  # LongBench counts words for English data
+        "dataset": name,
+        "language": "en",
+        "all_classes": all_classes,
+        "_id": _sid("longbench", name, i),
+    }
+
+
+def _lb_qa(w: _Writer, name: str, i: int, words: int) -> dict[str, Any]:
+    place = w.pick(PLACES)
+    fact, question, answer = _fact(w, place)
+    context = f"{w.words(words // 2)} {fact} {w.words(words // 2)}"
+    return _lb_row(name, i, context, question, [answer])
+
+
+def _lb_multidoc(w: _Writer, name: str, i: int, passages: int) -> dict[str, Any]:
+    place = w.pick(PLACES)
+    fact, question, answer = _fact(w, place)
+    gold = w.rng.randrange(passages)
+    parts = []
+    for p in range(passages):
+        body = f"{w.paragraph(3)} {fact}" if p == gold else w.paragraph(4)
+        parts.append(f"Passage {p + 1}:\n{place if p == gold else w.pick(PLACES)}\n{body}")
+    return _lb_row(name, i, "\n".join(parts), question, [answer])
+
+
+def _lb_summary(w: _Writer, name: str, i: int, words: int) -> dict[str, Any]:
+    context = w.words(words)
+    query = "What did the group decide about the harbor?" if name == "qmsum" else ""
+    return _lb_row(name, i, context, query, [w.paragraph(3)])
+
+
+TREC_CLASSES = ["Description of something", "Definition of something", "City", "Country",
+                "Individual", "Date", "Number of something", "Other location"]  # fmt: skip
+
+
+def _lb_trec(w: _Writer, name: str, i: int, shots: int) -> dict[str, Any]:
+    lines = [f"Question: What is the {w.pick(NOUNS)} of {w.pick(PLACES)}?\nType: "
+             f"{w.pick(TREC_CLASSES)}" for _ in range(shots)]  # fmt: skip
+    gold = w.pick(TREC_CLASSES)
+    inp = f"Question: Which {w.pick(NOUNS)} is in {w.pick(PLACES)}?\nType:"
+    return _lb_row(name, i, "\n".join(lines), inp, [gold], all_classes=TREC_CLASSES)
+
+
+def _lb_triviaqa(w: _Writer, name: str, i: int, shots: int) -> dict[str, Any]:
+    blocks = []
+    for _ in range(shots + 1):
+        place = w.pick(PLACES)
+        fact, question, answer = _fact(w, place)
+        blocks.append((f"Passage: {w.paragraph(2)} {fact}\nQuestion: {question}\nAnswer:", answer))
+    context = "\n\n".join(f"{text} {answer}" for text, answer in blocks[:-1])
+    return _lb_row(name, i, context, blocks[-1][0], [blocks[-1][1], blocks[-1][1].lower()])
+
+
+def _dialogue(w: _Writer) -> str:
+    a, b = w.rng.sample(NAMES, 2)
+    return "\n".join(f"{(a, b)[k % 2]}: {w.sentence()}" for k in range(4))
+
+
+def _lb_samsum(w: _Writer, name: str, i: int, shots: int) -> dict[str, Any]:
+    context = "\n\n".join(
+        f"Dialogue: {_dialogue(w)}\nSummary: {w.sentence()}" for _ in range(shots)
+    )
+    return _lb_row(name, i, context, f"Dialogue: {_dialogue(w)}\nSummary: ", [w.sentence()])
+
+
+def _lb_passage_count(w: _Writer, name: str, i: int, unique: int) -> dict[str, Any]:
+    paragraphs = [w.paragraph(3) for _ in range(unique)]
+    shown = paragraphs + w.rng.sample(paragraphs, max(1, unique // 2))
+    w.rng.shuffle(shown)
+    context = "\n\n".join(f"Paragraph {k + 1}: {p}" for k, p in enumerate(shown))
+    return _lb_row(name, i, context, "", [str(unique)])
+
+
+def _lb_passage_retrieval(w: _Writer, name: str, i: int, passages: int) -> dict[str, Any]:
+    paragraphs = [w.paragraph(4) for _ in range(passages)]
+    gold = w.rng.randrange(passages)
+    context = "\n\n".join(f"Paragraph {k + 1}: {p}" for k, p in enumerate(paragraphs))
+    abstract = " ".join(paragraphs[gold].split(". ")[:2])
+    return _lb_row(name, i, context, abstract, [f"Paragraph {gold + 1}"])
+
+
+def _code(w: _Writer, functions: int) -> list[str]:
+    lines = []
+    for f in range(functions):
+        noun = w.pick(NOUNS)
+        lines += [f"def count_{noun}_{f}(items):", f"    total_{noun} = 0",
+                  "    for item in items:", f"        total_{noun} += len(item)",
+                  f"    return total_{noun}", ""]  # fmt: skip
+    return lines
+
+
+def _lb_lcc(w: _Writer, name: str, i: int, functions: int) -> dict[str, Any]:
+    lines = _code(w, functions)
+    cut = len(lines) - 3  # predict "        total_x += len(item)" of the last function
+    return _lb_row(name, i, "\n".join(lines[:cut]) + "\n", "", [lines[cut]])
+
+
+def _lb_repobench(w: _Writer, name: str, i: int, functions: int) -> dict[str, Any]:
+    lines = _code(w, functions)
+    cut = len(lines) - 3
+    context = f"# Path: pkg/{w.pick(NOUNS)}.py\n" + "\n".join(lines[: cut - 4]) + "\n"
+    inp = "\n".join(lines[cut - 4 : cut]) + "\n"
+    return _lb_row(name, i, context, inp, [lines[cut]])
+
+
+# dataset -> (row builder, size argument): sizes keep the demo's prompts within 2K tokens.
+_LONGBENCH_BUILDERS: dict[str, tuple[Callable[..., dict[str, Any]], int]] = {
+    "narrativeqa": (_lb_qa, 600),
+    "qasper": (_lb_qa, 400),
+    "multifieldqa_en": (_lb_qa, 300),
+    "hotpotqa": (_lb_multidoc, 6),
+    "2wikimqa": (_lb_multidoc, 5),
+    "musique": (_lb_multidoc, 8),
+    "gov_report": (_lb_summary, 500),
+    "qmsum": (_lb_summary, 400),
+    "multi_news": (_lb_summary, 350),
+    "trec": (_lb_trec, 12),
+    "triviaqa": (_lb_triviaqa, 4),
+    "samsum": (_lb_samsum, 4),
+    "passage_count": (_lb_passage_count, 5),
+    "passage_retrieval_en": (_lb_passage_retrieval, 6),
+    "lcc": (_lb_lcc, 5),
+    "repobench-p": (_lb_repobench, 5),
+}
+
+
+def longbench_rows(w: _Writer, samples: int) -> dict[str, list[dict[str, Any]]]:
+    return {
+        name: [build(w, name, i, size) for i in range(samples)]
+        for name, (build, size) in _LONGBENCH_BUILDERS.items()
+    }
+
+
+# ------------------------------------------------------------------------- MMLU / HellaSwag
+def _mmlu_question(w: _Writer, subject: str) -> dict[str, Any]:
+    a, b = w.rng.randint(2, 40), w.rng.randint(2, 40)
+    right = a + b
+    wrong = w.rng.sample([v for v in range(right - 9, right + 10) if v != right], 3)
+    choices = [str(v) for v in wrong]
+    answer = w.rng.randrange(4)
+    choices.insert(answer, str(right))
+    noun = w.pick(NOUNS)
+    question = (
+        f"A {noun} survey counts {a} {noun}s in one district and {b} in another. How many in total?"
+    )
+    return {"question": question, "subject": subject, "choices": choices, "answer": answer}
+
+
+def mmlu_rows(w: _Writer, dev: int, test: int) -> dict[str, dict[str, list[dict[str, Any]]]]:
+    """split -> subject -> rows (``cais/mmlu`` fields: question, subject, choices, answer)."""
+    out: dict[str, dict[str, list[dict[str, Any]]]] = {"dev": {}, "test": {}}
+    for subject in MMLU_FIXTURE_SUBJECTS:
+        out["dev"][subject] = [_mmlu_question(w, subject) for _ in range(dev)]
+        out["test"][subject] = [_mmlu_question(w, subject) for _ in range(test)]
+    return out
+
+
+def hellaswag_rows(w: _Writer, n: int) -> list[dict[str, Any]]:
+    """``Rowan/hellaswag`` validation records (label is a string there)."""
+    rows = []
+    for i in range(n):
+        noun, place, name = w.pick(NOUNS), w.pick(PLACES), w.pick(NAMES)
+        ctx_a = f"{name} walks toward the {noun} in {place}."
+        ctx_b = "she"
+        endings = [f"{verb} the {w.pick(ADJECTIVES)} {w.pick(NOUNS)} slowly."
+                   for verb in w.rng.sample(VERBS, 4)]  # fmt: skip
+        rows.append({
+            "ind": i, "activity_label": f"Visiting the {noun}", "ctx_a": ctx_a, "ctx_b": ctx_b,
+            "ctx": f"{ctx_a} {ctx_b}", "endings": endings, "source_id": f"fixture~{_sid('hs', i)}",
+            "split": "val", "split_type": "indomain", "label": str(w.rng.randrange(4)),
+        })  # fmt: skip
+    return rows
+
+
+# ------------------------------------------------------------------------------ writing
+def _dump_jsonl(path: Path, rows: list[dict[str, Any]]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
+
+
+def _dump_json(path: Path, obj: Any) -> None:
+    path.write_text(json.dumps(obj, ensure_ascii=False, indent=1) + "\n")
+
+
+def _write_all(tmp: Path, seed: int, essay_words: int, longbench_samples: int) -> None:
+    # One writer per file: changing one generator never changes the bytes of another file.
+    _dump_json(tmp / _RELATIVE["essay"], essay_json(_Writer(seed), essay_words))
+    _dump_json(tmp / _RELATIVE["squad"], squad_json(_Writer(seed + 1), titles=16, paragraphs=5))
+    _dump_json(tmp / _RELATIVE["hotpotqa"], hotpotqa_json(_Writer(seed + 2), 16, 80))
+    for name, rows in longbench_rows(_Writer(seed + 3), longbench_samples).items():
+        _dump_jsonl(tmp / _RELATIVE["longbench_dir"] / f"{name}.jsonl", rows)
+    for split, subjects in mmlu_rows(_Writer(seed + 4), dev=5, test=4).items():
+        for subject, rows in subjects.items():
+            _dump_jsonl(tmp / _RELATIVE["mmlu_dir"] / split / f"{subject}.jsonl", rows)
+    _dump_jsonl(
+        tmp / _RELATIVE["hellaswag_dir"] / "validation.jsonl", hellaswag_rows(_Writer(seed + 5), 8)
+    )
+
+
+def _manifest(seed: int, essay_words: int, longbench_samples: int) -> dict[str, Any]:
+    return {
+        "kind": "anchorctx-eval-fixtures",
+        "version": FIXTURES_VERSION,
+        "seed": seed,
+        "essay_words": essay_words,
+        "longbench_samples": longbench_samples,
+        "files": dict(_RELATIVE),
+        "note": "Synthetic stand-ins in the real formats; not benchmark data.",
+    }
+
+
+def fixture_paths(out: str | Path) -> dict[str, Path]:
+    out = Path(out)
+    return {key: out / rel for key, rel in _RELATIVE.items()}
+
+
+def write_eval_fixtures(
+    out: str | Path, *, seed: int = 0, essay_words: int = 12_000, longbench_samples: int = 3
+) -> dict[str, Path]:
+    """Write every fixture under ``out`` (replacing it atomically); return the paths by key.
+
+    The essay is long enough for RULER at 4K-8K tokens with a byte-level BPE tokenizer; SQuAD
+    (80 paragraphs) and HotpotQA (112 distinct paragraphs) likewise fill 8K-token QA prompts.
+    """
+    out = Path(out)
+    with atomic_directory(out) as tmp:
+        tmp.chmod(0o755)  # mkdtemp makes it owner-only; the data is meant to be shared
+        _write_all(tmp, seed, essay_words, longbench_samples)
+        _dump_json(tmp / "manifest.json", _manifest(seed, essay_words, longbench_samples))
+    return fixture_paths(out)
+
+
+def _is_current(out: Path, seed: int) -> bool:
+    manifest = out / "manifest.json"
+    if not manifest.is_file():
+        return False
+    meta = read_json(manifest)
+    return (
+        meta.get("version") == FIXTURES_VERSION
+        and meta.get("seed") == seed
+        and all(p.exists() for p in fixture_paths(out).values())
+    )
+
+
+def ensure_eval_fixtures(cfg: ExperimentConfig) -> dict[str, Path] | None:
+    """Write the fixtures to ``cfg.evaluation.demo_fixtures`` unless a current copy is there.
+
+    Returns the paths, or ``None`` when the config names no fixture directory (real data).
+    The seed is the experiment seed, so two configs with the same seed share identical files.
+    """
+    out = cfg.evaluation.demo_fixtures
+    if out is None:
+        return None
+    out = Path(out)
+    if _is_current(out, cfg.seed):
+        return fixture_paths(out)
+    return write_eval_fixtures(out, seed=cfg.seed)

@@ -1,0 +1,134 @@
+"""Greedy generation for evaluation: one anchor token per prompt, batched, left-padded.
+
+Evaluation models run with transformers' stock SDPA attention. Every evaluation prompt is one
+document, so causal attention *is* the anchor mask (the prompt's first token is the anchor);
+SDPA dispatches to the flash / memory-efficient kernels on GPU, which keep 64K-128K prefill in
+linear memory, and the KV cache makes decoding cheap.
+
+Prompts get exactly one anchor (BOS, or EOS for tokenizers without BOS, as in training) at the
+start: text is encoded without special tokens and the anchor is prepended, so a tokenizer that
+adds BOS itself can never produce two.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from tqdm.auto import tqdm
+
+from anchorctx.training.model import anchor_token_id
+
+if TYPE_CHECKING:
+    import torch
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+
+class CheckpointError(FileNotFoundError):
+    """The checkpoint directory is missing or is not a Hugging Face model with tokenizer."""
+
+
+def resolve_device(device: str | None) -> str:
+    import torch
+
+    if device in (None, "auto"):
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return device
+
+
+def load_eval_model(
+    checkpoint: str | Path, *, device: str | None = "auto", dtype: str = "bfloat16"
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """Model (stock SDPA attention, eval mode) and tokenizer from a checkpoint directory."""
+    from transformers import AutoTokenizer
+
+    from anchorctx.config import ModelConfig
+    from anchorctx.training.model import load_model
+
+    path = Path(checkpoint)
+    if not (path / "config.json").is_file():
+        raise CheckpointError(f"not a Hugging Face checkpoint (no config.json): {path}")
+    if not any((path / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json")):
+        raise CheckpointError(f"checkpoint has no tokenizer files: {path}")
+    tokenizer = AutoTokenizer.from_pretrained(str(path))
+    model_cfg = ModelConfig(path=path, dtype=dtype)
+    model = load_model(model_cfg, dtype=dtype, device=resolve_device(device),
+                       attn_implementation="sdpa", tokenizer=tokenizer)  # fmt: skip
+    return model.eval(), tokenizer
+
+
+def encode_prompt(tokenizer: PreTrainedTokenizerBase, text: str) -> list[int]:
+    """Token ids of ``text`` with exactly one anchor token in front."""
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    return [anchor_token_id(tokenizer), *ids]
+
+
+def _batches(lengths: Sequence[int], batch_size: int) -> list[list[int]]:
+    """Indices grouped longest-first, so a batch pads to within a few tokens of its longest."""
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    return [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
+
+
+def _left_pad(rows: list[list[int]], pad_id: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    import torch
+
+    width = max(len(r) for r in rows)
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)  # [B, T]
+    mask = torch.zeros((len(rows), width), dtype=torch.long)  # [B, T], 1 on real tokens
+    for b, row in enumerate(rows):
+        ids[b, width - len(row) :] = torch.tensor(row, dtype=torch.long)
+        mask[b, width - len(row) :] = 1
+    return ids.to(device), mask.to(device)
+
+
+def _generation_config(tokenizer: PreTrainedTokenizerBase, max_new_tokens: int):
+    from transformers import GenerationConfig
+
+    eos = tokenizer.eos_token_id
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos
+    # A fresh config: the checkpoint's generation_config may ask for sampling; evaluation is
+    # greedy (temperature/top-p unset so transformers does not warn about unused values).
+    return GenerationConfig(
+        max_new_tokens=max_new_tokens, do_sample=False, num_beams=1, temperature=None,
+        top_p=None, top_k=None, eos_token_id=eos,
+        pad_token_id=pad if pad is not None else anchor_token_id(tokenizer), use_cache=True,
+    )  # fmt: skip
+
+
+def generate_greedy(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    prompts: Sequence[str],
+    *,
+    max_new_tokens: int,
+    batch_size: int = 1,
+    progress: bool = True,
+    desc: str = "generate",
+    on_batch: Callable[[list[int], list[str]], None] | None = None,
+) -> list[str]:
+    """Greedy continuations of ``prompts`` (decoded, special tokens dropped), in input order.
+
+    Stops at ``max_new_tokens`` or EOS. ``on_batch(indices, texts)`` is called after every batch
+    (indices into ``prompts``), so callers can persist results as they are produced.
+    """
+    import torch
+
+    config = _generation_config(tokenizer, max_new_tokens)
+    encoded = [encode_prompt(tokenizer, p) for p in prompts]
+    device = next(model.parameters()).device
+    out: list[str | None] = [None] * len(prompts)
+    bar = tqdm(total=len(prompts), desc=desc, unit="sample", disable=not progress)
+    for batch in _batches([len(e) for e in encoded], batch_size):
+        ids, mask = _left_pad([encoded[i] for i in batch], config.pad_token_id, device)
+        with torch.inference_mode():
+            seqs = model.generate(input_ids=ids, attention_mask=mask, generation_config=config)
+        new = seqs[:, ids.shape[1] :]  # [B, new tokens]: everything after the (padded) prompt
+        texts = tokenizer.batch_decode(new, skip_special_tokens=True)
+        for i, text in zip(batch, texts):
+            out[i] = text
+        if on_batch is not None:
+            on_batch(batch, texts)
+        bar.update(len(batch))
+    bar.close()
+    return [t or "" for t in out]

@@ -1,0 +1,413 @@
+"""MMLU and HellaSwag through lm-eval (``HFLM`` on the loaded checkpoint), from local files.
+
+lm-eval's stock ``mmlu``/``hellaswag`` tasks read the Hugging Face Hub. Here each run writes
+task YAMLs into a temporary directory that ``include`` lm-eval's own task files (so prompts,
+few-shot sampling and metrics are exactly lm-eval's) and override only where the data comes
+from (``dataset_path: json`` + ``data_files``). Scores are percentages (0-100).
+
+Expected local layout
+---------------------
+``evaluation.harness.mmlu_dir`` - one file per subject and split, either
+
+- ``{dev,test}/{subject}.jsonl`` with the ``cais/mmlu`` fields ``question``, ``choices``
+  (4 strings), ``answer`` (0-3); e.g. written from ``datasets.load_dataset("cais/mmlu",
+  subject)`` with ``ds[split].to_json(f"{split}/{subject}.jsonl")``; or
+- the original release (Hendrycks et al., ``data.tar``): ``{dev,test}/{subject}_{split}.csv``
+  (also under ``data/``), headerless rows ``question,A,B,C,D,answer-letter``.
+
+MMLU is the 57 subjects' ``test`` split, ``mmlu_fewshot`` (5) examples from ``dev``, ``acc``,
+micro-averaged over questions (lm-eval's ``weight_by_size``). Subjects without files are
+reported under ``not_run``; the average then covers the subjects present (``complete`` says).
+
+``evaluation.harness.hellaswag_dir`` - ``validation.jsonl`` (the ``Rowan/hellaswag`` fields
+``ctx_a``, ``ctx_b``, ``activity_label``, ``endings``, ``label``) or the original release file
+``hellaswag_val.jsonl`` (same fields). Metric: ``acc_norm``, zero-shot, validation split.
+
+Resume: MMLU records one sample per subject, HellaSwag one per chunk of documents; finished
+ones (in ``done``) are not evaluated again.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import logging
+import tempfile
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import yaml
+
+if TYPE_CHECKING:
+    from anchorctx.config import ExperimentConfig
+
+MMLU_SUBJECTS: tuple[str, ...] = tuple(
+    [
+        "abstract_algebra",
+        "anatomy",
+        "astronomy",
+        "business_ethics",
+        "clinical_knowledge",
+        "college_biology",
+        "college_chemistry",
+        "college_computer_science",
+        "college_mathematics",
+        "college_medicine",
+        "college_physics",
+        "computer_security",
+        "conceptual_physics",
+        "econometrics",
+        "electrical_engineering",
+        "elementary_mathematics",
+        "formal_logic",
+        "global_facts",
+        "high_school_biology",
+        "high_school_chemistry",
+        "high_school_computer_science",
+        "high_school_european_history",
+        "high_school_geography",
+        "high_school_government_and_politics",
+        "high_school_macroeconomics",
+        "high_school_mathematics",
+        "high_school_microeconomics",
+        "high_school_physics",
+        "high_school_psychology",
+        "high_school_statistics",
+        "high_school_us_history",
+        "high_school_world_history",
+        "human_aging",
+        "human_sexuality",
+        "international_law",
+        "jurisprudence",
+        "logical_fallacies",
+        "machine_learning",
+        "management",
+        "marketing",
+        "medical_genetics",
+        "miscellaneous",
+        "moral_disputes",
+        "moral_scenarios",
+        "nutrition",
+        "philosophy",
+        "prehistory",
+        "professional_accounting",
+        "professional_law",
+        "professional_medicine",
+        "professional_psychology",
+        "public_relations",
+        "security_studies",
+        "sociology",
+        "us_foreign_policy",
+        "virology",
+        "world_religions",
+    ]
+)
+HELLASWAG_FILES = ("validation.jsonl", "hellaswag_val.jsonl")
+HELLASWAG_CHUNK = 500  # documents per resumable unit
+_TASK_PREFIX = "anchorctx"
+OnSample = Callable[[dict[str, Any]], None]
+
+
+class HarnessDataError(ValueError):
+    """Local MMLU/HellaSwag files are missing or malformed; the message names the path."""
+
+
+# ----------------------------------------------------------------------------- data layout
+def _mmlu_file(root: Path, subject: str, split: str) -> Path | None:
+    for base in (root, root / "data"):
+        for candidate in (
+            base / split / f"{subject}.jsonl",
+            base / split / f"{subject}_{split}.csv",
+        ):
+            if candidate.is_file():
+                return candidate
+    return None
+
+
+def mmlu_layout(mmlu_dir: str | Path) -> tuple[dict[str, dict[str, Path]], dict[str, str]]:
+    """(subject -> {"dev": path, "test": path}, subject -> reason not run) for the 57 subjects."""
+    root = Path(mmlu_dir)
+    if not root.is_dir():
+        raise HarnessDataError(f"evaluation.harness.mmlu_dir = {root} is not a directory")
+    found: dict[str, dict[str, Path]] = {}
+    missing: dict[str, str] = {}
+    for subject in MMLU_SUBJECTS:
+        files = {split: _mmlu_file(root, subject, split) for split in ("dev", "test")}
+        absent = [s for s, p in files.items() if p is None]
+        if absent:
+            missing[subject] = f"no {'/'.join(absent)} file under {root}"
+        else:
+            found[subject] = files  # type: ignore[assignment]
+    return found, missing
+
+
+def hellaswag_file(hellaswag_dir: str | Path) -> Path:
+    root = Path(hellaswag_dir)
+    for name in HELLASWAG_FILES:
+        if (root / name).is_file():
+            return root / name
+    raise HarnessDataError(
+        f"no HellaSwag validation file in evaluation.harness.hellaswag_dir = {root}: "
+        f"expected one of {', '.join(HELLASWAG_FILES)}"
+    )
+
+
+def _csv_to_jsonl(src: Path, dst: Path) -> Path:
+    """Original MMLU CSV (question, A, B, C, D, letter) -> cais/mmlu JSON lines."""
+    rows = []
+    with src.open(newline="", encoding="utf-8") as fh:
+        for i, rec in enumerate(csv.reader(fh)):
+            letter = rec[5].strip() if len(rec) == 6 else ""
+            if letter not in ("A", "B", "C", "D"):
+                raise HarnessDataError(f"{src} row {i + 1}: expected question,A,B,C,D,letter")
+            rows.append({"question": rec[0], "choices": rec[1:5], "answer": "ABCD".index(letter)})
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    dst.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
+    return dst
+
+
+def _count_lines(path: Path) -> int:
+    with path.open(encoding="utf-8") as fh:
+        return sum(1 for line in fh if line.strip())
+
+
+# ----------------------------------------------------------------------------- task YAMLs
+def _lm_eval_tasks_dir() -> Path:
+    import lm_eval.tasks
+
+    return Path(lm_eval.tasks.__file__).parent
+
+
+def _data_kwargs(files: dict[str, Path], cache: Path) -> dict[str, Any]:
+    # A private datasets cache: the Arrow copies live and die with the task directory.
+    return {"data_files": {k: str(v.resolve()) for k, v in files.items()}, "cache_dir": str(cache)}
+
+
+def write_mmlu_yaml(task_dir: Path, subject: str, files: dict[str, Path]) -> str:
+    """A task that includes lm-eval's ``mmlu_<subject>.yaml`` with local data; returns its name."""
+    base = _lm_eval_tasks_dir() / "mmlu" / "default" / f"mmlu_{subject}.yaml"
+    if not base.is_file():
+        raise HarnessDataError(f"lm-eval has no MMLU task file {base}; check the lm-eval version")
+    files = {
+        split: _csv_to_jsonl(p, task_dir / "data" / "mmlu" / split / f"{subject}.jsonl")
+        if p.suffix == ".csv" else p
+        for split, p in files.items()
+    }  # fmt: skip
+    name = f"{_TASK_PREFIX}_mmlu_{subject}"
+    spec = {
+        "include": str(base),
+        "task": name,
+        "tag": [],
+        "dataset_path": "json",
+        "dataset_name": None,
+        "dataset_kwargs": _data_kwargs(files, task_dir / "hf_cache"),
+    }
+    (task_dir / f"{name}.yaml").write_text(yaml.safe_dump(spec, sort_keys=False))
+    return name
+
+
+def write_hellaswag_yaml(task_dir: Path, path: Path) -> str:
+    base = _lm_eval_tasks_dir() / "hellaswag" / "hellaswag.yaml"
+    if not base.is_file():
+        raise HarnessDataError(
+            f"lm-eval has no HellaSwag task file {base}; check the lm-eval version"
+        )
+    name = f"{_TASK_PREFIX}_hellaswag"
+    spec = {
+        "include": str(base),
+        "task": name,
+        "tag": [],
+        "dataset_path": "json",
+        "dataset_name": None,
+        "dataset_kwargs": _data_kwargs({"validation": path}, task_dir / "hf_cache"),
+        "training_split": None,
+        "validation_split": "validation",
+        "test_split": None,
+    }
+    (task_dir / f"{name}.yaml").write_text(yaml.safe_dump(spec, sort_keys=False))
+    return name
+
+
+# ------------------------------------------------------------------------------ lm-eval run
+def _quiet_lm_eval() -> None:
+    # lm-eval logs every request batch at INFO; our progress bar is the per-unit one.
+    for name in ("lm_eval", "lm-eval"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+
+
+def make_lm(model: Any, tokenizer: Any, batch_size: int) -> Any:
+    """lm-eval's ``HFLM`` around the already-loaded model (no second copy is loaded)."""
+    from lm_eval.models.huggingface import HFLM
+
+    _quiet_lm_eval()
+    return HFLM(pretrained=model, tokenizer=tokenizer, batch_size=batch_size)
+
+
+def evaluate_docs(
+    lm: Any, task_manager: Any, task: str, doc_ids: list[int], num_fewshot: int
+) -> list[dict[str, Any]]:
+    """Per-document lm-eval results (``doc_id`` plus the task's metrics) for ``doc_ids``."""
+    from lm_eval.evaluator import simple_evaluate
+
+    out = simple_evaluate(
+        model=lm,
+        tasks=[task],
+        num_fewshot=num_fewshot,
+        task_manager=task_manager,
+        samples={task: doc_ids},
+        log_samples=True,
+        bootstrap_iters=0,
+    )
+    if out is None or task not in out.get("samples", {}):
+        raise RuntimeError(f"lm-eval returned no samples for task {task!r}")
+    return sorted(out["samples"][task], key=lambda s: s["doc_id"])
+
+
+def _task_manager(task_dir: Path) -> Any:
+    from lm_eval.tasks import TaskManager
+
+    # include_defaults=False: index only our YAMLs (indexing all of lm-eval takes seconds);
+    # the ``include`` lines still reach lm-eval's own files by absolute path.
+    return TaskManager(include_path=str(task_dir), include_defaults=False)
+
+
+def _progress(total: int, desc: str, enabled: bool) -> Any:
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, desc=desc, unit="q", disable=not enabled, dynamic_ncols=True)
+
+
+def _limit(n: int, limit: int | None) -> list[int]:
+    return list(range(n if limit is None else min(n, limit)))
+
+
+# ------------------------------------------------------------------------------------ MMLU
+def _mmlu_units(
+    cfg: ExperimentConfig, task_dir: Path, found: dict[str, dict[str, Path]]
+) -> Iterator[tuple[str, str, list[int]]]:
+    for subject, files in found.items():
+        name = write_mmlu_yaml(task_dir, subject, files)
+        test = task_dir / "data" / "mmlu" / "test" / f"{subject}.jsonl"
+        n = _count_lines(test if files["test"].suffix == ".csv" else files["test"])
+        yield subject, name, _limit(n, cfg.evaluation.harness.limit)
+
+
+def _mmlu_record(subject: str, rows: list[dict[str, Any]]) -> dict[str, Any]:
+    correct = [float(r["acc"]) for r in rows]
+    return {
+        "key": f"mmlu/{subject}",
+        "subject": subject,
+        "n": len(correct),
+        "acc": 100 * sum(correct) / max(1, len(correct)),
+        "doc_ids": [int(r["doc_id"]) for r in rows],
+        "correct": correct,
+    }
+
+
+def run_suite_mmlu(
+    model: Any,
+    tokenizer: Any,
+    cfg: ExperimentConfig,
+    *,
+    done: dict[str, dict[str, Any]],
+    on_sample: OnSample,
+    progress: bool = True,
+) -> dict[str, Any]:
+    """MMLU ``acc`` (micro-average over questions) plus per-subject accuracies, in percent."""
+    hcfg = cfg.evaluation.harness
+    if hcfg.mmlu_dir is None:
+        raise HarnessDataError("evaluation.harness.mmlu_dir is not set")
+    found, missing = mmlu_layout(hcfg.mmlu_dir)
+    if not found:
+        raise HarnessDataError(f"no MMLU subject files under {hcfg.mmlu_dir} (see layout docs)")
+    records: dict[str, dict[str, Any]] = {}
+    with tempfile.TemporaryDirectory(prefix="anchorctx-mmlu-") as tmp:
+        units = list(_mmlu_units(cfg, Path(tmp), found))
+        todo = [u for u in units if f"mmlu/{u[0]}" not in done]
+        bar = _progress(sum(len(u[2]) for u in todo), "mmlu", progress)
+        lm = make_lm(model, tokenizer, hcfg.batch_size) if todo else None
+        tm = _task_manager(Path(tmp)) if todo else None
+        for subject, name, ids in units:
+            key = f"mmlu/{subject}"
+            if key in done:
+                records[subject] = done[key]
+                continue
+            records[subject] = _mmlu_record(
+                subject, evaluate_docs(lm, tm, name, ids, hcfg.mmlu_fewshot)
+            )
+            on_sample(records[subject])
+            bar.update(len(ids))
+        bar.close()
+    return _mmlu_summary(records, missing)
+
+
+def _mmlu_summary(records: dict[str, dict[str, Any]], missing: dict[str, str]) -> dict[str, Any]:
+    n = sum(r["n"] for r in records.values())
+    # Micro-average: every question weighs the same (lm-eval's weight_by_size for mmlu).
+    micro = sum(r["acc"] * r["n"] for r in records.values()) / max(1, n)
+    scores: dict[str, dict[str, float]] = {"mmlu": {"acc": round(micro, 4)}}
+    for subject in sorted(records):
+        scores[f"mmlu_{subject}"] = {"acc": round(records[subject]["acc"], 4)}
+    return {
+        "scores": scores,
+        "counts": {"mmlu": n, **{f"mmlu_{s}": r["n"] for s, r in sorted(records.items())}},
+        "not_run": {f"mmlu_{s}": reason for s, reason in missing.items()},
+        "complete": not missing,
+    }
+
+
+# ------------------------------------------------------------------------------- HellaSwag
+def _chunks(ids: list[int], size: int) -> list[list[int]]:
+    return [ids[i : i + size] for i in range(0, len(ids), size)]
+
+
+def _chunk_key(ids: list[int]) -> str:
+    return f"hellaswag/{ids[0]:06d}-{ids[-1]:06d}"
+
+
+def _hellaswag_record(ids: list[int], rows: list[dict[str, Any]]) -> dict[str, Any]:
+    return {
+        "key": _chunk_key(ids),
+        "n": len(rows),
+        "doc_ids": [int(r["doc_id"]) for r in rows],
+        "acc": [float(r["acc"]) for r in rows],
+        "acc_norm": [float(r["acc_norm"]) for r in rows],
+    }
+
+
+def run_suite_hellaswag(
+    model: Any,
+    tokenizer: Any,
+    cfg: ExperimentConfig,
+    *,
+    done: dict[str, dict[str, Any]],
+    on_sample: OnSample,
+    progress: bool = True,
+) -> dict[str, Any]:
+    """HellaSwag ``acc_norm`` (and ``acc``) on the validation split, zero-shot, in percent."""
+    hcfg = cfg.evaluation.harness
+    if hcfg.hellaswag_dir is None:
+        raise HarnessDataError("evaluation.harness.hellaswag_dir is not set")
+    path = hellaswag_file(hcfg.hellaswag_dir)
+    chunks = _chunks(_limit(_count_lines(path), hcfg.limit), HELLASWAG_CHUNK)
+    records = []
+    with tempfile.TemporaryDirectory(prefix="anchorctx-hellaswag-") as tmp:
+        todo = [c for c in chunks if _chunk_key(c) not in done]
+        bar = _progress(sum(map(len, todo)), "hellaswag", progress)
+        if todo:
+            name = write_hellaswag_yaml(Path(tmp), path)
+            lm, tm = make_lm(model, tokenizer, hcfg.batch_size), _task_manager(Path(tmp))
+        for ids in chunks:
+            if _chunk_key(ids) in done:
+                records.append(done[_chunk_key(ids)])
+                continue
+            records.append(_hellaswag_record(ids, evaluate_docs(lm, tm, name, ids, 0)))
+            on_sample(records[-1])
+            bar.update(len(ids))
+        bar.close()
+    n = sum(r["n"] for r in records)
+    mean = {
+        m: round(100 * sum(sum(r[m]) for r in records) / max(1, n), 4) for m in ("acc", "acc_norm")
+    }
+    return {"scores": {"hellaswag": mean}, "counts": {"hellaswag": n}, "not_run": {}}

@@ -1,0 +1,211 @@
+"""Run LongBench v1 on a loaded model from a local directory of ``{dataset}.jsonl`` files.
+
+Per dataset: fill the template, truncate the middle of over-long prompts to the token budget,
+decode greedily (one anchor/BOS in front, :func:`anchorctx.evaluation.generation.generate_greedy`),
+cut to the first line where LongBench does, score with the dataset's metric (max over answers),
+and report ``100 x mean``; categories are the unweighted means of their datasets.
+
+Like LongBench's ``pred.py``, the truncated prompt is decoded back to text (first half + last
+half) and then encoded with the anchor in front. One documented difference: for samsum,
+``pred.py`` also stops generation at a newline and forbids an empty first token; here samsum
+decodes up to its 128 tokens and the first-line cut (which LongBench applies as well) keeps the
+first line after leading newlines.
+
+A dataset whose file is absent is reported under ``not_run`` and never replaced.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from anchorctx.evaluation.longbench.tasks import (
+    DATASET2MAXLEN,
+    ENGLISH_DATASETS,
+    build_prompt,
+    category_scores,
+    check_datasets,
+    dataset_score,
+    score_sample,
+    truncate_middle,
+)
+
+if TYPE_CHECKING:
+    from anchorctx.config import ExperimentConfig
+
+OnSample = Callable[[dict[str, Any]], None]
+REQUIRED_FIELDS = ("input", "context", "answers")
+
+
+class LongBenchDataError(ValueError):
+    """A LongBench data file is malformed or the token budget is impossible."""
+
+
+# ------------------------------------------------------------------------------------ data
+def load_rows(path: Path, limit: int | None = None) -> list[dict[str, Any]]:
+    """Records of one ``{dataset}.jsonl`` (the first ``limit``), checked for the fields used."""
+    rows = []
+    with path.open(encoding="utf-8") as fh:
+        for lineno, line in enumerate(fh, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as err:
+                raise LongBenchDataError(f"{path}:{lineno}: invalid JSON ({err.msg})") from None
+            missing = [f for f in REQUIRED_FIELDS if f not in row]
+            if missing:
+                raise LongBenchDataError(f"{path}:{lineno}: record lacks {missing}")
+            rows.append(row)
+            if limit is not None and len(rows) >= limit:
+                break
+    return rows
+
+
+def sample_keys(dataset: str, rows: list[dict[str, Any]]) -> list[str]:
+    """``{dataset}/{_id}`` per record (record index when a file has no ``_id``)."""
+    keys = [f"{dataset}/{row.get('_id', f'#{i}')}" for i, row in enumerate(rows)]
+    if len(set(keys)) != len(keys):
+        dup = next(k for k in keys if keys.count(k) > 1)
+        raise LongBenchDataError(f"duplicate sample id {dup!r}: every _id must be unique")
+    return keys
+
+
+# -------------------------------------------------------------------------------- prompts
+def prompt_budget(model_max: int | None, max_new_tokens: int, max_length: int | None) -> int:
+    """Prompt tokens allowed, anchor included (LongBench's ``max_length`` counts the BOS).
+
+    Default: whatever the model's position limit leaves after the generated tokens.
+    """
+    if max_length is None:
+        if model_max is None:
+            raise LongBenchDataError(
+                "the model config has no max_position_embeddings: set evaluation.longbench.max_length"
+            )
+        return model_max - max_new_tokens
+    if model_max is not None and max_length + max_new_tokens > model_max:
+        raise LongBenchDataError(
+            f"evaluation.longbench.max_length={max_length} plus {max_new_tokens} new tokens exceeds "
+            f"the model's max_position_embeddings={model_max}: lower max_length to at most "
+            f"{model_max - max_new_tokens} (or raise the model's limit, e.g. model.max_position_embeddings)"
+        )
+    return max_length
+
+
+def fit_prompt(tokenizer: Any, text: str, budget: int) -> tuple[str, int, bool]:
+    """(prompt text, its token count with the anchor, truncated?) within ``budget`` tokens.
+
+    Decoding a cut and encoding it again can merge tokens differently at the seam; the loop
+    tightens the cut until the re-encoded prompt fits (one pass in practice).
+    """
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    if len(ids) + 1 <= budget:
+        return text, len(ids) + 1, False
+    room = budget - 1  # the anchor takes one
+    for _ in range(8):
+        kept = truncate_middle(ids, room)
+        half = len(kept) // 2
+        cut = tokenizer.decode(kept[:half], skip_special_tokens=True) + tokenizer.decode(
+            kept[half:], skip_special_tokens=True
+        )
+        n = len(tokenizer.encode(cut, add_special_tokens=False)) + 1
+        if n <= budget:
+            return cut, n, True
+        room -= n - budget
+    raise LongBenchDataError(f"could not fit a prompt into {budget} tokens")
+
+
+# ---------------------------------------------------------------------------------- suite
+def _model_max(model: Any) -> int | None:
+    value = getattr(getattr(model, "config", None), "max_position_embeddings", None)
+    return int(value) if value else None
+
+
+def _run_dataset(
+    model: Any,
+    tokenizer: Any,
+    cfg: ExperimentConfig,
+    dataset: str,
+    rows: list[dict[str, Any]],
+    keys: list[str],
+    todo: list[int],
+    on_sample: OnSample,
+    progress: bool,
+) -> list[dict[str, Any]]:
+    """Generate and score the records ``todo`` (indices into rows); emit each record."""
+    from anchorctx.evaluation.generation import generate_greedy
+
+    lcfg = cfg.evaluation.longbench
+    max_new = DATASET2MAXLEN[dataset]
+    budget = prompt_budget(_model_max(model), max_new, lcfg.max_length)
+    fitted = [fit_prompt(tokenizer, build_prompt(dataset, rows[i]), budget) for i in todo]
+    produced: list[dict[str, Any]] = []
+
+    def on_batch(indices: list[int], texts: list[str]) -> None:
+        for j, text in zip(indices, texts):
+            row = rows[todo[j]]
+            record = {
+                "key": keys[todo[j]],
+                "dataset": dataset,
+                "prediction": text,
+                "answers": list(row["answers"]),
+                "score": score_sample(dataset, text, row["answers"], row.get("all_classes")),
+                "prompt_tokens": fitted[j][1],
+                "truncated": fitted[j][2],
+                "length": row.get("length"),
+            }
+            on_sample(record)
+            produced.append(record)
+
+    generate_greedy(
+        model, tokenizer, [f[0] for f in fitted], max_new_tokens=max_new,
+        batch_size=cfg.evaluation.batch_size, progress=progress, desc=f"longbench/{dataset}",
+        on_batch=on_batch,
+    )  # fmt: skip
+    return produced
+
+
+def run_suite(
+    model: Any,
+    tokenizer: Any,
+    cfg: ExperimentConfig,
+    *,
+    done: dict[str, dict[str, Any]],
+    on_sample: OnSample,
+    progress: bool = True,
+) -> dict[str, Any]:
+    """LongBench scores ``{dataset: {"score": x}}``, category means, counts and ``not_run``."""
+    lcfg = cfg.evaluation.longbench
+    if lcfg.data_dir is None:
+        raise LongBenchDataError("evaluation.longbench.data_dir is not set")
+    names = check_datasets(lcfg.datasets or ENGLISH_DATASETS)
+    scores: dict[str, float] = {}
+    counts: dict[str, int] = {}
+    not_run: dict[str, str] = {}
+    for dataset in names:
+        path = Path(lcfg.data_dir) / f"{dataset}.jsonl"
+        if not path.is_file():
+            not_run[dataset] = f"no data file {path}"
+            continue
+        rows = load_rows(path, lcfg.limit)
+        if not rows:
+            not_run[dataset] = f"{path} has no records"
+            continue
+        keys = sample_keys(dataset, rows)
+        todo = [i for i, k in enumerate(keys) if k not in done]
+        new = (
+            _run_dataset(model, tokenizer, cfg, dataset, rows, keys, todo, on_sample, progress)
+            if todo
+            else []
+        )
+        by_key = {**{k: done[k] for k in keys if k in done}, **{r["key"]: r for r in new}}
+        scores[dataset] = dataset_score([float(by_key[k]["score"]) for k in keys])
+        counts[dataset] = len(keys)
+    return {
+        "scores": {d: {"score": s} for d, s in scores.items()},
+        "categories": category_scores(scores),
+        "counts": counts,
+        "not_run": not_run,
+    }

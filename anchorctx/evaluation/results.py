@@ -1,0 +1,408 @@
+"""Evaluate one checkpoint on one suite: resumable, idempotent, one results JSON per pair.
+
+Layout (DESIGN.md, evaluation results contract), with ``run_dir = checkpoint.parent.parent``::
+
+    <run_dir>/eval/<checkpoint-name>/<suite>.json            final result (written atomically)
+    <run_dir>/eval/<checkpoint-name>/<suite>.samples.jsonl   per-sample records, appended as produced
+
+The first line of the samples file is a header holding the identity of the evaluation: the
+checkpoint's content hash, the fingerprint of the evaluation config that affects this suite
+(settings and input data) and the code version. A rerun with the same identity resumes (the
+suite runner skips every key already recorded); any other identity starts fresh. A final
+``<suite>.json`` with the same identity means there is nothing to do: it is returned without
+loading the model.
+
+Suite runners are looked up in :data:`SUITES` (name -> :class:`Suite`); real runners are imported
+lazily so this module stays light. Every runner has the signature
+``run_suite(model, tokenizer, cfg, *, done, on_sample, progress=True) -> dict`` and returns at
+least ``scores`` (``{task: {length_or_split: score}}``), ``counts`` and ``not_run``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import json
+import re
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from anchorctx.io import append_jsonl, atomic_write_text, hash_tree, read_json, read_jsonl
+
+if TYPE_CHECKING:
+    from anchorctx.config import ExperimentConfig
+
+Runner = Callable[..., dict[str, Any]]
+
+HEADER_KEY = "__header__"
+RESULT_SCHEMA = 1
+# Files of this package whose code cannot change a score: edits to them keep cached results.
+_SCORE_NEUTRAL_SOURCES = frozenset({"__init__.py", "averaging.py", "commands.py", "report.py", "weights.py"})  # fmt: skip
+_WEIGHT_PATTERNS = ("*.safetensors", "pytorch_model*.bin")
+
+
+class EvaluationError(ValueError):
+    """A checkpoint, suite or data file cannot be evaluated; the message says what to fix."""
+
+
+@dataclass(frozen=True)
+class Suite:
+    """How to run one suite and which part of ``cfg.evaluation`` determines its scores."""
+
+    runner: str | Runner  # "package.module:function" (imported lazily) or a callable
+    section: str | None = None  # sub-section of cfg.evaluation, e.g. "ruler"
+    ignore: tuple[str, ...] = ()  # fields of that section that do not affect this suite
+    required: tuple[str, ...] = ()  # path fields of that section that must be set
+    # Top-level cfg.evaluation fields that affect it (generation batching pads prompts).
+    common: tuple[str, ...] = ("dtype", "batch_size")
+
+
+SUITES: dict[str, Suite] = {
+    "ruler": Suite("anchorctx.evaluation.ruler:run_suite", "ruler"),
+    "longbench": Suite(
+        "anchorctx.evaluation.longbench:run_suite", "longbench", required=("data_dir",)
+    ),
+    "mmlu": Suite(
+        "anchorctx.evaluation.harness:run_suite_mmlu", "harness",
+        ignore=("hellaswag_dir",), required=("mmlu_dir",), common=("dtype",),
+    ),
+    "hellaswag": Suite(
+        "anchorctx.evaluation.harness:run_suite_hellaswag", "harness",
+        ignore=("mmlu_dir", "mmlu_fewshot"), required=("hellaswag_dir",), common=("dtype",),
+    ),
+}  # fmt: skip
+
+
+# ------------------------------------------------------------------------------ identities
+def get_suite(name: str) -> Suite:
+    try:
+        return SUITES[name]
+    except KeyError:
+        raise EvaluationError(
+            f"unknown evaluation suite {name!r}; available: {', '.join(sorted(SUITES))}"
+        ) from None
+
+
+def check_checkpoint(checkpoint: str | Path) -> Path:
+    """The checkpoint directory, or an error naming what is missing."""
+    ckpt = Path(checkpoint)
+    if not ckpt.is_dir():
+        raise EvaluationError(
+            f"checkpoint not found: {ckpt} (expected a directory such as "
+            "<run_dir>/checkpoints/step-000100; list a run's checkpoints with "
+            "`anchorctx evaluate CONFIG` and no --checkpoint)"
+        )
+    if not (ckpt / "config.json").is_file():
+        raise EvaluationError(f"incomplete checkpoint {ckpt}: no config.json")
+    if not any(next(ckpt.glob(p), None) for p in _WEIGHT_PATTERNS):
+        raise EvaluationError(
+            f"incomplete checkpoint {ckpt}: no weights (*.safetensors or pytorch_model*.bin)"
+        )
+    return ckpt
+
+
+_Signature = tuple[tuple[str, int, int, int], ...]
+_HASH_MEMO: dict[tuple[str, _Signature], str] = {}
+
+
+def _signature(path: Path) -> _Signature:
+    """Names, sizes, mtimes and inodes: a rewrite (or an atomic replace) changes it."""
+    files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
+    out = []
+    for p in files:
+        st = p.stat()
+        out.append((p.relative_to(path).as_posix() if p != path else p.name, st.st_size,
+                    st.st_mtime_ns, st.st_ino))  # fmt: skip
+    return tuple(out)
+
+
+def _memo_hash(path: Path) -> str:
+    """Content hash of a file or directory, memoised on its signature within the process
+    (hashing a 7B checkpoint takes tens of seconds; idempotence checks happen often)."""
+    from anchorctx.io import sha256_file
+
+    path = path.resolve()
+    key = (str(path), _signature(path))
+    if key not in _HASH_MEMO:
+        _HASH_MEMO[key] = sha256_file(path) if path.is_file() else hash_tree(path)
+    return _HASH_MEMO[key]
+
+
+def checkpoint_hash(checkpoint: str | Path) -> str:
+    """Content hash of a checkpoint directory (weights, config, tokenizer, anchorctx.json)."""
+    return _memo_hash(check_checkpoint(checkpoint))
+
+
+def suite_config(cfg: ExperimentConfig, suite: str) -> dict[str, Any]:
+    """The part of ``cfg.evaluation`` that can change this suite's scores."""
+    spec = get_suite(suite)
+    ev = cfg.evaluation.model_dump(mode="json")
+    out: dict[str, Any] = {k: ev[k] for k in spec.common}
+    if spec.section is not None:
+        out[spec.section] = {k: v for k, v in ev[spec.section].items() if k not in spec.ignore}
+    return out
+
+
+def _path_fields(cfg: ExperimentConfig, spec: Suite) -> dict[str, Path]:
+    if spec.section is None:
+        return {}
+    section = getattr(cfg.evaluation, spec.section)
+    return {
+        name: Path(value)
+        for name, value in section
+        if isinstance(value, Path) and name not in spec.ignore
+    }
+
+
+def input_fingerprints(cfg: ExperimentConfig, suite: str) -> dict[str, str]:
+    """Content hashes of the data files and directories this suite reads."""
+    spec = get_suite(suite)
+    return {
+        f"evaluation.{spec.section}.{name}": _memo_hash(path)[:16]
+        for name, path in _path_fields(cfg, spec).items()
+        if path.exists()
+    }
+
+
+def evaluation_fingerprint(cfg: ExperimentConfig, suite: str) -> str:
+    """Hash of the suite's settings and input data: equal fingerprints give equal scores."""
+    payload = {"suite": suite, "config": suite_config(cfg, suite),
+               "inputs": input_fingerprints(cfg, suite)}  # fmt: skip
+    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def code_version() -> str:
+    """anchorctx's version plus a hash of the evaluation code that can change scores."""
+    import anchorctx
+
+    here = Path(__file__).resolve().parent
+    h = hashlib.sha256()
+    for path in sorted(here.rglob("*.py")):
+        rel = path.relative_to(here).as_posix()
+        if rel in _SCORE_NEUTRAL_SOURCES:
+            continue
+        h.update(rel.encode() + b"\0" + path.read_bytes())
+    return f"{anchorctx.__version__}+{h.hexdigest()[:12]}"
+
+
+def identity(cfg: ExperimentConfig, checkpoint: str | Path, suite: str) -> dict[str, str]:
+    """What a cached result must match to be reused (also a good task cache key).
+
+    Writes the demo evaluation fixtures first when configured, so the input fingerprint is
+    the same before and after the first evaluation.
+    """
+    _ensure_fixtures(cfg)
+    return _identity(cfg, checkpoint, suite)
+
+
+def _identity(cfg: ExperimentConfig, checkpoint: str | Path, suite: str) -> dict[str, str]:
+    return {
+        "checkpoint_hash": checkpoint_hash(checkpoint),
+        "evaluation_fingerprint": evaluation_fingerprint(cfg, suite),
+        "code_version": code_version(),
+    }
+
+
+# ---------------------------------------------------------------------------------- paths
+def eval_dir(checkpoint: str | Path) -> Path:
+    """``<run_dir>/eval/<checkpoint-name>`` with ``run_dir = checkpoint.parent.parent``."""
+    ckpt = Path(checkpoint).resolve()
+    return ckpt.parent.parent / "eval" / ckpt.name
+
+
+def result_path(checkpoint: str | Path, suite: str) -> Path:
+    return eval_dir(checkpoint) / f"{suite}.json"
+
+
+def samples_path(checkpoint: str | Path, suite: str) -> Path:
+    return eval_dir(checkpoint) / f"{suite}.samples.jsonl"
+
+
+def checkpoint_step(checkpoint: str | Path) -> int | None:
+    """Training step of a checkpoint: its ``anchorctx.json``, else a ``step-N`` name."""
+    ckpt = Path(checkpoint)
+    meta = ckpt / "anchorctx.json"
+    if meta.is_file():
+        step = read_json(meta).get("step")
+        if isinstance(step, int):
+            return step
+    m = re.fullmatch(r"step-(\d+)", ckpt.name)
+    return int(m.group(1)) if m else None
+
+
+def load_result(path: str | Path) -> dict[str, Any] | None:
+    """A results JSON, or None when it is absent or unreadable (treated as not evaluated)."""
+    path = Path(path)
+    try:
+        return read_json(path)
+    except (FileNotFoundError, json.JSONDecodeError):
+        return None
+
+
+def _matches(result: dict[str, Any] | None, ident: dict[str, str]) -> bool:
+    return result is not None and all(result.get(k) == v for k, v in ident.items())
+
+
+# ------------------------------------------------------------------------- input checks
+def check_inputs(cfg: ExperimentConfig, suite: str) -> None:
+    """Fail early, naming the config key, when a data path the suite needs is absent."""
+    spec = get_suite(suite)
+    paths = _path_fields(cfg, spec)
+    for name in spec.required:
+        if getattr(getattr(cfg.evaluation, spec.section), name) is None:  # type: ignore[arg-type]
+            raise EvaluationError(
+                f"suite {suite!r} needs evaluation.{spec.section}.{name}: set it to the local "
+                "data (see docs) or drop the suite from evaluation.suites"
+            )
+    for name, path in paths.items():
+        if not path.exists():
+            raise EvaluationError(
+                f"evaluation.{spec.section}.{name} = {path} does not exist: fix the path, or "
+                "unset it to report the tasks that need it as not run"
+            )
+
+
+def _ensure_fixtures(cfg: ExperimentConfig) -> None:
+    if cfg.evaluation.demo_fixtures is None:
+        return
+    from anchorctx.evaluation.fixtures import ensure_eval_fixtures
+
+    ensure_eval_fixtures(cfg)
+
+
+# ---------------------------------------------------------------------- samples (resume)
+def _load_done(path: Path, ident: dict[str, str]) -> dict[str, dict[str, Any]] | None:
+    """Records of a previous attempt with the same identity (None: start fresh)."""
+    rows = read_jsonl(path)
+    if not rows or rows[0].get(HEADER_KEY) != ident:
+        return None
+    return {row["key"]: row for row in rows[1:] if "key" in row}
+
+
+def _start_samples(path: Path, ident: dict[str, str]) -> None:
+    atomic_write_text(path, json.dumps({HEADER_KEY: ident}) + "\n")
+
+
+# ------------------------------------------------------------------------------- models
+# One cached model per thread: evaluations of one checkpoint on several suites load it once,
+# and a thread pool running evaluations side by side never evicts another thread's model.
+_LOCAL = threading.local()
+
+
+def load_eval_model(checkpoint: Path, *, device: str, dtype: str) -> tuple[Any, Any]:
+    """Model and tokenizer of a checkpoint with the stock attention (generation.py)."""
+    from anchorctx.evaluation.generation import load_eval_model as _load
+
+    return _load(checkpoint, device=device, dtype=dtype)
+
+
+def _cached_model(checkpoint: Path, cfg: ExperimentConfig, ckpt_hash: str) -> tuple[Any, Any]:
+    """Load once per checkpoint; keep only the latest one so memory holds one model."""
+    key = (str(checkpoint.resolve()), ckpt_hash, cfg.evaluation.device, cfg.evaluation.dtype)
+    if getattr(_LOCAL, "key", None) != key:
+        clear_model_cache()
+        loaded = load_eval_model(
+            checkpoint, device=cfg.evaluation.device, dtype=cfg.evaluation.dtype
+        )
+        _LOCAL.key, _LOCAL.model = key, loaded
+    return _LOCAL.model
+
+
+def clear_model_cache() -> None:
+    """Drop this thread's cached evaluation model (and its GPU memory)."""
+    _LOCAL.key, _LOCAL.model = None, None
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def _runner(spec: Suite) -> Runner:
+    if callable(spec.runner):
+        return spec.runner
+    module, _, name = spec.runner.partition(":")
+    return getattr(importlib.import_module(module), name)
+
+
+# --------------------------------------------------------------------------- evaluation
+def evaluate_checkpoint(
+    cfg: ExperimentConfig,
+    checkpoint: str | Path,
+    suite: str,
+    *,
+    force: bool = False,
+    progress: bool = True,
+) -> Path:
+    """Evaluate ``checkpoint`` on ``suite``; return the path of ``<suite>.json``.
+
+    Does no work when an up-to-date result exists (unless ``force``); resumes an interrupted
+    evaluation of the same checkpoint and config from its per-sample records.
+    """
+    spec = get_suite(suite)
+    ckpt = check_checkpoint(checkpoint)
+    _ensure_fixtures(cfg)
+    check_inputs(cfg, suite)
+    ident = _identity(cfg, ckpt, suite)
+    out = result_path(ckpt, suite)
+    if not force and _matches(load_result(out), ident):
+        return out
+
+    samples = samples_path(ckpt, suite)
+    done = None if force else _load_done(samples, ident)
+    if done is None:
+        done = {}
+        _start_samples(samples, ident)
+    new = 0
+
+    def on_sample(record: dict[str, Any]) -> None:
+        nonlocal new
+        if "key" not in record:
+            raise EvaluationError(f"suite {suite!r} produced a sample record without 'key'")
+        append_jsonl(samples, record)
+        new += 1
+
+    model, tokenizer = _cached_model(ckpt, cfg, ident["checkpoint_hash"])
+    started = time.time()
+    raw = _runner(spec)(model, tokenizer, cfg, done=done, on_sample=on_sample, progress=progress)
+    result = _result_record(cfg, ckpt, suite, ident, raw, started)
+    result["samples"] = {"resumed": len(done), "new": new, "file": samples.name}
+    atomic_write_text(out, json.dumps(result, indent=2, default=str) + "\n")
+    return out
+
+
+def _result_record(
+    cfg: ExperimentConfig,
+    ckpt: Path,
+    suite: str,
+    ident: dict[str, str],
+    raw: dict[str, Any],
+    started: float,
+) -> dict[str, Any]:
+    from anchorctx.manifest import git_revision, package_versions
+
+    if not isinstance(raw, dict) or "scores" not in raw:
+        raise EvaluationError(f"suite {suite!r} runner returned no 'scores'")
+    record: dict[str, Any] = {
+        "schema": RESULT_SCHEMA,
+        "suite": suite,
+        "checkpoint": str(ckpt.resolve()),
+        "checkpoint_name": ckpt.name,
+        "step": checkpoint_step(ckpt),
+        **ident,
+        "evaluation": suite_config(cfg, suite),
+        "inputs": input_fingerprints(cfg, suite),
+        "scores": raw["scores"],
+        "counts": raw.get("counts", {}),
+        "not_run": raw.get("not_run", {}),
+        "versions": package_versions(),
+        "git": git_revision(),
+        "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "duration_s": round(time.time() - started, 3),
+    }
+    for key, value in raw.items():  # suite-specific extras, e.g. LongBench "categories"
+        record.setdefault(key, value)
+    return record

@@ -1,0 +1,183 @@
+"""RULER's inputs: local data files (essays, SQuAD, HotpotQA), word lists, sentence splitting.
+
+Nothing is downloaded. A task whose file is not configured or not present raises
+:class:`MissingDataError` naming the config key to set; the caller records the task as not run.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+import numpy as np
+
+# Which data file each task family needs, and the config key that names it.
+DATA_KEYS = {
+    "essay": "essay_path",
+    "squad": "squad_path",
+    "hotpotqa": "hotpotqa_path",
+}
+DATA_DESCRIPTIONS = {
+    "essay": "the Paul Graham essays JSON ({'text': ...}) of RULER's download_paulgraham_essay.py",
+    "squad": "the SQuAD v2.0 dev set JSON (dev-v2.0.json)",
+    "hotpotqa": "the HotpotQA dev distractor JSON (hotpot_dev_distractor_v1.json)",
+}
+
+
+class MissingDataError(FileNotFoundError):
+    """A RULER task needs a local data file that is not configured or not present."""
+
+    def __init__(self, task: str, kind: str, path: str | Path | None):
+        key = f"evaluation.ruler.{DATA_KEYS[kind]}"
+        where = "is not set" if path is None else f"points to a missing file: {path}"
+        super().__init__(
+            f"RULER task {task!r} needs {DATA_DESCRIPTIONS[kind]}; {key} {where}. "
+            f"Set it (e.g. --set {key}=/data/...) or leave {task!r} out of evaluation.ruler.tasks."
+        )
+        self.task, self.kind, self.key = task, kind, key
+
+
+def resolve_path(task: str, kind: str, paths: dict[str, str | Path | None]) -> Path:
+    raw = paths.get(DATA_KEYS[kind])
+    if raw is None or not Path(raw).is_file():
+        raise MissingDataError(task, kind, raw)
+    return Path(raw)
+
+
+# ----------------------------------------------------------------------------- essays
+@lru_cache(maxsize=4)
+def essay_words(path: Path) -> tuple[str, ...]:
+    """The essay haystack as whitespace-separated words (niah.py: re.sub(r'\\s+', ' ', ...))."""
+    text = path.read_text(encoding="utf-8")
+    if path.suffix == ".json":
+        text = json.loads(text)["text"]
+    words = tuple(re.sub(r"\s+", " ", text).split(" "))
+    if len(words) < 50:
+        raise ValueError(f"essay file {path} has only {len(words)} words: not a haystack")
+    return words
+
+
+@lru_cache(maxsize=1)
+def _punkt():
+    """NLTK's English Punkt model when its data is installed, else an untrained Punkt splitter.
+
+    RULER splits essays with ``nltk.sent_tokenize`` (the pretrained English Punkt model). The
+    untrained splitter differs only at abbreviations it has not learnt ("Mr.", "e.g."), which moves
+    a needle by a sentence at most; the data is used whenever ``nltk.download('punkt_tab')`` ran.
+    """
+    import nltk
+    from nltk.tokenize.punkt import PunktSentenceTokenizer
+
+    try:
+        nltk.data.find("tokenizers/punkt_tab/english/")
+        from nltk.tokenize import sent_tokenize
+
+        return lambda text: sent_tokenize(text)
+    except LookupError:
+        return PunktSentenceTokenizer().tokenize
+
+
+@lru_cache(maxsize=4)
+def _essay_split(path: Path) -> tuple[tuple[str, ...], np.ndarray]:
+    """Sentences of the whole essay text and the cumulative word count at each sentence end."""
+    words = essay_words(path)
+    sents = tuple(_punkt()(" ".join(words).strip()))
+    ends = np.cumsum([len(s.split(" ")) for s in sents])
+    if int(ends[-1]) != len(words):  # the splitter dropped or merged whitespace: no shortcut
+        raise ValueError(f"{path}: sentence split does not preserve the essay's words")
+    return sents, ends
+
+
+@lru_cache(maxsize=64)
+def essay_sentences(path: Path, num_words: int) -> tuple[str, ...]:
+    """Sentences of the first ``num_words`` essay words (the essay repeats when it is shorter).
+
+    niah.py sentence-splits ``" ".join(words[:num_words])``. Splitting the whole essay once and
+    cutting at ``num_words`` gives the same sentences (the cut one becomes the last, partial
+    sentence) without re-running the splitter for every candidate size of the length search.
+    """
+    sents, ends = _essay_split(path)
+    total = int(ends[-1])
+    full, rest = divmod(num_words, total)
+    out = list(sents) * full
+    if rest:
+        k = int(np.searchsorted(ends, rest, side="left"))  # sentence holding word number `rest`
+        start = int(ends[k - 1]) if k else 0
+        out += sents[:k]
+        out.append(" ".join(sents[k].split(" ")[: rest - start]))
+    return tuple(out)
+
+
+# ----------------------------------------------------------------------------- word lists
+@lru_cache(maxsize=1)
+def wonderwords_lists() -> tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]:
+    """(nouns, adjectives, verbs) from the wonderwords package, deduplicated and sorted."""
+    from wonderwords import random_word
+
+    def load(name: str) -> tuple[str, ...]:
+        return tuple(sorted(set(random_word._get_words_from_text_file(name))))
+
+    return load("nounlist.txt"), load("adjectivelist.txt"), load("verblist.txt")
+
+
+# ----------------------------------------------------------------------------- QA datasets
+@dataclass(frozen=True)
+class QAItem:
+    query: str
+    outputs: tuple[str, ...]
+    context: tuple[int, ...]  # gold document indices
+    more_context: tuple[int, ...] = ()  # same-article paragraphs (SQuAD): preferred distractors
+
+
+@dataclass(frozen=True)
+class QAData:
+    items: tuple[QAItem, ...]
+    docs: tuple[str, ...]
+
+
+@lru_cache(maxsize=2)
+def read_squad(path: Path) -> QAData:
+    """SQuAD v2 dev, answerable questions only (qa.py: read_squad)."""
+    data = json.loads(path.read_text(encoding="utf-8"))["data"]
+    docs = sorted({p["context"] for d in data for p in d["paragraphs"]})
+    index = {c: i for i, c in enumerate(docs)}
+    items = []
+    for article in data:
+        article_docs = [index[p["context"]] for p in article["paragraphs"]]
+        for p in article["paragraphs"]:
+            gold = index[p["context"]]
+            for qa in p["qas"]:
+                if qa.get("is_impossible", False):
+                    continue
+                items.append(QAItem(
+                    query=qa["question"], outputs=tuple(a["text"] for a in qa["answers"]),
+                    context=(gold,), more_context=tuple(i for i in article_docs if i != gold),
+                ))  # fmt: skip
+    return _checked(QAData(tuple(items), tuple(docs)), path)
+
+
+@lru_cache(maxsize=2)
+def read_hotpotqa(path: Path) -> QAData:
+    """HotpotQA dev distractor: the question's ten paragraphs are its documents (qa.py)."""
+    data = json.loads(path.read_text(encoding="utf-8"))
+
+    def doc(title: str, sentences: list[str]) -> str:
+        return f"{title}\n{''.join(sentences)}"
+
+    docs = sorted({doc(t, p) for d in data for t, p in d["context"]})
+    index = {c: i for i, c in enumerate(docs)}
+    items = tuple(
+        QAItem(query=d["question"], outputs=(d["answer"],),
+               context=tuple(index[doc(t, p)] for t, p in d["context"]))
+        for d in data
+    )  # fmt: skip
+    return _checked(QAData(items, tuple(docs)), path)
+
+
+def _checked(data: QAData, path: Path) -> QAData:
+    if not data.items:
+        raise ValueError(f"{path}: no answerable questions found")
+    return data

@@ -1,0 +1,161 @@
+"""Run the RULER suite on a loaded model: generate samples, predict greedily, score, resume.
+
+Per-sample records reach ``on_sample`` as soon as their batch is decoded, so the caller can
+append them to a journal; on the next run those records come back in ``done`` and are neither
+regenerated nor predicted again. A (task, length) whose samples are all done costs nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
+
+from tqdm.auto import tqdm
+
+from anchorctx.evaluation.ruler import constants as C
+from anchorctx.evaluation.ruler.data import MissingDataError
+from anchorctx.evaluation.ruler.generate import generate, num_available
+from anchorctx.evaluation.ruler.scoring import sample_score
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+    from anchorctx.config import ExperimentConfig
+
+Record = dict[str, Any]
+
+
+class RulerLengthError(ValueError):
+    """A RULER length is beyond what the model is configured for."""
+
+
+def record_key(task: str, length: int, index: int) -> str:
+    return f"{task}/{length}/{index}"
+
+
+def selected_tasks(tasks: list[str] | None, exclude: list[str]) -> list[str]:
+    """The configured tasks (default: all 13, in RULER's order) minus ``exclude``."""
+    for name in [*(tasks or []), *exclude]:
+        C.task_spec(name)  # unknown names fail here, with the valid ones listed
+    chosen = list(tasks) if tasks else list(C.TASKS)
+    return [t for t in chosen if t not in set(exclude)]
+
+
+def check_lengths(lengths: list[int], model: PreTrainedModel) -> None:
+    limit = getattr(model.config, "max_position_embeddings", None)
+    too_long = [n for n in lengths if limit is not None and n > limit]
+    if too_long:
+        raise RulerLengthError(
+            f"RULER lengths {too_long} exceed the model's max_position_embeddings={limit}. "
+            f"Drop them from evaluation.ruler.lengths, or evaluate a model trained for them "
+            f"(model.max_position_embeddings / rope_theta)."
+        )
+
+
+def data_paths(cfg: ExperimentConfig) -> dict[str, Any]:
+    r = cfg.evaluation.ruler
+    return {"essay_path": r.essay_path, "squad_path": r.squad_path, "hotpotqa_path": r.hotpotqa_path}
+
+
+def _predict(model, tokenizer, samples, batch_size, bar, emit) -> None:
+    """Greedy predictions for ``samples`` (one task and length), emitted batch by batch."""
+    from anchorctx.evaluation.generation import generate_greedy
+
+    def on_batch(indices: list[int], texts: list[str]) -> None:
+        for i, text in zip(indices, texts):
+            emit(samples[i], text)
+        bar.update(len(indices))
+
+    generate_greedy(
+        model, tokenizer, [s["input"] + s["answer_prefix"] for s in samples],
+        max_new_tokens=samples[0]["max_new_tokens"], batch_size=batch_size, progress=False,
+        on_batch=on_batch,
+    )  # fmt: skip
+
+
+def run_suite(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    cfg: ExperimentConfig,
+    *,
+    done: Mapping[str, Record],
+    on_sample: Callable[[Record], None],
+    progress: bool = True,
+) -> dict[str, Any]:
+    """RULER on ``model``: ``{"scores": {task: {str(length): score}}, "counts": {...},
+    "not_run": {task: reason}}``. Records: key, task, length, index, prediction, references,
+    score (0-100)."""
+    r = cfg.evaluation.ruler
+    check_lengths(r.lengths, model)
+    paths = data_paths(cfg)
+    plan, not_run = _plan(selected_tasks(r.tasks, r.exclude), r.lengths, r.num_samples, paths, done)
+    bar = tqdm(total=sum(len(p) for p in plan.values()), desc="ruler", unit="sample",
+               disable=not progress, dynamic_ncols=True)  # fmt: skip
+    records: dict[str, Record] = {k: v for k, v in done.items()}
+
+    for (task, length), pending in plan.items():
+        if not pending:
+            continue
+        bar.set_postfix_str(f"{task} @ {length}")
+
+        def emit(sample: dict, prediction: str, length: int = length) -> None:
+            rec = _record(sample, prediction, length)
+            records[rec["key"]] = rec
+            on_sample(rec)
+
+        samples = generate(task, length, tokenizer, r.num_samples, r.seed, indices=pending, **paths)
+        # Samples of one (task, length) share their length to within a few tokens: batching
+        # them wastes almost nothing on padding.
+        _predict(model, tokenizer, samples, cfg.evaluation.batch_size, bar, emit)
+    bar.close()
+    return _summarise(plan, records, not_run, r.num_samples, paths)
+
+
+def _plan(tasks, lengths, num_samples, paths, done):
+    """Pending sample indices per (task, length); tasks without their data go to not_run."""
+    plan: dict[tuple[str, int], list[int]] = {}
+    not_run: dict[str, str] = {}
+    for task in tasks:
+        try:
+            _probe_data(task, paths)
+            n = num_available(task, num_samples, **paths)
+        except MissingDataError as err:
+            not_run[task] = str(err)
+            continue
+        for length in lengths:
+            plan[(task, length)] = [i for i in range(n) if record_key(task, length, i) not in done]
+    return plan, not_run
+
+
+def _probe_data(task: str, paths: dict) -> None:
+    """Raise MissingDataError now (not mid-suite) when the task's data file is absent."""
+    from anchorctx.evaluation.ruler.data import resolve_path
+
+    spec = C.task_spec(task)
+    if spec.family == "niah" and spec.args["type_haystack"] == "essay":
+        resolve_path(task, "essay", paths)
+    elif spec.family == "qa":
+        resolve_path(task, spec.args["dataset"], paths)
+
+
+def _record(sample: dict, prediction: str, length: int) -> Record:
+    task, index = sample["task"], sample["index"]
+    return {
+        "key": record_key(task, length, index), "task": task, "length": length, "index": index,
+        "prediction": prediction, "references": sample["outputs"],
+        "prompt_tokens": sample["length"] - sample["max_new_tokens"],
+        "score": sample_score(task, prediction, sample["outputs"]),
+    }  # fmt: skip
+
+
+def _summarise(plan, records, not_run, num_samples, paths) -> dict[str, Any]:
+    scores: dict[str, dict[str, float]] = {}
+    counts: dict[str, dict[str, int]] = {}
+    for task, length in plan:
+        recs = [records[k] for k in (record_key(task, length, i)
+                                     for i in range(num_available(task, num_samples, **paths)))
+                if k in records]  # fmt: skip
+        if recs:
+            scores.setdefault(task, {})[str(length)] = sum(x["score"] for x in recs) / len(recs)
+            counts.setdefault(task, {})[str(length)] = len(recs)
+    return {"scores": scores, "counts": counts, "not_run": not_run}

@@ -1,0 +1,347 @@
+"""Sample builders for the five RULER task families (NIAH, VT, CWE, FWE, QA).
+
+A builder turns a haystack *size* (essay words, noise sentences, list words, documents) and a
+sample's own random generator into one sample. :mod:`.generate` searches the size that fills
+the token budget. Each sample gets its own generator, seeded from (seed, task, length, index):
+sample ``i`` is the same whether it is generated alone (resume) or with all the others.
+
+The construction follows NVIDIA/RULER ``scripts/data/synthetic/*.py`` step by step; the comments
+name the file each rule comes from.
+"""
+
+from __future__ import annotations
+
+import random
+import string
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from anchorctx.evaluation.ruler import constants as C
+from anchorctx.evaluation.ruler import data as D
+
+
+@dataclass(frozen=True)
+class Sample:
+    input: str
+    answer_prefix: str
+    outputs: list[str]
+
+    @property
+    def prompt(self) -> str:
+        return self.input + self.answer_prefix
+
+
+class Builder:
+    """Base: ``build(size, index, rng)``; sizes lie in ``[min_size, max_size]``."""
+
+    min_size: int = 1
+    max_size: int | None = None
+    max_samples: int | None = None  # QA: the number of questions in the file
+    probe: int = 10  # first size tried when estimating tokens per unit (RULER's ``incremental``)
+
+    def build(self, size: int, index: int, rng: random.Random) -> Sample:
+        raise NotImplementedError
+
+
+# ---------------------------------------------------------------------------------- NIAH
+class NiahBuilder(Builder):
+    """scripts/data/synthetic/niah.py: needles of key/value pairs in an essay, noise or needle
+    haystack; a query over ``num_needle_q`` of the keys."""
+
+    def __init__(self, task: str, args: dict, length: int, seed: int, paths: dict):
+        self.a = dict(args)
+        self.a["num_needle_k"] = max(args["num_needle_k"], args["num_needle_q"])  # niah.py
+        self.seed = seed
+        self.kind = args["type_haystack"]
+        self.essay = D.resolve_path(task, "essay", paths) if self.kind == "essay" else None
+        nouns, adjs, _ = D.wonderwords_lists()
+        self.nouns, self.adjs = nouns, adjs
+        # niah.py: incremental 500 words (essay), 25 sentences (noise/needle), 5 below 4K.
+        self.probe = 500 if self.kind == "essay" else (25 if length >= 4096 else 5)
+        self.min_size = 1 if self.kind == "essay" else max(1, self._num_needles())
+
+    def _num_needles(self) -> int:
+        return self.a["num_needle_k"] * self.a["num_needle_v"]
+
+    def _random(self, kind: str, rng: random.Random) -> str:
+        if kind == "numbers":  # niah.py: 7-digit numbers
+            return str(rng.randint(10**6, 10**7 - 1))
+        if kind == "words":
+            # niah.py draws from the sorted set of all "adjective-noun" pairs (6.2M strings);
+            # an independent uniform adjective and noun is the same distribution without the
+            # half-gigabyte list.
+            return f"{rng.choice(self.adjs)}-{rng.choice(self.nouns)}"
+        if kind == "uuids":
+            return str(uuid.UUID(int=rng.getrandbits(128), version=4))
+        raise ValueError(f"unknown needle type {kind!r}")
+
+    def _needles(self, rng: random.Random) -> tuple[list[str], list[list[str]], list[str]]:
+        a, keys, values, needles = self.a, [], [], []
+        for _ in range(a["num_needle_k"]):
+            keys.append(self._random(a["type_needle_k"], rng))
+            vals = [self._random(a["type_needle_v"], rng) for _ in range(a["num_needle_v"])]
+            needles += [C.NEEDLE.format(type_needle_v=a["type_needle_v"], key=keys[-1], value=v)
+                        for v in vals]  # fmt: skip
+            values.append(vals)
+        random.Random(self.seed).shuffle(needles)  # niah.py: a fixed-seed shuffle
+        return keys, values, needles
+
+    def _essay_context(self, size: int, needles: list[str], rng: random.Random) -> str:
+        assert self.essay is not None
+        sents = D.essay_sentences(self.essay, size)
+        depths = sorted(int(len(sents) * (d / 100)) for d in rng.sample(C.DEPTHS, len(needles)))
+        cuts = [0, *depths, len(sents)]
+        parts: list[str] = []
+        for i in range(1, len(cuts)):
+            parts.append(" ".join(sents[cuts[i - 1] : cuts[i]]))
+            if i - 1 < len(needles):
+                parts.append(needles[i - 1])
+        return " ".join(parts)
+
+    def _line_context(self, size: int, needles: list[str], rng: random.Random) -> str:
+        if self.kind == "noise":
+            lines = [C.NOISE_SENTENCE] * size
+        else:  # "needle": distractor needles with random keys and values
+            a = self.a
+            lines = [C.NEEDLE.format(type_needle_v=a["type_needle_v"],
+                                     key=self._random(a["type_needle_k"], rng),
+                                     value=self._random(a["type_needle_v"], rng))
+                     for _ in range(size)]  # fmt: skip
+        for at, needle in zip(sorted(rng.sample(range(size), len(needles)), reverse=True), needles):
+            lines.insert(at, needle)
+        return "\n".join(lines)
+
+    def build(self, size: int, index: int, rng: random.Random) -> Sample:
+        keys, values, needles = self._needles(rng)
+        if self.kind == "essay":
+            context = self._essay_context(size, needles, rng)
+        else:
+            context = self._line_context(size, needles, rng)
+        picked = rng.sample(range(self.a["num_needle_k"]), self.a["num_needle_q"])
+        queries = [keys[i] for i in picked]
+        answers = [v for i in picked for v in values[i]]
+        query = ", ".join(queries[:-1]) + ", and " + queries[-1] if len(queries) > 1 else queries[0]
+        template, prefix, type_v = C.NIAH_TEMPLATE, C.NIAH_ANSWER_PREFIX, self.a["type_needle_v"]
+        if self.a["num_needle_q"] * self.a["num_needle_v"] == 1:
+            template, prefix = _singular(template), _singular(prefix)
+            type_v = type_v[:-1]
+        fill = dict(type_needle_v=type_v, query=query)
+        return Sample(template.format(context=context, **fill), prefix.format(**fill), answers)
+
+
+def _singular(text: str) -> str:
+    """niah.py's rewrite of the template when one value is asked for (order matters)."""
+    for old, new in (("Some", "A"), ("are all", "is"), ("are", "is"), ("answers", "answer")):
+        text = text.replace(old, new)
+    return text
+
+
+# ---------------------------------------------------------------------------------- VT
+class VTBuilder(Builder):
+    """scripts/data/synthetic/variable_tracking.py: chains ``VAR A = 12345``, ``VAR B = VAR A``
+    hidden in the noise haystack, after a one-shot example with 3-letter names."""
+
+    def __init__(self, args: dict, length: int, seed: int, count: Callable[[str], int]):
+        self.chains, self.hops = args["num_chains"], args["num_hops"]
+        self.seed = seed
+        self.min_size = self.hops + 1
+        # variable_tracking.py: incremental 10 noise sentences, 5 below 4K.
+        self.probe = 10 if length >= 4096 else 5
+        self.icl = self._icl_example(count)
+
+    def _chains(self, rng: random.Random, icl: bool) -> tuple[list[list[str]], list[list[str]]]:
+        k, hops = (3, min(10, self.hops)) if icl else (5, self.hops)
+        names = ["".join(rng.choices(string.ascii_uppercase, k=k)) for _ in range((hops + 1) * self.chains)]  # fmt: skip
+        while len(set(names)) < self.chains * (hops + 1):
+            names.append("".join(rng.choices(string.ascii_uppercase, k=k)))
+        var_sets, chains = [], []
+        for i in range(0, len(names), hops + 1):
+            v = names[i : i + hops + 1]
+            var_sets.append(v)
+            # np.random.randint(10000, 99999) in the original: the high end is exclusive.
+            first = "12345" if icl else str(rng.randrange(10000, 99999))
+            chains.append([f"VAR {v[0]} = {first}"]
+                          + [f"VAR {v[j + 1]} = VAR {v[j]} " for j in range(hops)])  # fmt: skip
+        return var_sets, chains
+
+    def _question(self, size: int, rng: random.Random, icl: bool) -> tuple[str, str, list[str]]:
+        var_sets, chains = self._chains(rng, icl)
+        lines = [C.NOISE_SENTENCE] * size
+        for chain in chains:
+            at = sorted(rng.sample(range(len(lines)), len(chain)))
+            for j, (pos, line) in enumerate(zip(at, chain)):
+                lines.insert(pos + j, line)
+        context = "\n".join(lines).replace(". \n", ".\n")
+        value = chains[0][0].split("=")[-1].strip()
+        hops = min(10, self.hops) if icl else self.hops
+        fill = dict(query=value, num_v=hops + 1)
+        return (C.VT_TEMPLATE.format(context=context, **fill),
+                C.VT_ANSWER_PREFIX.format(**fill), var_sets[0])  # fmt: skip
+
+    def _icl_example(self, count: Callable[[str], int]) -> str:
+        """The one-shot example: fitted to 500 tokens, built once, renamed for every sample."""
+
+        def text(size: int) -> str:
+            q, prefix, answer = self._question(size, random.Random(self.seed), icl=True)
+            return q + prefix + " " + " ".join(answer) + "\n"
+
+        size = largest_fitting(lambda n: count(text(n)) <= 500, self.hops + 1, 5)
+        if size is None:
+            raise ValueError("variable tracking: the one-shot example does not fit 500 tokens")
+        return text(size)
+
+    def _randomized_icl(self, rng: random.Random) -> str:
+        icl = self.icl
+        for name in icl.strip().split()[-self.hops - 1 :]:
+            icl = icl.replace(name, "".join(rng.choices(string.ascii_uppercase, k=len(name))))
+        return icl.replace("12345", str(rng.randrange(10000, 99999)))
+
+    def build(self, size: int, index: int, rng: random.Random) -> Sample:
+        icl = self._randomized_icl(rng)
+        question, prefix, answer = self._question(size, rng, icl=False)
+        return Sample(icl + "\n" + question, prefix, answer)
+
+
+# ---------------------------------------------------------------------------------- CWE
+class CWEBuilder(Builder):
+    """scripts/data/synthetic/common_words_extraction.py: a numbered word list where 10 words
+    appear 30 times and the rest 3 times (6 and 1 below 4K), after a one-shot example."""
+
+    def __init__(self, args: dict, length: int, seed: int):
+        nouns, adjs, verbs = D.wonderwords_lists()
+        words = sorted(set(nouns + adjs + verbs))
+        random.Random(seed).shuffle(words)
+        self.words, self.seed, self.num_cw = words, seed, args["num_cw"]
+        if length < 4096:
+            self.example_shape, self.shape = (20, 3, 1), (6, 1)
+        else:
+            self.example_shape, self.shape = (40, 10, 3), (args["freq_cw"], args["freq_ucw"])
+        self.min_size, self.max_size, self.probe = self.num_cw, len(words), 10
+        # Past max_size (about 8.5K words, reached near 128K tokens) the original falls back to
+        # an English word list it ships; here the list stays wonderwords' and the sample is
+        # shorter than the budget.
+
+    def _example(self, n: int, common: int, uncommon: int, rng) -> tuple[str, list[str]]:
+        chosen = rng.sample(self.words, n)
+        top, rest = chosen[: self.num_cw], chosen[self.num_cw :]
+        listed = top * common + rest * uncommon
+        random.Random(self.seed).shuffle(listed)
+        return " ".join(f"{i + 1}. {w}" for i, w in enumerate(listed)), top
+
+    def build(self, size: int, index: int, rng: random.Random) -> Sample:
+        ex_context, ex_answer = self._example(*self.example_shape, rng)
+        context, answer = self._example(size, *self.shape, rng)
+        shot = (C.CWE_TEMPLATE.format(context=ex_context) + C.CWE_ANSWER_PREFIX + " "
+                + " ".join(f"{i + 1}. {w}" for i, w in enumerate(ex_answer)))  # fmt: skip
+        return Sample(shot + "\n" + C.CWE_TEMPLATE.format(context=context),
+                      C.CWE_ANSWER_PREFIX, answer)  # fmt: skip
+
+
+# ---------------------------------------------------------------------------------- FWE
+def zeta(alpha: float, terms: int = 1000) -> float:
+    """Riemann zeta (alpha > 1) by Euler-Maclaurin: partial sum plus the integral tail."""
+    n = float(terms)
+    head = float(np.sum(np.arange(1, terms, dtype=np.float64) ** -alpha))
+    return head + n ** (1 - alpha) / (alpha - 1) + 0.5 * n**-alpha + alpha * n ** (-alpha - 1) / 12
+
+
+class FWEBuilder(Builder):
+    """scripts/data/synthetic/freq_words_extraction.py: random 6-letter "coded" words with Zipf
+    (alpha 2) counts; the most frequent one is '...' noise, the answer is ranks 2-4."""
+
+    def __init__(self, args: dict, length: int, seed: int):
+        self.alpha, self.wordlen, self.seed = args["alpha"], args["coded_wordlen"], seed
+        self.vocab_size = max(length // 50, 4)  # freq_words_extraction.py: vocab_size = L // 50
+        self.probe = max(length // 32, 10)
+        self.zeta = zeta(self.alpha)
+
+    def _vocab(self, rng: random.Random) -> list[str]:
+        letters, n = string.ascii_lowercase, self.vocab_size
+        vocab = ["".join(rng.choices(letters, k=self.wordlen)) for _ in range(n)]
+        while len(set(vocab)) < n:
+            vocab.append("".join(rng.choices(letters, k=self.wordlen)))
+        vocab = sorted(set(vocab))
+        random.Random(self.seed).shuffle(vocab)
+        vocab[0] = "..."  # the top rank is noise the question tells the model to ignore
+        return vocab
+
+    def build(self, size: int, index: int, rng: random.Random) -> Sample:
+        vocab = self._vocab(rng)
+        ranks = np.arange(1, len(vocab) + 1, dtype=np.float64)
+        counts = (size * ranks**-self.alpha / self.zeta).astype(int)
+        words = [w for w, c in zip(vocab, counts) for _ in range(c)]
+        random.Random(self.seed).shuffle(words)
+        return Sample(C.FWE_TEMPLATE.format(context=" ".join(words)), C.FWE_ANSWER_PREFIX,
+                      vocab[1:4])  # fmt: skip
+
+
+# ---------------------------------------------------------------------------------- QA
+class QABuilder(Builder):
+    """scripts/data/synthetic/qa.py: the question's gold documents plus distractors (same-article
+    paragraphs first for SQuAD), shuffled, as "Document i:" blocks. Sample i asks question i."""
+
+    def __init__(self, task: str, args: dict, length: int, seed: int, paths: dict):
+        kind = args["dataset"]
+        path: Path = D.resolve_path(task, kind, paths)
+        self.qa = D.read_squad(path) if kind == "squad" else D.read_hotpotqa(path)
+        self.seed = seed
+        self.min_size, self.max_size, self.probe = 1, len(self.qa.docs), 10
+        self.max_samples = len(self.qa.items)
+
+    def _documents(self, size: int, item: D.QAItem, rng: random.Random) -> list[str]:
+        docs = self.qa.docs
+        if size >= len(docs):
+            chosen = list(range(len(docs)))
+        elif size - len(item.context) > len(item.more_context):
+            taken = set(item.context) | set(item.more_context)
+            extra = [i for i in range(len(docs)) if i not in taken]
+            k = size - len(item.context) - len(item.more_context)
+            chosen = [*item.context, *item.more_context, *rng.sample(extra, k)]
+        else:
+            k = max(0, size - len(item.context))
+            chosen = [*item.context, *rng.sample(list(item.more_context), k)]
+        texts = [docs[i] for i in chosen]
+        random.Random(self.seed).shuffle(texts)  # qa.py: a fixed-seed shuffle
+        return texts
+
+    def build(self, size: int, index: int, rng: random.Random) -> Sample:
+        item = self.qa.items[index]
+        docs = self._documents(size, item, rng)
+        context = "\n\n".join(C.QA_DOCUMENT.format(i=i + 1, document=d) for i, d in enumerate(docs))
+        return Sample(C.QA_TEMPLATE.format(context=context, query=item.query),
+                      C.QA_ANSWER_PREFIX, list(item.outputs))  # fmt: skip
+
+
+# ---------------------------------------------------------------------------------- search
+def largest_fitting(fits: Callable[[int], bool], lo: int, guess: int,
+                    hi_cap: int | None = None) -> int | None:  # fmt: skip
+    """Largest n in [lo, hi_cap] with fits(n), assuming fits is monotone (True then False).
+
+    Grows from ``guess`` by doubling until a size fails (or the cap), then bisects: about
+    2·log2(n) calls, each one tokenisation of a candidate prompt.
+    """
+    if not fits(lo):
+        return None
+    good, bad = lo, None
+    n = max(guess, lo + 1)
+    while bad is None:
+        if hi_cap is not None and n >= hi_cap:
+            n = hi_cap
+            if fits(n):
+                return n
+            bad = n
+        elif fits(n):
+            good, n = n, n * 2
+        else:
+            bad = n
+    while bad - good > 1:
+        mid = (good + bad) // 2
+        if fits(mid):
+            good = mid
+        else:
+            bad = mid
+    return good

@@ -1,0 +1,70 @@
+"""The deployments ``anchorctx serve`` serves.
+
+| deployment                              | parameters (defaults; every one editable in the UI) |
+|-----------------------------------------|-----------------------------------------------------|
+| full-experiment/demo                    | configs/demo.yaml: tiny Llama, generated corpus, CPU |
+| full-experiment/paper-llama2-64k, -128k | configs/paper/llama2-7b-{64k,128k}.yaml (Table 1)   |
+| full-experiment/paper-<stem>            | any other configs/paper/<stem>.yaml                 |
+| prepare-data/default, train/default,    | configs/demo.yaml                                   |
+| evaluate/default, rope-precision/default|                                                     |
+
+Deployments reference the flows by module path, so the runner finds them from any working
+directory; relative paths inside the configs resolve against the directory ``serve`` runs in.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from anchorctx.config import ExperimentConfig, load_config
+
+if TYPE_CHECKING:
+    from prefect.deployments.runner import RunnerDeployment
+
+# Deployment names of the paper presets (others in configs/paper/ get "paper-<stem>").
+PAPER_NAMES = {"llama2-7b-64k": "paper-llama2-64k", "llama2-7b-128k": "paper-llama2-128k"}
+TAGS = ["anchorctx"]
+
+
+def paper_presets(configs_dir: Path) -> dict[str, Path]:
+    """Deployment name -> config file for every ``configs/paper/*.yaml``."""
+    return {
+        PAPER_NAMES.get(path.stem, f"paper-{path.stem}"): path
+        for path in sorted((configs_dir / "paper").glob("*.yaml"))
+    }
+
+
+def _deploy(flow, name: str, cfg: ExperimentConfig, description: str, **params) -> RunnerDeployment:
+    from prefect.deployments.runner import EntrypointType
+
+    return flow.to_deployment(
+        name=name, parameters={"cfg": cfg, **params}, description=description, tags=TAGS,
+        entrypoint_type=EntrypointType.MODULE_PATH,
+    )  # fmt: skip
+
+
+def build_deployments(
+    configs_dir: str | Path = "configs", demo_config: str | Path | None = None
+) -> list[RunnerDeployment]:
+    """Every deployment, with its config validated now (a broken preset fails ``serve``)."""
+    from anchorctx.flows import experiment as fx
+
+    configs_dir = Path(configs_dir)
+    demo_path = Path(demo_config) if demo_config else configs_dir / "demo.yaml"
+    demo = load_config(demo_path)
+    deployments = [
+        _deploy(fx.full_experiment, "demo", demo,
+                f"The whole experiment on {demo_path}: every arm trained, evaluated, compared."),
+        _deploy(fx.prepare_data_flow, "default", demo, f"Pack the data of {demo_path}."),
+        _deploy(fx.train_flow, "default", demo, f"Train one arm of {demo_path}."),
+        _deploy(fx.evaluate_flow, "default", demo,
+                "Evaluate the existing checkpoints of a run (cached per checkpoint and suite)."),
+        _deploy(fx.rope_precision_flow, "default", demo, "BF16 vs FP32 RoPE precision study."),
+    ]  # fmt: skip
+    for name, path in paper_presets(configs_dir).items():
+        cfg = load_config(path)
+        deployments.append(_deploy(fx.full_experiment, name, cfg,
+                                   f"Paper preset {path}: point model.path and data.sources at "
+                                   "local copies first."))  # fmt: skip
+    return deployments

@@ -1,0 +1,178 @@
+"""Sampling documents to a token budget by domain mixture, and per-source length upsampling.
+
+Mixtures (``data.mixture``):
+- ``original``: each domain keeps its share of the corpus' tokens.
+- ``{domain: ratio}``: explicit shares (normalised); documents of other domains are bad input.
+- ``upsampled``: Fu et al. 2024 per-source length upsampling. Each domain keeps its original
+  token share; within a domain, documents longer than ``upsample.threshold`` tokens supply
+  ``max(upsample.long_share, their original share)`` of its tokens (repeating long documents
+  when a domain has too few), the rest comes from short documents.
+
+Within a domain documents are drawn in a seeded random order without replacement (long documents
+in fresh permutations per pass when repeated); the last document of each domain is cut to the
+remaining quota, so every domain gets exactly its share of the budget. The output order is a
+seeded shuffle over all domains. Every random draw happens here, from ``seed`` alone, so the
+plan does not depend on the number of tokenisation workers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from anchorctx.config import DataConfig
+from anchorctx.packing.sources import BadInput, DataError
+from anchorctx.packing.tokens import DocIndex
+
+
+@dataclass
+class Plan:
+    """Planned document occurrences in packing order; position = the document id (seg_doc)."""
+
+    doc: np.ndarray  # int64 [M]: index into DocIndex
+    take: np.ndarray  # int64 [M]: tokens used (a prefix; < length only for the cut last doc)
+    repeat: np.ndarray  # int32 [M]: 0 for the first use of an input document, k for the k-th repeat
+    target_shares: dict[str, float]
+    budget: int
+
+    def __len__(self) -> int:
+        return int(self.doc.shape[0])
+
+
+def domain_tokens(index: DocIndex) -> dict[str, int]:
+    sums = np.bincount(index.domain, weights=index.length, minlength=len(index.domains))
+    return {d: int(sums[i]) for i, d in enumerate(index.domains)}
+
+
+def target_shares(cfg: DataConfig, index: DocIndex) -> dict[str, float]:
+    if isinstance(cfg.mixture, dict):
+        total = sum(cfg.mixture.values())
+        if any(v < 0 for v in cfg.mixture.values()) or total <= 0:
+            raise DataError(f"data.mixture ratios must be >= 0 with a positive sum: {cfg.mixture}")
+        missing = sorted(d for d, v in cfg.mixture.items() if v > 0 and d not in index.domains)
+        if missing:
+            raise DataError(
+                f"data.mixture names domains with no documents in data.sources: {missing}; "
+                f"domains found: {sorted(index.domains)}"
+            )
+        return {d: v / total for d, v in sorted(cfg.mixture.items()) if v > 0}
+    tokens = domain_tokens(index)
+    total = sum(tokens.values())
+    return {d: tokens[d] / total for d in sorted(tokens)}
+
+
+def _budget(cfg: DataConfig, shares: dict[str, float], tokens: dict[str, int]) -> int:
+    if cfg.token_budget is not None:
+        return int(cfg.token_budget)
+    if isinstance(cfg.mixture, dict):  # the largest budget that every domain can supply
+        return int(min(tokens[d] / s for d, s in shares.items()))
+    return int(sum(tokens.values()))
+
+
+def _quotas(budget: int, shares: dict[str, float]) -> dict[str, int]:
+    """Integer quotas summing exactly to ``budget`` (largest remainder)."""
+    raw = {d: budget * s for d, s in shares.items()}
+    quotas = {d: int(np.floor(v)) for d, v in raw.items()}
+    rest = budget - sum(quotas.values())
+    for d in sorted(raw, key=lambda d: (quotas[d] - raw[d], d))[:rest]:
+        quotas[d] += 1
+    return quotas
+
+
+def _take(docs: np.ndarray, lengths: np.ndarray, quota: int) -> tuple[np.ndarray, np.ndarray]:
+    """The shortest prefix of ``docs`` holding ``quota`` tokens; the last one cut to fit."""
+    if quota <= 0 or docs.size == 0:
+        return docs[:0], lengths[:0]
+    cum = np.cumsum(lengths)
+    n = min(int(np.searchsorted(cum, quota)) + 1, docs.size)
+    take = lengths[:n].copy()
+    take[-1] -= max(int(cum[n - 1]) - quota, 0)
+    return docs[:n], take
+
+
+def _domain_rng(seed: int, domain: str) -> np.random.Generator:
+    return np.random.default_rng([seed, 1, *domain.encode()])
+
+
+def _plain(docs, lengths, quota, rng) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    order = rng.permutation(docs.size)
+    d, t = _take(docs[order], lengths[order], quota)
+    return d, t, np.zeros(d.size, dtype=np.int32)
+
+
+def _upsampled(docs, lengths, quota, rng, cfg: DataConfig):
+    long = lengths > cfg.upsample.threshold
+    short_d, short_l = docs[~long], lengths[~long]
+    long_d, long_l = docs[long], lengths[long]
+    if long_d.size == 0:
+        return _plain(short_d, short_l, quota, rng)
+    natural = long_l.sum() / lengths.sum()
+    # Never downsample long documents (Book/ArXiv are mostly long already).
+    long_q = round(quota * max(cfg.upsample.long_share, natural))
+    short_q = min(quota - long_q, int(short_l.sum()))
+    sd, st, sr = _plain(short_d, short_l, short_q, rng)
+    long_q = quota - int(st.sum())
+    passes = max(1, int(np.ceil(long_q / long_l.sum())))
+    perms = [rng.permutation(long_d.size) for _ in range(passes)]
+    cyc_d = np.concatenate([long_d[p] for p in perms])
+    cyc_l = np.concatenate([long_l[p] for p in perms])
+    cyc_r = np.repeat(np.arange(passes, dtype=np.int32), long_d.size)
+    ld, lt = _take(cyc_d, cyc_l, long_q)
+    return (
+        np.concatenate([sd, ld]),
+        np.concatenate([st, lt]),
+        np.concatenate([sr, cyc_r[: ld.size]]),
+    )
+
+
+def plan_documents(cfg: DataConfig, index: DocIndex, seed: int, bad: BadInput) -> Plan:
+    """Which documents (and how many of their tokens) go into the packed dataset, in order."""
+    if len(index) == 0:
+        raise DataError("no valid documents in data.sources (see the skipped-input counts)")
+    shares = target_shares(cfg, index)
+    tokens = domain_tokens(index)
+    budget = _budget(cfg, shares, tokens)
+    budget = _check_budget(cfg, budget, shares, tokens, bad)
+    parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+    for domain, quota in _quotas(budget, shares).items():
+        code = index.domains.index(domain)
+        docs = np.flatnonzero(index.domain == code)
+        rng = _domain_rng(seed, domain)
+        if cfg.mixture == "upsampled":
+            parts.append(_upsampled(docs, index.length[docs], quota, rng, cfg))
+        else:
+            parts.append(_plain(docs, index.length[docs], min(quota, tokens[domain]), rng))
+    doc, take, rep = (np.concatenate([p[i] for p in parts]) for i in range(3))
+    order = np.random.default_rng([seed, 2]).permutation(doc.size)
+    return Plan(doc[order], take[order], rep[order].astype(np.int32), shares, budget)
+
+
+def _check_budget(cfg, budget: int, shares, tokens, bad: BadInput) -> int:
+    total = sum(tokens.values())
+    if budget > total:
+        bad.report(
+            "budget_exceeds_corpus", "data.token_budget",
+            f"token budget {budget} is larger than the corpus ({total} tokens)", budget - total,
+        )  # fmt: skip
+        return total
+    if cfg.mixture == "upsampled":
+        return budget
+    for domain, quota in _quotas(budget, shares).items():
+        if quota > tokens[domain]:
+            bad.report(
+                "budget_exceeds_corpus", f"data.mixture[{domain}]",
+                f"domain {domain} needs {quota} tokens for its share, the corpus has "
+                f"{tokens[domain]}", quota - tokens[domain],
+            )  # fmt: skip
+    return budget
+
+
+def describe(plan: Plan) -> dict[str, Any]:
+    return {
+        "budget": plan.budget,
+        "target_shares": {d: round(s, 6) for d, s in plan.target_shares.items()},
+        "documents": len(plan),
+        "repeated_documents": int((plan.repeat > 0).sum()),
+    }

@@ -1,0 +1,347 @@
+"""``prepare_data``: sources -> tokens -> mixture plan -> packed rows -> dataset + manifest.
+
+Stages: (1) stream every source once, tokenising in parallel batches into a temporary token
+store; (2) plan which documents (and how many of their tokens) to use from the per-document
+index alone; (3) pack the planned documents from the memory-mapped store into an Arrow file;
+(4) ``save_to_disk`` it with ``manifest.json``, statistics and the document index beside it,
+all inside a temporary directory renamed into place. The output directory is keyed by a
+fingerprint of the inputs, the data config, the seed and the tokenizer, so calling again with
+the same inputs returns the existing dataset.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from anchorctx.config import DataConfig, SourceConfig
+from anchorctx.io import atomic_directory, atomic_write_json, read_json
+from anchorctx.manifest import base_manifest
+from anchorctx.packing import mixture, pack, stats
+from anchorctx.packing.sources import (
+    BadInput,
+    DataError,
+    Record,
+    input_fingerprints,
+    read_file,
+    resolve_files,
+)
+from anchorctx.packing.tokens import DocIndex, TokenStore, encode_batches, scan
+
+if TYPE_CHECKING:
+    import datasets
+
+    from anchorctx.config import ExperimentConfig
+
+SCHEMA_VERSION = 1
+MANIFEST = "manifest.json"
+# Settings that change how fast the data is produced, never what is produced.
+NON_SEMANTIC = ("output_dir", "num_workers", "tokenize_batch_size", "demo_corpus")
+
+
+# ------------------------------------------------------------------------------ fingerprints
+def semantic_config(data: DataConfig) -> dict[str, Any]:
+    return data.model_dump(mode="json", exclude=set(NON_SEMANTIC))
+
+
+def data_fingerprint(
+    data: DataConfig, seed: int, tokenizer_fp: str, inputs: list[dict[str, Any]]
+) -> str:
+    payload = {"schema": SCHEMA_VERSION, "data": semantic_config(data), "seed": seed,
+               "tokenizer": tokenizer_fp, "inputs": inputs}  # fmt: skip
+    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _is_complete(out: Path, fingerprint: str) -> bool:
+    try:
+        manifest = read_json(out / MANIFEST)
+    except (OSError, json.JSONDecodeError):
+        return False
+    return manifest.get("fingerprint") == fingerprint and (out / "state.json").is_file()
+
+
+# --------------------------------------------------------------------------------- resolving
+def _resolve_inputs(data: DataConfig, bad: BadInput) -> list[tuple[SourceConfig, Path]]:
+    if not data.sources:
+        raise DataError("data.sources is empty: add at least one {path: ...} source")
+    files: list[tuple[SourceConfig, Path]] = []
+    for src in data.sources:
+        try:
+            files += [(src, p) for p in resolve_files(src)]
+        except DataError as err:
+            bad.report("unreadable_file", str(src.path), str(err))
+    if not files:
+        raise DataError("no readable input files in data.sources")
+    return files
+
+
+def _records(
+    files: list[tuple[SourceConfig, Path]], bad: BadInput, domains: set[str] | None
+) -> Iterator[Record]:
+    for i, (src, path) in enumerate(files):
+        yield from read_file(src, path, i, bad, domains)
+
+
+def _special_tokens(data: DataConfig, tok: Any, domains: list[str]) -> tuple[dict, np.ndarray]:
+    from anchorctx.packing.tokens import encode_texts
+
+    if data.separator == "eos":
+        if tok.eos_token_id is None:
+            raise DataError("data.separator=eos but the tokenizer has no EOS token; set a text")
+        sep = np.array([tok.eos_token_id], dtype=np.int64)
+    elif data.separator == "none":
+        sep = np.zeros(0, dtype=np.int64)
+    else:
+        sep = encode_texts(tok, [data.separator])[0]
+    tags: dict[str, np.ndarray] = {}
+    if data.domain_tags:
+        for d in domains:
+            try:
+                text = data.tag_template.format(domain=d)
+            except (KeyError, IndexError, ValueError) as err:
+                raise DataError(
+                    f"data.tag_template {data.tag_template!r} is invalid ({err!r}); "
+                    "the only field is {domain}"
+                ) from None
+            tags[d] = encode_texts(tok, [text])[0]
+    return tags, sep
+
+
+def _check_seq_len(seq_len: int, tags: dict[str, np.ndarray], sep: np.ndarray) -> None:
+    overhead = 1 + max((t.size for t in tags.values()), default=0) + sep.size
+    if seq_len <= overhead:
+        raise DataError(
+            f"impossible data.seq_len={seq_len}: the anchor, a domain tag and the separator "
+            f"alone take {overhead} tokens; use a seq_len well above that"
+        )
+
+
+# ------------------------------------------------------------------------------------- stages
+def _tokenize_all(
+    cfg: ExperimentConfig, tok: Any, files, bad: BadInput, work: Path, progress: bool
+) -> tuple[DocIndex, TokenStore]:
+    data = cfg.data
+    allowed = set(data.mixture) if isinstance(data.mixture, dict) else None
+    store = TokenStore(work / "tokens.bin", len(tok))
+    encoded = encode_batches(
+        _records(files, bad, allowed), tok, str(cfg.model.tokenizer_path),
+        batch_size=data.tokenize_batch_size, num_workers=data.num_workers,
+    )  # fmt: skip
+    index = scan(encoded, store, bad, [p for _, p in files], progress)
+    return index, store
+
+
+def _pack(
+    cfg: ExperimentConfig, index: DocIndex, store: TokenStore, plan: mixture.Plan,
+    tags: dict, sep: np.ndarray, anchor: int, arrow: Path, progress: bool,
+) -> pack.RowPacker:  # fmt: skip
+    from tqdm.auto import tqdm
+
+    data = cfg.data
+    if data.interleave_chunks:
+        units = pack.interleaved_chunks(plan, tuple(data.chunks_per_document), cfg.seed)
+    else:
+        units = pack.whole_documents(plan)
+    packer = pack.RowPacker(data.seq_len, anchor, len(plan))
+    rows = pack.pack_rows(units, plan, index, store.view(), packer, tags, sep)
+    expected = int((plan.take.sum() + len(plan) * (1 + sep.size)) // data.seq_len)
+    bar = tqdm(desc="pack", unit="tok", unit_scale=True, total=expected * data.seq_len,
+               disable=not progress)  # fmt: skip
+    n = pack.write_arrow(_counted(rows, bar, data.seq_len), arrow)
+    bar.close()
+    if n == 0:
+        raise DataError(
+            f"impossible data.seq_len={data.seq_len}: the sampled {int(plan.take.sum())} tokens "
+            "do not fill a single row; lower seq_len or raise data.token_budget"
+        )
+    return packer
+
+
+def _counted(rows: Iterator[dict], bar: Any, seq_len: int) -> Iterator[dict]:
+    for row in rows:
+        bar.update(seq_len)
+        yield row
+
+
+# ------------------------------------------------------------------------------------ outputs
+def _documents_table(index: DocIndex, plan: mixture.Plan, emitted: np.ndarray, files, path: Path):
+    """Document id (seg_doc) -> input file and line, tokens used: every token is traceable."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    src = plan.doc
+    table = pa.table({
+        "doc": np.arange(len(plan), dtype=np.int32),
+        "domain": pa.array([index.domains[c] for c in index.domain[src]]).dictionary_encode(),
+        "file": pa.DictionaryArray.from_arrays(
+            pa.array(index.file[src]), pa.array([str(p) for _, p in files])),
+        "line": index.line[src],
+        "tokens": index.length[src],
+        "taken": plan.take,
+        "repeat": plan.repeat,
+        "packed": emitted,
+    })  # fmt: skip
+    pq.write_table(table, path)
+
+
+def _manifest(cfg, tok_info, anchor, fingerprint, inputs, plan, packer, index, bad) -> dict:
+    st = packer.stats
+    return base_manifest(
+        schema_version=SCHEMA_VERSION,
+        fingerprint=fingerprint,
+        seq_len=cfg.data.seq_len,
+        anchor_token_id=anchor,
+        tokenizer=tok_info,
+        data=cfg.data.model_dump(mode="json"),
+        seed=cfg.seed,
+        counts={
+            "rows": st.rows,
+            "tokens": st.rows * cfg.data.seq_len,
+            "documents": int(packer.emitted.sum()),
+            "text_tokens": int(sum(st.text_tokens.values())),
+            "tag_tokens": st.tag_tokens,
+            "separator_tokens": st.separator_tokens,
+            "by_domain": _by_domain(index, plan, packer),
+            "input_documents": len(index),
+            "input_tokens": int(index.length.sum()),
+            "truncated_documents": int((plan.take < index.length[plan.doc]).sum()),
+            "repeated_documents": int((plan.repeat > 0).sum()),
+            "dropped_final_row_tokens": st.dropped_tokens,
+            "documents_only_in_dropped_row": int((~packer.emitted).sum()),
+        },
+        mixture=mixture.describe(plan),
+        skipped=bad.as_dict(),
+        inputs=inputs,
+    )
+
+
+def _by_domain(index: DocIndex, plan: mixture.Plan, packer: pack.RowPacker) -> dict:
+    dom = index.domain[plan.doc[packer.emitted]]
+    docs = np.bincount(dom, minlength=len(index.domains))
+    return {
+        d: {"documents": int(docs[i]), "tokens": int(packer.stats.text_tokens.get(d, 0))}
+        for i, d in enumerate(index.domains)
+        if docs[i] or packer.stats.text_tokens.get(d)
+    }
+
+
+# --------------------------------------------------------------------------------------- API
+def default_output_dir(cfg: ExperimentConfig, fingerprint: str) -> Path:
+    return (
+        Path(cfg.data.output_dir)
+        if cfg.data.output_dir
+        else cfg.experiment_dir / "data" / fingerprint
+    )
+
+
+def prepare_data(cfg: ExperimentConfig, *, force: bool = False, progress: bool = True) -> Path:
+    """Build (or reuse) the packed dataset of ``cfg``; return its directory."""
+    from anchorctx.packing.demo import ensure_demo_corpus
+    from anchorctx.training.model import load_tokenizer, tokenizer_fingerprint
+
+    ensure_demo_corpus(cfg, progress=progress)
+    tok = load_tokenizer(cfg.model)
+    tok_info = {"path": str(cfg.model.tokenizer_path), "fingerprint": tokenizer_fingerprint(tok)}
+    bad = BadInput(skip=cfg.data.on_bad_input == "skip")
+    files = _resolve_inputs(cfg.data, bad)
+    inputs = input_fingerprints(files)
+    fingerprint = data_fingerprint(cfg.data, cfg.seed, tok_info["fingerprint"], inputs)
+    out = default_output_dir(cfg, fingerprint)
+    if not force and _is_complete(out, fingerprint):
+        return out
+    _refuse_foreign(out)
+    start = time.perf_counter()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix=f".{out.name}.work.", dir=out.parent))
+    try:
+        manifest, table = _build(
+            cfg, tok, tok_info, files, inputs, fingerprint, bad, work, out, progress
+        )
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    if progress:
+        _print_summary(out, manifest, table, time.perf_counter() - start)
+    return out
+
+
+def _build(cfg, tok, tok_info, files, inputs, fingerprint, bad, work, out, progress):
+    import datasets
+
+    from anchorctx.training.model import anchor_token_id
+
+    anchor = anchor_token_id(tok)
+    index, store = _tokenize_all(cfg, tok, files, bad, work, progress)
+    tags, sep = _special_tokens(cfg.data, tok, index.domains)
+    _check_seq_len(cfg.data.seq_len, tags, sep)
+    plan = mixture.plan_documents(cfg.data, index, cfg.seed, bad)
+    packer = _pack(cfg, index, store, plan, tags, sep, anchor, work / "rows.arrow", progress)
+    manifest = _manifest(cfg, tok_info, anchor, fingerprint, inputs, plan, packer, index, bad)
+    summary = stats.compute(index, plan, packer.stats, packer.emitted)
+    with atomic_directory(out) as tmp:
+        _save(datasets, work / "rows.arrow", tmp, progress)
+        _documents_table(index, plan, packer.emitted, files, tmp / "documents.parquet")
+        table = stats.write(summary, tmp)
+        stats.length_histogram(index, plan, packer.emitted, tmp / "doc_lengths.png")
+        atomic_write_json(tmp / "resolved_config.json", cfg.model_dump(mode="json"))
+        atomic_write_json(tmp / MANIFEST, manifest)  # last: marks the dataset complete
+    return manifest, table
+
+
+def _save(datasets: Any, arrow: Path, out: Path, progress: bool) -> None:
+    was_enabled = datasets.is_progress_bar_enabled()
+    if not progress:
+        datasets.disable_progress_bars()
+    try:
+        ds = datasets.Dataset.from_file(str(arrow))  # memory-mapped, not loaded
+        ds.save_to_disk(str(out), max_shard_size="500MB")
+    finally:
+        if was_enabled:
+            datasets.enable_progress_bars()
+
+
+def _refuse_foreign(out: Path) -> None:
+    """Never replace a directory that is not a packed dataset (it may hold the user's data)."""
+    if out.exists() and any(out.iterdir()) and not (out / MANIFEST).is_file():
+        raise DataError(f"{out} exists and is not a packed dataset; choose another data.output_dir")
+
+
+def _print_summary(out: Path, manifest: dict, table: str, seconds: float) -> None:
+    c = manifest["counts"]
+    print(f"packed dataset: {out} ({seconds:.1f} s)")
+    print(
+        f"  rows {c['rows']} x {manifest['seq_len']} tokens; documents {c['documents']}; "
+        f"text tokens {c['text_tokens']}; dropped final-row tokens {c['dropped_final_row_tokens']}"
+    )
+    if manifest["skipped"]["counts"]:
+        print(f"  skipped input: {manifest['skipped']['counts']}")
+    print(table)
+
+
+def load_packed(path: str | Path) -> tuple[datasets.Dataset, dict[str, Any]]:
+    """The packed dataset at ``path`` and its manifest."""
+    import datasets
+
+    path = Path(path)
+    if not (path / MANIFEST).is_file() or not (path / "state.json").is_file():
+        raise DataError(
+            f"{path} is not a packed dataset (no {MANIFEST} / state.json); "
+            "create one with `anchorctx prepare-data CONFIG`"
+        )
+    manifest = read_json(path / MANIFEST)
+    if manifest.get("schema_version") != SCHEMA_VERSION:
+        raise DataError(
+            f"{path}: packed dataset schema {manifest.get('schema_version')} is not "
+            f"{SCHEMA_VERSION}; re-run prepare-data"
+        )
+    ds = datasets.load_from_disk(str(path))
+    if not isinstance(ds, datasets.Dataset):
+        raise DataError(f"{path} holds a DatasetDict, not a packed dataset")
+    return ds, manifest

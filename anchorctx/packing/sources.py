@@ -1,0 +1,213 @@
+"""Streaming document sources: SlimPajama-layout jsonl / jsonl.zst / parquet files, or a
+Hugging Face dataset (a ``save_to_disk`` directory or a hub name).
+
+Records are read one at a time, so memory does not grow with the corpus. Every bad record is
+either an error that names the file and line, or (``on_bad_input: skip``) a counted skip by
+reason; nothing is dropped silently. JSON lines are parsed here rather than by the ``datasets``
+JSON builder because that builder reports neither the file nor the line of a bad record.
+"""
+
+from __future__ import annotations
+
+import glob
+import io
+import json
+import os
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from anchorctx.config import SourceConfig
+
+SUFFIXES = {".jsonl": "jsonl", ".json": "jsonl", ".zst": "jsonl.zst", ".parquet": "parquet"}
+SKIP_REASONS = (
+    "unreadable_file", "invalid_json", "missing_text", "empty_text", "non_string_text",
+    "missing_domain", "unknown_domain", "budget_exceeds_corpus",
+)  # fmt: skip
+
+
+class DataError(ValueError):
+    """Bad input data or an impossible data config; the message names the file and line."""
+
+
+@dataclass
+class BadInput:
+    """Policy and accounting for bad input: raise, or count skips by reason."""
+
+    skip: bool
+    counts: Counter = field(default_factory=Counter)
+    examples: dict[str, str] = field(default_factory=dict)  # reason -> first location
+
+    def report(self, reason: str, where: str, detail: str, amount: int = 1) -> None:
+        if not self.skip:
+            raise DataError(f"{where}: {detail} (set data.on_bad_input=skip to skip and count)")
+        self.counts[reason] += amount
+        self.examples.setdefault(reason, f"{where}: {detail}")
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"counts": dict(sorted(self.counts.items())), "first": self.examples}
+
+
+@dataclass(frozen=True)
+class Record:
+    text: str
+    domain: str
+    file_index: int  # into resolve_files() of all sources, in order
+    line: int  # 1-based line (jsonl) or row (parquet, hf)
+
+
+def source_format(path: Path, declared: str) -> str:
+    if declared != "auto":
+        return declared
+    name = path.name
+    if name.endswith(".jsonl.zst") or name.endswith(".json.zst"):
+        return "jsonl.zst"
+    fmt = SUFFIXES.get(path.suffix)
+    if fmt is None:
+        raise DataError(
+            f"{path}: cannot tell the format from the name; set format to one of "
+            "jsonl, jsonl.zst, parquet, hf"
+        )
+    return fmt
+
+
+def resolve_files(src: SourceConfig) -> list[Path]:
+    """The files of one source, sorted (deterministic); ``hf`` sources are one entry."""
+    path = Path(src.path)
+    if src.format == "hf":
+        return [path]
+    if path.is_dir():
+        files = [p for p in path.rglob("*") if p.is_file() and _known_suffix(p)]
+    elif any(ch in str(path) for ch in "*?["):
+        files = [Path(p) for p in glob.glob(str(path), recursive=True) if Path(p).is_file()]
+    else:
+        files = [path]
+    files = sorted(files, key=lambda p: p.as_posix())
+    if not files:
+        raise DataError(f"data source {path} matches no .jsonl, .jsonl.zst or .parquet files")
+    return files
+
+
+def _known_suffix(p: Path) -> bool:
+    return p.suffix in SUFFIXES and not p.name.startswith(".")
+
+
+def input_fingerprints(files: list[tuple[SourceConfig, Path]]) -> list[dict[str, Any]]:
+    """Path, size and mtime of every input file: cheap, and changes whenever content does."""
+    out = []
+    for _, path in files:
+        try:
+            st = os.stat(path)
+            out.append({"path": str(path), "size": st.st_size, "mtime_ns": st.st_mtime_ns})
+        except OSError:
+            out.append({"path": str(path), "size": None, "mtime_ns": None})
+    return out
+
+
+def dotted_get(record: Any, dotted: str) -> Any:
+    node = record
+    for part in dotted.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return None
+        node = node[part]
+    return node
+
+
+# ------------------------------------------------------------------------------------ readers
+def _jsonl_lines(path: Path, fmt: str) -> Iterator[tuple[int, bytes]]:
+    with path.open("rb") as raw:
+        if fmt == "jsonl.zst":
+            import zstandard
+
+            stream: Any = io.BufferedReader(zstandard.ZstdDecompressor().stream_reader(raw))
+        else:
+            stream = raw
+        yield from enumerate(stream, start=1)
+
+
+def _jsonl_records(path: Path, fmt: str, bad: BadInput) -> Iterator[tuple[int, Any]]:
+    for lineno, line in _jsonl_lines(path, fmt):
+        if not line.strip():
+            continue  # a blank line holds no record
+        try:
+            yield lineno, json.loads(line)
+        except (json.JSONDecodeError, UnicodeDecodeError) as err:
+            bad.report("invalid_json", f"{path}:{lineno}", f"invalid JSON line ({err})")
+
+
+def _parquet_records(path: Path) -> Iterator[tuple[int, Any]]:
+    import pyarrow.parquet as pq
+
+    row = 0
+    for batch in pq.ParquetFile(path).iter_batches(batch_size=1024):
+        for rec in batch.to_pylist():
+            row += 1
+            yield row, rec
+
+
+def _hf_records(src: SourceConfig) -> Iterator[tuple[int, Any]]:
+    import datasets
+
+    path = Path(src.path)
+    saved = (path / "dataset_info.json").exists() or (path / "state.json").exists()
+    if path.is_dir() and saved:
+        ds: Any = datasets.load_from_disk(str(path))
+        if isinstance(ds, datasets.DatasetDict):
+            ds = ds["train"]
+    else:
+        ds = datasets.load_dataset(str(path), split="train", streaming=True)
+    yield from enumerate(ds, start=1)
+
+
+def _raw_records(src: SourceConfig, path: Path, bad: BadInput) -> Iterator[tuple[int, Any]]:
+    fmt = source_format(path, src.format)
+    if fmt == "hf":
+        return _hf_records(src)
+    if fmt == "parquet":
+        return _parquet_records(path)
+    return _jsonl_records(path, fmt, bad)
+
+
+def read_file(
+    src: SourceConfig, path: Path, file_index: int, bad: BadInput, domains: set[str] | None
+) -> Iterator[Record]:
+    """Valid records of one file. ``domains``: the allowed domains (None: any)."""
+    try:
+        for line, rec in _raw_records(src, path, bad):
+            record = _validate(src, path, line, rec, bad, domains, file_index)
+            if record is not None:
+                yield record
+    except DataError:
+        raise
+    except Exception as err:  # unreadable or corrupt file (OSError, zstd, parquet, hf errors)
+        bad.report("unreadable_file", str(path), f"cannot read file ({type(err).__name__}: {err})")
+
+
+def _validate(
+    src: SourceConfig, path: Path, line: int, rec: Any, bad: BadInput,
+    domains: set[str] | None, file_index: int,
+) -> Record | None:  # fmt: skip
+    where = f"{path}:{line}"
+    text = dotted_get(rec, src.text_field)
+    if text is None:
+        bad.report("missing_text", where, f"record has no {src.text_field!r} field")
+        return None
+    if not isinstance(text, str):
+        bad.report("non_string_text", where, f"{src.text_field!r} is {type(text).__name__}")
+        return None
+    if not text.strip():
+        bad.report("empty_text", where, f"{src.text_field!r} is empty")
+        return None
+    domain = src.domain if src.domain is not None else dotted_get(rec, src.domain_field)
+    if not isinstance(domain, str) or not domain:
+        bad.report("missing_domain", where, f"record has no {src.domain_field!r} (or set domain)")
+        return None
+    if domains is not None and domain not in domains:
+        bad.report(
+            "unknown_domain", where,
+            f"domain {domain!r} is not in data.mixture ({', '.join(sorted(domains))})",
+        )  # fmt: skip
+        return None
+    return Record(text, domain, file_index, line)

@@ -1,0 +1,94 @@
+"""Dataset statistics in the shapes of the paper: Table 9 (mixture ratio = share of documents,
+token ratio = share of tokens, per domain, for the input corpus and the packed output) and
+Figure 8 (document-length histogram)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from anchorctx.io import atomic_write_json, atomic_write_text
+from anchorctx.packing.mixture import Plan
+from anchorctx.packing.pack import PackStats
+from anchorctx.packing.tokens import DocIndex
+
+
+def _shares(docs: dict[str, int], tokens: dict[str, int]) -> dict[str, dict[str, float]]:
+    nd, nt = max(sum(docs.values()), 1), max(sum(tokens.values()), 1)
+    return {
+        d: {"documents": docs.get(d, 0), "tokens": tokens.get(d, 0),
+            "mixture_ratio": docs.get(d, 0) / nd, "token_ratio": tokens.get(d, 0) / nt}
+        for d in sorted(set(docs) | set(tokens))
+    }  # fmt: skip
+
+
+def compute(index: DocIndex, plan: Plan, pack: PackStats, emitted: np.ndarray) -> dict[str, Any]:
+    codes = np.arange(len(index.domains))
+    in_docs = np.bincount(index.domain, minlength=codes.size)
+    in_tok = np.bincount(index.domain, weights=index.length, minlength=codes.size)
+    packed_dom = index.domain[plan.doc[emitted]]
+    out_docs = np.bincount(packed_dom, minlength=codes.size)
+    name = index.domains
+    return {
+        "input": _shares(
+            {name[c]: int(in_docs[c]) for c in codes}, {name[c]: int(in_tok[c]) for c in codes}
+        ),
+        "packed": _shares(
+            {name[c]: int(out_docs[c]) for c in codes if out_docs[c]},
+            {d: int(t) for d, t in pack.text_tokens.items()},
+        ),
+        "target_token_ratio": plan.target_shares,
+    }
+
+
+def table9_markdown(stats: dict[str, Any]) -> str:
+    lines = [
+        "| domain | input mixture ratio | input token ratio | packed mixture ratio "
+        "| packed token ratio | target token ratio |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    for d in sorted(set(stats["input"]) | set(stats["packed"])):
+        i, p = stats["input"].get(d, {}), stats["packed"].get(d, {})
+        t = stats["target_token_ratio"].get(d, 0.0)
+        lines.append(
+            f"| {d} | {i.get('mixture_ratio', 0):.2%} | {i.get('token_ratio', 0):.2%} "
+            f"| {p.get('mixture_ratio', 0):.2%} | {p.get('token_ratio', 0):.2%} | {t:.2%} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def length_histogram(index: DocIndex, plan: Plan, emitted: np.ndarray, path: Path) -> Path:
+    """Figure 8: document lengths (tokens) of the input corpus and of the packed sample."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    lengths = [index.length, plan.take[emitted]]
+    top = max(int(max(x.max() for x in lengths if x.size)), 2)
+    bins = np.logspace(0, np.log10(top) + 0.05, 40)
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for data, label in zip(lengths, ["input corpus", "packed sample"]):
+        ax.hist(
+            data, bins=bins, histtype="step", linewidth=1.6, label=f"{label} ({data.size} docs)"
+        )
+    ax.set_xscale("log")
+    ax.set_xlabel("document length (tokens)")
+    ax.set_ylabel("documents")
+    ax.set_title("Document length distribution")
+    ax.legend()
+    fig.tight_layout()
+    tmp = path.with_name(f".{path.name}.tmp.png")
+    fig.savefig(tmp, dpi=120)
+    plt.close(fig)
+    tmp.replace(path)
+    return path
+
+
+def write(stats: dict[str, Any], out: Path) -> str:
+    table = table9_markdown(stats)
+    atomic_write_json(out / "stats.json", stats)
+    atomic_write_text(out / "stats.md", "# Domain mixture (paper Table 9)\n\n" + table)
+    return table

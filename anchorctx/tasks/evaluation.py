@@ -1,0 +1,53 @@
+"""Evaluation tasks: one (checkpoint, suite) pair per task run, cached by content."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from prefect import task
+from prefect.runtime import task_run
+
+from anchorctx.config import ExperimentConfig
+from anchorctx.tasks.caching import evaluate_cache_key
+
+
+def _evaluate_run_name() -> str:
+    params = task_run.parameters
+    return f"evaluate-{params['suite']}-{Path(params['checkpoint']).name}"
+
+
+@task(
+    name="evaluate-checkpoint",
+    task_run_name=_evaluate_run_name,
+    cache_key_fn=evaluate_cache_key,
+    persist_result=True,
+    result_serializer="json",
+)
+def evaluate_task(cfg: ExperimentConfig, checkpoint: str, suite: str, force: bool = False) -> str:
+    """Evaluate one checkpoint on one suite; returns the results JSON path."""
+    from anchorctx.evaluation import evaluate_checkpoint
+
+    return str(evaluate_checkpoint(cfg, checkpoint, suite, force=force, progress=False))
+
+
+@task(name="summarize-run")
+def summarize_task(run_dir: str, last_k: int) -> dict[str, Any]:
+    """Mean ± std over the last k checkpoints (writes ``eval/summary.json`` and ``.md``)."""
+    from anchorctx.evaluation import summarize_run
+
+    return summarize_run(run_dir, last_k)
+
+
+@task(name="experiment-report")
+def report_task(experiment_dir: str, variants: list[str]) -> dict[str, Any]:
+    """The variants side by side in the paper's table shapes (report.md/json, plots)."""
+    from anchorctx.evaluation import write_experiment_report
+
+    return write_experiment_report(experiment_dir, variants)
+
+
+def result_exists(checkpoint: str | Path, suite: str) -> bool:
+    from anchorctx.evaluation import result_path
+
+    return result_path(checkpoint, suite).is_file()

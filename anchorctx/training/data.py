@@ -1,0 +1,157 @@
+"""Deterministic global batches from the packed dataset, sharded for DP × SP ranks.
+
+Order. Epoch ``e`` visits the rows in ``permutation(seed, e)``; the global sample stream is the
+concatenation of epochs and step ``s`` takes samples ``[s·G, (s+1)·G)``. The data cursor of a
+run is therefore just its step: ``--resume`` continues the identical sequence of batches, and
+every rank derives its own share without communication.
+
+Sharding. Sample ``i`` of a step goes to accumulation slot ``i // (DP·micro)``, DP rank
+``(i // micro) % DP``; within a replica the row is cut into SP contiguous shards of
+``T / SP`` tokens (rows are padded to a multiple of SP first). Every rank also counts the
+targets of the whole global batch, so the loss is normalised by one exact global count.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from anchorctx.training.loss import count_targets, shifted_targets
+from anchorctx.training.plan import Parallelism, padded_length
+
+COLUMNS = ("input_ids", "seg_lens", "seg_doc", "loss_mask")
+
+
+@dataclass
+class Row:
+    """One packed row after truncation/padding: ids, targets [T]; its segments."""
+
+    input_ids: torch.Tensor
+    targets: torch.Tensor
+    seg_lens: tuple[int, ...]
+    seg_doc: tuple[int, ...]
+    real_tokens: int
+
+
+@dataclass
+class MicroBatch:
+    """This rank's share of one micro-batch. ``input_ids``/``targets`` are [B, T/SP]; the
+    layouts describe the FULL rows (the attention sees the whole sequence after all-to-all)."""
+
+    input_ids: torch.Tensor
+    targets: torch.Tensor
+    layouts: list[Any]
+    shard: slice
+
+    @property
+    def num_targets(self) -> int:
+        return count_targets(self.targets)
+
+
+@dataclass
+class StepData:
+    micro_batches: list[MicroBatch]
+    global_targets: int  # targets in the whole global batch (all ranks, all micro-batches)
+    global_tokens: int  # real (unpadded) tokens in the whole global batch
+    attention_pairs: int  # allowed (query, key) pairs over the global batch (for MFU)
+
+
+def truncate_segments(seg_lens: Sequence[int], seg_doc: Sequence[int], t: int):
+    """Segments covering the first ``t`` tokens (the last one cut short)."""
+    lens, docs, total = [], [], 0
+    for n, d in zip(seg_lens, seg_doc):
+        if total >= t:
+            break
+        take = min(int(n), t - total)
+        lens.append(take)
+        docs.append(int(d))
+        total += take
+    return lens, docs
+
+
+def make_row(record: dict[str, Any], seq_len: int, sp: int, variant: str, pad_id: int) -> Row:
+    """Truncate to ``seq_len``, build targets, pad to a multiple of ``sp``.
+
+    Padding is one extra segment with its own document id at the end: causal masking means no
+    real token ever attends to it, and its targets are ignored.
+    """
+    ids = torch.as_tensor(np.asarray(record["input_ids"][:seq_len]), dtype=torch.long)
+    mask = torch.as_tensor(np.asarray(record["loss_mask"][:seq_len]), dtype=torch.long)
+    lens, docs = truncate_segments(record["seg_lens"], record["seg_doc"], ids.shape[0])
+    targets = shifted_targets(ids, mask, lens, docs, variant)
+    pad = padded_length(ids.shape[0], sp) - ids.shape[0]
+    if pad:
+        ids = torch.cat([ids, torch.full((pad,), pad_id, dtype=torch.long)])
+        targets = torch.cat([targets, torch.full((pad,), -100, dtype=torch.long)])
+        lens, docs = [*lens, pad], [*docs, max(docs) + 1]
+    return Row(ids, targets, tuple(lens), tuple(docs), real_tokens=len(mask))
+
+
+class BatchPlan:
+    """Global batches of a run for one rank (see the module docstring)."""
+
+    def __init__(
+        self, dataset: Any, *, seed: int, par: Parallelism, seq_len: int, variant: str,
+        pad_id: int, rank: int,
+    ) -> None:  # fmt: skip
+        self.dataset = dataset.select_columns(list(COLUMNS)).with_format("numpy")
+        self.num_rows = len(self.dataset)
+        if self.num_rows == 0:
+            raise ValueError("the packed dataset has no rows")
+        self.seed, self.par, self.seq_len = seed, par, seq_len
+        self.variant, self.pad_id = variant, pad_id
+        self.sp_rank, self.dp_rank = rank % par.sp, rank // par.sp
+        self._perm_cache: dict[int, np.ndarray] = {}
+
+    def _permutation(self, epoch: int) -> np.ndarray:
+        if epoch not in self._perm_cache:
+            self._perm_cache = {epoch: np.random.default_rng([self.seed, epoch]).permutation(
+                self.num_rows)}  # fmt: skip
+        return self._perm_cache[epoch]
+
+    def row_indices(self, step: int) -> list[int]:
+        """Dataset rows of the global batch of ``step`` (G of them, in sample order)."""
+        g = self.par.global_batch
+        out = []
+        for sample in range(step * g, (step + 1) * g):
+            epoch, offset = divmod(sample, self.num_rows)
+            out.append(int(self._permutation(epoch)[offset]))
+        return out
+
+    def step_data(self, step: int, device: torch.device | str) -> StepData:
+        rows = [self._row(i) for i in self.row_indices(step)]
+        micro, dp = self.par.micro, self.par.dp
+        batches = []
+        for slot in range(self.par.accum):
+            first = (slot * dp + self.dp_rank) * micro
+            batches.append(self._micro_batch(rows[first : first + micro], device))
+        return StepData(
+            micro_batches=batches,
+            global_targets=sum(count_targets(r.targets) for r in rows),
+            global_tokens=sum(r.real_tokens for r in rows),
+            attention_pairs=sum(self._pairs(r) for r in rows),
+        )
+
+    def _pairs(self, row: Row) -> int:
+        from anchorctx.attention import build_layout
+
+        return build_layout(row.seg_lens, self.variant, row.seg_doc).attended_pairs
+
+    def _row(self, index: int) -> Row:
+        record = self.dataset[index]
+        return make_row(record, self.seq_len, self.par.sp, self.variant, self.pad_id)
+
+    def _micro_batch(self, rows: list[Row], device: torch.device | str) -> MicroBatch:
+        from anchorctx.attention import build_layout
+
+        t = rows[0].input_ids.shape[0]
+        local = t // self.par.sp
+        shard = slice(self.sp_rank * local, (self.sp_rank + 1) * local)
+        ids = torch.stack([r.input_ids for r in rows])[:, shard]  # [B, T/SP]
+        targets = torch.stack([r.targets for r in rows])[:, shard]  # [B, T/SP]
+        layouts = [build_layout(r.seg_lens, self.variant, r.seg_doc, device=device) for r in rows]
+        return MicroBatch(ids.to(device), targets.to(device), layouts, shard)

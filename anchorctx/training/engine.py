@@ -1,0 +1,156 @@
+"""DeepSpeed: process group, ZeRO engine, AdamW + warmup schedule, Ulysses sequence parallelism.
+
+Sequence parallelism uses DeepSpeed's ALST ``UlyssesSPAttentionHF``: it wraps the registered
+``"anchorctx"`` attention so that each rank's q/k/v shards ``[B, H, T/SP, D]`` are exchanged
+(all-to-all) into ``[B, H/SP, T, D]`` — the full sequence for a subset of heads — before our
+attention builds the document mask from the full-row layouts it receives as a kwarg, and back
+after. KV heads are split like q heads and replicated only when SP > KV heads.
+
+Gradient normalisation (exact for every ZeRO stage, checked against one process in the tests):
+each rank back-propagates ``sum of its token losses / global target count``, so the true
+gradient is the SUM of every rank's and every micro-batch's gradient. DeepSpeed instead divides
+the accumulated loss by the accumulation steps and the all-reduced gradients by
+``seq_data_parallel_world / SP`` (= DP). :func:`loss_scale` returns the factor that undoes both.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
+
+    from anchorctx.config import ExperimentConfig
+    from anchorctx.training.plan import Parallelism
+
+
+def import_deepspeed():
+    try:
+        import deepspeed
+    except Exception as err:  # ImportError, or a broken CUDA/op build at import time
+        raise RuntimeError(
+            f"DeepSpeed is required for training but failed to import ({type(err).__name__}: "
+            f"{err}); install it with `pip install 'deepspeed>=0.18,<0.20'`"
+        ) from err
+    return deepspeed
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def init_distributed(device: str) -> tuple[int, int, int]:
+    """Start (or join) the process group; returns (rank, world, local_rank).
+
+    A plain ``anchorctx train`` of one process gets a one-rank group on a free local port, so
+    the same DeepSpeed code path serves one process and many.
+    """
+    import torch.distributed as dist
+
+    deepspeed = import_deepspeed()
+    if "RANK" not in os.environ:
+        os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1")
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        os.environ.setdefault("MASTER_PORT", str(free_port()))
+    if not dist.is_initialized():
+        deepspeed.init_distributed(dist_backend="nccl" if device == "cuda" else "gloo")
+    local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    if device == "cuda":
+        import torch
+
+        torch.cuda.set_device(local_rank)
+    return dist.get_rank(), dist.get_world_size(), local_rank
+
+
+def shutdown_distributed() -> None:
+    """Barrier first: a rank that tears down early would hang the others' last collective."""
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
+
+
+def deepspeed_config(cfg: ExperimentConfig, par: Parallelism) -> dict[str, Any]:
+    t = cfg.training
+    zero: dict[str, Any] = {"stage": par.zero_stage}
+    if par.zero_stage == 3:
+        # Stage 3 gathers weights layer by layer; these keep whole-model saves possible.
+        zero["stage3_gather_16bit_weights_on_model_save"] = True
+    return {
+        "train_micro_batch_size_per_gpu": par.micro,
+        "gradient_accumulation_steps": par.accum,
+        "gradient_clipping": t.grad_clip,
+        "zero_optimization": zero,
+        "bf16": {"enabled": t.precision == "bf16"},
+        "zero_allow_untested_optimizer": True,
+        "steps_per_print": 2**31 - 1,
+        "wall_clock_breakdown": False,
+    }
+
+
+def build_optimizer(model: torch.nn.Module, cfg: ExperimentConfig, device: str):
+    """AdamW; weight decay on matrices only (norms and biases are not decayed)."""
+    import torch
+
+    t = cfg.training
+    decay = [p for p in model.parameters() if p.requires_grad and p.ndim >= 2]
+    no_decay = [p for p in model.parameters() if p.requires_grad and p.ndim < 2]
+    groups = [
+        {"params": decay, "weight_decay": t.weight_decay},
+        {"params": no_decay, "weight_decay": 0.0},
+    ]
+    fused = {"fused": True} if device == "cuda" else {}
+    return torch.optim.AdamW(groups, lr=t.lr, betas=tuple(t.betas), eps=1e-8, **fused)
+
+
+def build_scheduler(optimizer, warmup_steps: int):
+    """Constant learning rate after a linear warmup of ``warmup_steps`` optimiser steps."""
+    import torch
+
+    def factor(step: int) -> float:
+        return min(1.0, (step + 1) / warmup_steps) if warmup_steps else 1.0
+
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+
+
+def register_sequence_parallel(model, par: Parallelism, seq_len: int):
+    """Wrap the registered attention with Ulysses all-to-alls; returns DeepSpeed's ``mpu``
+    (SP and SP×DP groups) or None without SP. Once per process: the wrapper replaces the
+    ``"anchorctx"`` entry of transformers' attention registry."""
+    if par.sp == 1:
+        return None
+    import_deepspeed()
+    from deepspeed.runtime.sequence_parallel.ulysses_sp import UlyssesSPAttentionHF
+
+    return UlyssesSPAttentionHF.register_with_transformers(
+        model_name_or_path=model,
+        core_attn_implementation=model.config._attn_implementation,
+        sequence_parallel_size=par.sp,
+        micro_batch_size=par.micro,
+        seq_length=seq_len,
+        seq_length_is_variable=False,
+    )
+
+
+def build_engine(model, cfg: ExperimentConfig, par: Parallelism, mpu):
+    """``deepspeed.initialize`` with our optimizer and schedule; returns the engine."""
+    deepspeed = import_deepspeed()
+    optimizer = build_optimizer(model, cfg, par.device)
+    scheduler = build_scheduler(optimizer, cfg.training.warmup_steps)
+    engine, _, _, _ = deepspeed.initialize(
+        model=model, optimizer=optimizer, lr_scheduler=scheduler,
+        config=deepspeed_config(cfg, par), mpu=mpu,
+    )  # fmt: skip
+    return engine
+
+
+def loss_scale(engine, par: Parallelism) -> float:
+    """Factor on ``local loss sum / global targets`` that makes DeepSpeed's gradients the
+    exact global-batch gradient (see the module docstring)."""
+    divisor = engine.seq_dp_world_size / engine.sequence_parallel_size
+    return float(par.accum * divisor)

@@ -1,0 +1,323 @@
+"""``train(cfg)``: the training run of one experiment arm, in this process.
+
+One process, or one rank of a ``torchrun``/``deepspeed`` launch (see
+:mod:`anchorctx.training.launch`). The order is: pre-flight checks (config, dataset,
+tokenizer, heads — nothing on the GPU yet), process group, run directory, model, Ulysses
+registration, DeepSpeed engine, optional resume, then the step loop with logging,
+checkpoints and resume state.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from anchorctx.config import ExperimentConfig, dump_config
+from anchorctx.io import append_jsonl, atomic_write_json, atomic_write_text, read_jsonl, sha256_file
+from anchorctx.training import checkpoints as ckpt
+from anchorctx.training.plan import (
+    Parallelism,
+    TrainingError,
+    check_dataset,
+    check_heads,
+    check_model_source,
+    check_vocab,
+    padded_length,
+    plan_parallelism,
+)
+
+log = logging.getLogger("anchorctx.training")
+# Settings that may change between a run and its resumption (extend a run, save more often).
+RESUMABLE_CHANGES = ("steps", "save", "log_every")
+
+
+@dataclass
+class Preflight:
+    data_dir: Path
+    manifest: dict[str, Any]
+    tokenizer: Any
+    hf_config: Any
+
+
+def preflight(
+    cfg: ExperimentConfig, par: Parallelism, *, data_dir: Path | None = None
+) -> Preflight:
+    """Every check that needs no GPU. The packed dataset is ``data_dir`` when given (a
+    launcher already prepared it), else built by ``prepare_data`` if missing."""
+    from anchorctx.packing import load_packed, prepare_data
+    from anchorctx.training.model import build_hf_config, load_tokenizer
+
+    check_model_source(cfg)
+    tokenizer = load_tokenizer(cfg.model)
+    hf_config = build_hf_config(cfg.model, seq_len=cfg.data.seq_len, vocab_size=len(tokenizer))
+    check_heads(hf_config, par.sp)
+    check_vocab(hf_config, tokenizer)
+    if data_dir is None:
+        data_dir = prepare_data(cfg, progress=True)
+    _, manifest = load_packed(data_dir)
+    check_dataset(cfg, manifest, tokenizer)
+    return Preflight(Path(data_dir), manifest, tokenizer, hf_config)
+
+
+def train(
+    cfg: ExperimentConfig, *, resume: bool = False, data_dir: Path | None = None
+) -> dict[str, Any]:
+    """Train ``cfg``'s arm to ``training.steps``; returns a summary dict.
+
+    ``resume=True`` continues from ``<run_dir>/resume`` when it exists (identical batches,
+    RNG, optimizer and scheduler state), returns at once when the run is already complete, and
+    starts fresh when there is no resume state. ``data_dir``: the packed dataset, when the
+    caller already prepared it (default: ``prepare_data(cfg)`` on rank 0).
+    """
+    from anchorctx.training.engine import init_distributed, shutdown_distributed
+
+    par = plan_parallelism(cfg)
+    rank, world, local_rank = init_distributed(par.device)
+    try:
+        par = plan_parallelism(cfg, world=world)
+        return _train(cfg, par, rank, local_rank, resume, data_dir)
+    finally:
+        shutdown_distributed()
+
+
+def _train(cfg, par: Parallelism, rank, local_rank, resume, data_dir) -> dict[str, Any]:
+    import torch.distributed as dist
+
+    from anchorctx.packing import load_packed
+
+    if rank == 0:
+        pre = preflight(cfg, par, data_dir=data_dir)
+    dist.barrier()  # rank 0 built the dataset; the others now find it finished
+    if rank != 0:
+        pre = preflight(cfg, par, data_dir=data_dir)
+    dataset, _ = load_packed(pre.data_dir)
+    run_dir = cfg.run_dir
+    state = ckpt.read_trainer_state(run_dir) if resume else None
+    if state is not None:
+        _check_resumable(cfg, par, state)
+    if rank == 0:
+        _prepare_run_dir(cfg, par, pre, state)
+    dist.barrier()
+    _setup_logging(run_dir / "train.log", rank)
+    start = state["step"] if state else 0
+    if start >= cfg.training.steps:
+        log.info("run already complete at step %d: %s", start, run_dir)
+        return _summary(cfg, state["step"], state.get("tokens_seen", 0), state.get("loss"), start)
+    return _run(cfg, par, pre, dataset, rank, local_rank, state)
+
+
+def _run(cfg, par, pre: Preflight, dataset, rank, local_rank, state) -> dict[str, Any]:
+    from anchorctx.training.data import BatchPlan
+    from anchorctx.training.engine import loss_scale
+
+    device = f"cuda:{local_rank}" if par.device == "cuda" else "cpu"
+    engine = _build(cfg, par, pre, device)
+    if state is not None:
+        ckpt.load_resume(engine, cfg.run_dir)
+        log.info("resumed from step %d", state["step"])
+    plan = BatchPlan(
+        dataset, seed=cfg.seed, par=par, seq_len=cfg.data.seq_len,
+        variant=cfg.training.attention, pad_id=int(pre.manifest["anchor_token_id"]), rank=rank,
+    )  # fmt: skip
+    return _loop(cfg, par, pre, engine, plan, loss_scale(engine, par), device, state)
+
+
+def _build(cfg, par: Parallelism, pre: Preflight, device: str):
+    """Model with the registered attention (and Ulysses around it), inside DeepSpeed."""
+    from anchorctx.training.engine import build_engine, register_sequence_parallel
+    from anchorctx.training.model import load_model
+
+    dtype = "bfloat16" if cfg.training.precision == "bf16" else "float32"
+    model = load_model(cfg.model, seq_len=cfg.data.seq_len, dtype=dtype, device=device,
+                       tokenizer=pre.tokenizer)  # fmt: skip
+    if cfg.training.activation_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.config.use_cache = False
+    model.train()
+    mpu = register_sequence_parallel(model, par, padded_length(cfg.data.seq_len, par.sp))
+    return build_engine(model, cfg, par, mpu)
+
+
+def _loop(cfg, par, pre, engine, plan, scale, device, state) -> dict[str, Any]:
+    import torch.distributed as dist
+
+    from anchorctx.training import metrics as M
+    from anchorctx.training.step import train_step
+
+    t = cfg.training
+    rank = dist.get_rank()
+    start = state["step"] if state else 0
+    tokens_seen = state.get("tokens_seen", 0) if state else 0
+    n_matmul = M.matmul_params(engine.module)
+    text_cfg = engine.module.config.get_text_config()
+    meter = M.Throughput(t.steps, par.world, M.peak_tflops(par.device, t.precision, t.peak_tflops))
+    bar = _progress_bar(rank, start, t.steps)
+    loss = None
+    for step in range(start + 1, t.steps + 1):
+        t0 = time.perf_counter()
+        data = plan.step_data(step - 1, device)
+        stats = train_step(engine, data, par.engine, scale)
+        _sync(par.device)
+        dt = time.perf_counter() - t0
+        tokens_seen += data.global_tokens
+        loss = stats.loss
+        flops = M.step_flops(n_matmul, data.global_tokens, data.attention_pairs, text_cfg)
+        row = {"step": step, "loss": round(stats.loss, 6), "grad_norm": stats.grad_norm,
+               "lr": stats.lr, "tokens": data.global_tokens, "tokens_seen": tokens_seen,
+               **meter.record(dt, data.global_tokens, flops),
+               "peak_mem_gib": round(M.peak_memory_gib(par.device), 2)}  # fmt: skip
+        if rank == 0:
+            _report(cfg, row, meter.eta(step), bar)
+        _save(cfg, par, pre, engine, step, tokens_seen, loss)
+    if bar is not None:
+        bar.close()
+    return _summary(cfg, t.steps, tokens_seen, loss, start)
+
+
+def _report(cfg, row: dict, eta_s: float, bar) -> None:
+    from anchorctx.training.metrics import step_line
+
+    append_jsonl(cfg.run_dir / "metrics.jsonl", row)
+    if row["step"] % cfg.training.log_every == 0 or row["step"] == cfg.training.steps:
+        line = step_line(row, cfg.training.steps, eta_s)
+        if bar is not None:
+            bar.clear()
+        log.info(line)
+    if bar is not None:
+        bar.set_postfix(loss=f"{row['loss']:.4f}", refresh=False)
+        bar.update(1)
+
+
+def _save(cfg, par, pre: Preflight, engine, step: int, tokens_seen: int, loss: float) -> None:
+    t = cfg.training
+    if ckpt.should_save(step, t.steps, t.save):
+        meta = _checkpoint_meta(cfg, pre, tokens_seen, loss)
+        path = ckpt.save_checkpoint(engine, pre.tokenizer, cfg.run_dir, step, meta, t.save)
+        log.info("checkpoint %s", path)
+    if ckpt.should_save_resume(step, t.steps, t.save):
+        trainer = {
+            "step": step,
+            "tokens_seen": tokens_seen,
+            "loss": loss,
+            "parallel": par.to_dict(),
+            "config_fingerprint": resume_fingerprint(cfg),
+        }
+        ckpt.save_resume(engine, cfg.run_dir, trainer)  # fmt: skip
+
+
+def _checkpoint_meta(cfg, pre: Preflight, tokens_seen: int, loss: float) -> dict[str, Any]:
+    return {
+        "tokens_seen": tokens_seen,
+        "loss": loss,
+        "variant": cfg.variant_name,
+        "attention": cfg.training.attention,
+        "seq_len": cfg.data.seq_len,
+        "config_hash": cfg.fingerprint(),
+        "data_manifest_hash": sha256_file(pre.data_dir / "manifest.json"),
+        "data_fingerprint": pre.manifest.get("fingerprint"),
+        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+
+
+def _summary(cfg, step: int, tokens_seen: int, loss, start: int) -> dict[str, Any]:
+    return {
+        "run_dir": str(cfg.run_dir),
+        "steps": step,
+        "resumed_from": start or None,
+        "tokens_seen": tokens_seen,
+        "final_loss": loss,
+        "checkpoints": [str(p) for p in ckpt.list_checkpoints(cfg.run_dir)],
+    }
+
+
+# ----------------------------------------------------------------------------- run directory
+def resume_fingerprint(cfg: ExperimentConfig) -> str:
+    """Config hash without the settings a resumed run may change."""
+    from anchorctx.config import TrainingConfig
+
+    defaults, copy = TrainingConfig(), cfg.model_copy(deep=True)
+    for key in RESUMABLE_CHANGES:
+        setattr(copy.training, key, getattr(defaults, key))
+    return copy.fingerprint()
+
+
+def _check_resumable(cfg: ExperimentConfig, par: Parallelism, state: dict[str, Any]) -> None:
+    if state.get("config_fingerprint") != resume_fingerprint(cfg):
+        raise TrainingError(
+            f"the resume state in {cfg.run_dir / 'resume'} was written with a different config "
+            f"(only training.{', training.'.join(RESUMABLE_CHANGES)} may change on --resume); "
+            "compare with its config.yaml, or start a new run under another name"
+        )
+    saved = state.get("parallel", {})
+    if saved != par.to_dict():
+        raise TrainingError(
+            f"the resume state was written with parallel layout {saved}, this launch is "
+            f"{par.to_dict()}: resume with the same processes, SP size, batch and ZeRO stage"
+        )
+
+
+def _prepare_run_dir(cfg, par: Parallelism, pre: Preflight, state) -> None:
+    from anchorctx.manifest import base_manifest
+
+    run_dir = cfg.run_dir
+    if state is None and ckpt.list_checkpoints(run_dir):
+        raise TrainingError(
+            f"{run_dir} holds checkpoints of an earlier run; continue it with --resume, or "
+            "remove the directory / choose another name or variant to start over"
+        )
+    run_dir.mkdir(parents=True, exist_ok=True)
+    _trim_metrics(run_dir / "metrics.jsonl", state["step"] if state else 0)
+    dump_config(cfg, run_dir / "config.yaml")
+    atomic_write_json(run_dir / "manifest.json", base_manifest(
+        seed=cfg.seed, variant=cfg.variant_name, attention=cfg.training.attention,
+        data={"dir": str(pre.data_dir), "fingerprint": pre.manifest.get("fingerprint"),
+              "manifest_sha256": sha256_file(pre.data_dir / "manifest.json")},
+        parallel=par.to_dict(), resumed_from=state["step"] if state else None,
+    ))  # fmt: skip
+
+
+def _trim_metrics(path: Path, keep_through: int) -> None:
+    """Metric rows after the resume point were computed again: keep only earlier ones."""
+    rows = [r for r in read_jsonl(path) if r.get("step", 0) <= keep_through]
+    if path.exists() or rows:
+        atomic_write_text(path, "".join(_json_line(r) for r in rows))
+
+
+def _json_line(row: dict) -> str:
+    import json
+
+    return json.dumps(row, default=str) + "\n"
+
+
+def _setup_logging(path: Path, rank: int) -> None:
+    """Rank 0 logs to stdout and ``train.log``; other ranks only warnings."""
+    log.handlers.clear()
+    log.propagate = False
+    if rank != 0:
+        log.setLevel(logging.WARNING)
+        log.addHandler(logging.StreamHandler(sys.stderr))
+        return
+    log.setLevel(logging.INFO)
+    fmt = logging.Formatter("%(asctime)s %(message)s", "%H:%M:%S")
+    for handler in (logging.StreamHandler(sys.stdout), logging.FileHandler(path)):
+        handler.setFormatter(fmt)
+        log.addHandler(handler)
+
+
+def _progress_bar(rank: int, start: int, total: int):
+    if rank != 0 or not sys.stderr.isatty():
+        return None  # piped output (launchers, CI) gets the per-step lines only
+    from tqdm import tqdm
+
+    return tqdm(total=total, initial=start, desc="train", unit="step", dynamic_ncols=True)
+
+
+def _sync(device: str) -> None:
+    if device == "cuda":
+        import torch
+
+        torch.cuda.synchronize()

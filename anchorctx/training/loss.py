@@ -1,0 +1,79 @@
+"""Next-token targets of a packed row and the loss summed over them.
+
+Targets. Position ``t`` predicts token ``t + 1`` when ``loss_mask[t + 1] == 1`` (the packed
+dataset sets 0 for the anchor and for domain-tag tokens). One more rule depends on the
+attention variant, for the target that crosses a document boundary (position ``t`` is the last
+token of one document, ``t + 1`` the first token of the next one):
+
+- ``full``: kept. Position ``t`` attends to the whole preceding row, so predicting the next
+  document's first token after the separator is ordinary packed language modelling.
+- ``intra_doc``, ``intra_doc_reset``, ``anchor``: masked. Position ``t`` cannot see any token of
+  the next document (under ``anchor`` only the shared anchor, which carries no information
+  about which document follows), so that target would train the model to guess a document's
+  opening from an unrelated one — noise the document mask exists to remove. The rule is
+  evaluated on document ids, so interleaved chunks of one document that happen to be adjacent
+  keep their target, and the anchor's own document (segment 0) keeps all of its targets.
+
+The rule removes at most one target per document; the loss is normalised by the number of
+targets actually kept over the whole global batch (see :mod:`anchorctx.training.step`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+import torch.nn.functional as F
+
+IGNORE_INDEX = -100
+DOCUMENT_MASKED = frozenset({"intra_doc", "intra_doc_reset", "anchor"})
+
+
+def segment_doc_ids(seg_lens: Sequence[int], seg_doc: Sequence[int] | None) -> torch.Tensor:
+    """Document id of every token, IntTensor [T] (segment index when ``seg_doc`` is None)."""
+    lens = torch.as_tensor(list(seg_lens), dtype=torch.long)
+    docs = torch.arange(len(lens)) if seg_doc is None else torch.as_tensor(list(seg_doc))
+    return torch.repeat_interleave(docs.to(torch.int32), lens)
+
+
+def shifted_targets(
+    input_ids: torch.Tensor,
+    loss_mask: torch.Tensor,
+    seg_lens: Sequence[int],
+    seg_doc: Sequence[int] | None,
+    variant: str,
+) -> torch.Tensor:
+    """Targets of one row, LongTensor [T]: ``input_ids[t+1]`` or ``IGNORE_INDEX``.
+
+    ``input_ids`` and ``loss_mask`` are [T]; the last position has no target.
+    """
+    t = input_ids.shape[0]
+    if sum(seg_lens) != t or loss_mask.shape[0] != t:
+        raise ValueError(
+            f"row of {t} tokens has loss_mask of {loss_mask.shape[0]} and seg_lens summing to "
+            f"{sum(seg_lens)}: the packed dataset is inconsistent"
+        )
+    keep = loss_mask[1:].bool()
+    if variant in DOCUMENT_MASKED:
+        doc = segment_doc_ids(seg_lens, seg_doc)
+        keep = keep & (doc[1:] == doc[:-1])
+    targets = torch.full((t,), IGNORE_INDEX, dtype=torch.long)
+    targets[:-1] = torch.where(keep, input_ids[1:].long(), IGNORE_INDEX)
+    return targets
+
+
+def count_targets(targets: torch.Tensor) -> int:
+    return int((targets != IGNORE_INDEX).sum())
+
+
+def summed_cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Sum of token cross-entropies, fp32 scalar. logits [B, T, V], targets [B, T].
+
+    A sum, not a mean: every rank holds a different share of the global batch's targets, and
+    the caller divides by the global target count so the gradients add up exactly.
+    """
+    vocab = logits.shape[-1]
+    return F.cross_entropy(
+        logits.reshape(-1, vocab).float(), targets.reshape(-1), ignore_index=IGNORE_INDEX,
+        reduction="sum",
+    )  # fmt: skip

@@ -1,0 +1,186 @@
+"""The parallel layout of a run and every check that can fail before a GPU is touched.
+
+World = ``nproc × nnodes`` processes, split into data-parallel (DP) × sequence-parallel (SP)
+groups: ranks ``[i·SP, (i+1)·SP)`` hold one model replica's sequence shards (DeepSpeed's ALST
+group layout), so DP = world / SP. A global batch of ``G`` sequences is
+``micro × accumulation × DP``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig, PreTrainedTokenizerBase
+
+    from anchorctx.config import ExperimentConfig
+
+
+class TrainingError(ValueError):
+    """A training setup that cannot work; the message names the setting and the fix."""
+
+
+@dataclass(frozen=True)
+class Parallelism:
+    world: int
+    sp: int
+    dp: int
+    micro: int
+    accum: int
+    device: str  # "cpu" | "cuda"
+    zero_stage: int
+    engine: str
+
+    @property
+    def global_batch(self) -> int:
+        return self.micro * self.accum * self.dp
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def resolve_device(cfg: ExperimentConfig) -> str:
+    import torch
+
+    want = cfg.training.device
+    if want == "cuda" and not torch.cuda.is_available():
+        raise TrainingError("training.device=cuda but no CUDA GPU is visible; use device=cpu")
+    if want == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return want
+
+
+def processes_per_node(cfg: ExperimentConfig, device: str) -> int:
+    """``training.nproc``; default: every visible GPU, or one CPU process per SP rank."""
+    if cfg.training.nproc is not None:
+        return cfg.training.nproc
+    if device == "cuda":
+        import torch
+
+        return torch.cuda.device_count()
+    return cfg.training.sequence_parallel
+
+
+def resolve_engine(cfg: ExperimentConfig, device: str) -> str:
+    engine = cfg.training.engine
+    if device == "cpu" and engine == "auto":
+        return "sdpa"  # the only engine with a CPU backward
+    if device == "cpu" and engine != "sdpa":
+        raise TrainingError(
+            f"training.engine={engine} has no CPU backward; use training.engine=sdpa on CPU"
+        )
+    return engine
+
+
+def plan_parallelism(cfg: ExperimentConfig, world: int | None = None) -> Parallelism:
+    """DP × SP layout, accumulation steps and ZeRO stage; ``world`` overrides the config's."""
+    t = cfg.training
+    device = resolve_device(cfg)
+    if world is None:
+        world = processes_per_node(cfg, device) * t.nnodes
+    sp = t.sequence_parallel
+    if sp > world:
+        raise TrainingError(
+            f"training.sequence_parallel={sp} needs at least {sp} processes, but the run has "
+            f"{world} (training.nproc × training.nnodes); raise nproc or lower sequence_parallel"
+        )
+    if world % sp:
+        raise TrainingError(
+            f"{world} processes cannot be split into sequence-parallel groups of {sp}: "
+            "the process count must be a multiple of training.sequence_parallel"
+        )
+    dp = world // sp
+    per_step = t.micro_batch_size * dp
+    if t.global_batch_size % per_step:
+        raise TrainingError(
+            f"training.global_batch_size={t.global_batch_size} is not divisible by "
+            f"micro_batch_size × data-parallel size = {t.micro_batch_size} × {dp} = {per_step}; "
+            f"choose a multiple of {per_step}"
+        )
+    stage = t.zero_stage if t.zero_stage is not None else (3 if device == "cuda" else 0)
+    return Parallelism(
+        world=world, sp=sp, dp=dp, micro=t.micro_batch_size,
+        accum=t.global_batch_size // per_step, device=device, zero_stage=stage,
+        engine=resolve_engine(cfg, device),
+    )  # fmt: skip
+
+
+# ------------------------------------------------------------------------------ config checks
+def check_model_source(cfg: ExperimentConfig) -> None:
+    path = cfg.model.path
+    if path is None:
+        return
+    if not Path(path).is_dir():
+        raise TrainingError(f"model.path does not exist: {path} (a local Hugging Face model dir)")
+    if not (Path(path) / "config.json").is_file():
+        raise TrainingError(f"model.path has no config.json: {path}")
+
+
+def check_heads(hf_config: PretrainedConfig, sp: int) -> None:
+    """Ulysses splits heads across SP ranks: q heads must divide; KV heads may be replicated
+    (only when SP > KV heads, and then SP must be a multiple of them)."""
+    if sp == 1:
+        return
+    text = hf_config.get_text_config()
+    heads = text.num_attention_heads
+    kv = getattr(text, "num_key_value_heads", None) or heads
+    if heads % sp:
+        divisors = [d for d in range(1, heads + 1) if heads % d == 0]
+        raise TrainingError(
+            f"training.sequence_parallel={sp} does not divide the model's {heads} attention "
+            f"heads; use one of {divisors}"
+        )
+    if kv % sp and sp % kv:
+        raise TrainingError(
+            f"training.sequence_parallel={sp} and the model's {kv} key/value heads: one must be "
+            "a multiple of the other (KV heads are split, or replicated when SP > KV heads)"
+        )
+
+
+def check_dataset(
+    cfg: ExperimentConfig, manifest: dict[str, Any], tokenizer: PreTrainedTokenizerBase
+) -> None:
+    """The packed dataset was made with this tokenizer and is long enough."""
+    from anchorctx.training.model import anchor_token_id, tokenizer_fingerprint
+
+    theirs = _manifest_fingerprint(manifest)
+    ours = tokenizer_fingerprint(tokenizer)
+    if theirs != ours:
+        raise TrainingError(
+            f"the packed dataset was tokenised with a different tokenizer (fingerprint {theirs}, "
+            f"model tokenizer {ours} from {cfg.model.tokenizer_path}); re-run prepare-data with "
+            "this model's tokenizer"
+        )
+    if manifest.get("anchor_token_id") != anchor_token_id(tokenizer):
+        raise TrainingError(
+            f"the packed dataset's anchor token id {manifest.get('anchor_token_id')} differs from "
+            f"the model tokenizer's {anchor_token_id(tokenizer)}; re-run prepare-data"
+        )
+    if cfg.data.seq_len > int(manifest["seq_len"]):
+        raise TrainingError(
+            f"data.seq_len={cfg.data.seq_len} is longer than the packed rows "
+            f"({manifest['seq_len']} tokens); re-run prepare-data with this seq_len"
+        )
+
+
+def _manifest_fingerprint(manifest: dict[str, Any]) -> str | None:
+    tok = manifest.get("tokenizer")
+    if isinstance(tok, dict):
+        return tok.get("fingerprint")
+    return manifest.get("tokenizer_fingerprint")
+
+
+def check_vocab(hf_config: PretrainedConfig, tokenizer: PreTrainedTokenizerBase) -> None:
+    vocab = hf_config.get_text_config().vocab_size
+    if len(tokenizer) > vocab:
+        raise TrainingError(
+            f"the tokenizer has {len(tokenizer)} tokens but the model's vocab_size is {vocab}"
+        )
+
+
+def padded_length(seq_len: int, sp: int) -> int:
+    """Rows are padded to a multiple of the SP size so every rank holds an equal shard."""
+    return math.ceil(seq_len / sp) * sp

@@ -1,0 +1,27 @@
+"""Every subcommand has --help; config errors exit 2 with the message on stderr."""
+
+from __future__ import annotations
+
+import pytest
+
+from anchorctx.cli import COMMANDS, main
+
+
+@pytest.mark.parametrize("command", sorted(COMMANDS))
+def test_every_subcommand_has_help(command, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main([command, "--help"])
+    assert exit_info.value.code == 0
+    out = capsys.readouterr().out
+    assert command in out and COMMANDS[command].help.split()[0] in out
+
+
+def test_config_command_prints_resolved_config(capsys):
+    assert main(["config", "configs/demo.yaml", "--set", "training.steps=7"]) == 0
+    out = capsys.readouterr().out
+    assert "steps: 7" in out and "run directory: runs/demo/anchor" in out
+
+
+def test_config_error_exits_2(capsys):
+    assert main(["config", "configs/demo.yaml", "--set", "training.stepz=7"]) == 2
+    assert "unknown key 'training.stepz'" in capsys.readouterr().err

@@ -1,0 +1,285 @@
+"""End to end against a real Prefect server: `anchorctx serve` + `prefect deployment run
+full-experiment/demo --watch` on a config smaller than the demo; artifacts; cached
+re-evaluation; a changed checkpoint re-evaluated; cancellation leaves no child processes.
+
+One server, one runner and one demo run serve the whole session (``served`` below, shared with
+tests/test_ui_browser.py); each test only adds its own flow run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from uuid import UUID
+
+import psutil
+import pytest
+import yaml
+
+from anchorctx.config import ExperimentConfig, load_config
+from anchorctx.flows.server import PrefectServer, start_server
+
+pytestmark = pytest.mark.slow
+
+REPO = Path(__file__).resolve().parents[1]
+RUN_TIMEOUT_S = 600
+
+
+def small_config(tmp: Path) -> dict[str, Any]:
+    """configs/demo.yaml shrunk: two arms, a tiny model, 4 steps, 2 checkpoints, few samples."""
+    raw = yaml.safe_load((REPO / "configs" / "demo.yaml").read_text())
+    corpus, fixtures = tmp / "corpus", tmp / "eval"
+    raw.update(name="flowtest", run_root=str(tmp / "runs"))
+    raw["model"]["tiny"].update(hidden_size=64, intermediate_size=128)
+    raw["model"]["tokenizer"] = str(corpus / "tokenizer")
+    raw["data"].update(
+        demo_corpus={"dir": str(corpus), "seed": 0, "docs_per_domain": 12},
+        sources=[{"path": str(corpus / "data")}], seq_len=512, token_budget=40_000,
+    )  # fmt: skip
+    raw["training"].update(steps=4, global_batch_size=2, micro_batch_size=1, warmup_steps=0,
+                           save={"every": 2, "last": None})  # fmt: skip
+    ev = raw["evaluation"]
+    ev.update(demo_fixtures=str(fixtures), last_k=2, batch_size=2)
+    ev["ruler"].update(lengths=[512], num_samples=1, tasks=["niah_single_1", "vt"],
+                       essay_path=str(fixtures / "essays.json"),
+                       squad_path=str(fixtures / "squad.json"),
+                       hotpotqa_path=str(fixtures / "hotpotqa.json"))  # fmt: skip
+    ev["longbench"].update(data_dir=str(fixtures / "longbench"), limit=1,
+                           datasets=["passage_count", "trec"], max_length=480)  # fmt: skip
+    ev["harness"].update(mmlu_dir=str(fixtures / "mmlu"), hellaswag_dir=str(fixtures / "hellaswag"),
+                         limit=2, mmlu_fewshot=1)  # fmt: skip
+    raw["variants"] = [{"name": "full", "attention": "full"},
+                       {"name": "anchor", "attention": "anchor"}]  # fmt: skip
+    return raw
+
+
+@dataclass
+class Served:
+    server: PrefectServer
+    runner: subprocess.Popen
+    cfg: ExperimentConfig
+    env: dict[str, str]
+    tmp: Path
+    demo: subprocess.CompletedProcess
+    demo_run_id: UUID
+
+
+_SHARED: dict[str, Served] = {}
+
+
+def _cli(args: list[str], env: dict[str, str], timeout: float = RUN_TIMEOUT_S, cwd=None):
+    return subprocess.run(
+        [sys.executable, "-m", *args], env=env, cwd=cwd, capture_output=True, text=True,
+        timeout=timeout,
+    )  # fmt: skip
+
+
+def _wait_for_deployment(name: str, env: dict[str, str], runner: subprocess.Popen, log: Path):
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline:
+        if runner.poll() is not None:
+            pytest.fail(f"anchorctx serve exited ({runner.returncode}):\n{log.read_text()[-4000:]}")
+        if _cli(["prefect", "deployment", "inspect", name], env, timeout=60).returncode == 0:
+            return
+        time.sleep(1)
+    pytest.fail(f"deployment {name} never appeared:\n{log.read_text()[-4000:]}")
+
+
+def run_deployment_cli(served_env: dict[str, str], name: str, *params: str, cwd=None):
+    """`prefect deployment run NAME --watch`; returns (completed process, flow run id)."""
+    args = ["prefect", "deployment", "run", name, "--watch"]
+    for p in params:
+        args += ["--param", p]
+    proc = _cli(args, served_env, cwd=cwd)
+    match = re.search(r"UUID:\s*([0-9a-f-]{36})", proc.stdout)
+    return proc, UUID(match.group(1)) if match else None
+
+
+def _start(tmp: Path) -> Served:
+    server = start_server(tmp / "prefect-home")
+    env = {**os.environ, **server.env}
+    try:
+        cfg_path = tmp / "flowtest.yaml"
+        cfg_path.write_text(yaml.safe_dump(small_config(tmp), sort_keys=False))
+        log = tmp / "serve.log"
+        with log.open("wb") as fh:
+            runner = subprocess.Popen(
+                [sys.executable, "-m", "anchorctx", "serve", "--configs", str(REPO / "configs"),
+                 "--demo-config", str(cfg_path)],
+                cwd=tmp, env=env, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True,
+            )  # fmt: skip
+        _wait_for_deployment("full-experiment/demo", env, runner, log)
+        demo, run_id = run_deployment_cli(env, "full-experiment/demo", cwd=tmp)
+    except BaseException:
+        server.stop()
+        raise
+    return Served(server, runner, load_config(cfg_path), env, tmp, demo, run_id)
+
+
+def _stop(served: Served) -> None:
+    for sig in (15, 9):
+        try:
+            os.killpg(served.runner.pid, sig)
+            served.runner.wait(timeout=20)
+            break
+        except (ProcessLookupError, subprocess.TimeoutExpired):
+            continue
+    served.server.stop()
+
+
+def shared_served(tmp_path_factory, pytestconfig) -> Served:
+    """The session's server + runner + completed demo run (started on first use)."""
+    if "served" not in _SHARED:
+        served = _start(tmp_path_factory.mktemp("flows"))
+        _SHARED["served"] = served
+        pytestconfig.add_cleanup(lambda: _stop(served))
+    return _SHARED["served"]
+
+
+@pytest.fixture(scope="session")
+def served(tmp_path_factory, pytestconfig) -> Served:
+    return shared_served(tmp_path_factory, pytestconfig)
+
+
+@contextlib.contextmanager
+def client_for(served: Served):
+    """A synchronous Prefect client bound to the test server (not the process-wide settings)."""
+    from prefect.client.orchestration import get_client
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    # Sequential: the client is created once the temporary settings apply.
+    with (
+        temporary_settings(updates={PREFECT_API_URL: served.server.api_url}),
+        get_client(sync_client=True) as client,
+    ):
+        yield client
+
+
+# ------------------------------------------------------------------------------------- tests
+def test_serve_refuses_without_api_url(tmp_path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
+    env["PREFECT_HOME"] = str(tmp_path)
+    proc = _cli(["anchorctx", "serve"], env, timeout=120)
+    assert proc.returncode == 2
+    assert "PREFECT_API_URL is not set" in proc.stderr and "ephemeral" in proc.stderr
+
+
+def test_demo_deployment_completes_with_artifacts(served):
+    assert served.demo.returncode == 0, served.demo.stdout[-4000:] + served.demo.stderr[-4000:]
+    assert served.demo_run_id is not None
+    with client_for(served) as client:
+        run = client.read_flow_run(served.demo_run_id)
+        assert run.state.is_completed()
+        flows = {f.id: f.name for f in client.read_flows()}
+        runs = client.read_flow_runs()
+        by_flow: dict[str, list] = {}
+        for r in runs:
+            by_flow.setdefault(flows[r.flow_id], []).append(r)
+        keys = {(a.key, a.type) for a in client.read_artifacts()}
+    # One prepare-data (both arms share the data), a train and an evaluate run per arm.
+    assert len(by_flow["prepare-data"]) == 1
+    assert len(by_flow["train"]) == 2 and len(by_flow["evaluate"]) == 2
+    assert all(r.state.is_completed() for rs in by_flow.values() for r in rs)
+    for key, kind in [
+        ("flowtest-ruler-by-length", "table"),
+        ("flowtest-longbench-categories", "table"),
+        ("flowtest-mmlu-hellaswag", "table"),
+        ("flowtest-ruler-by-length-plot", "image"),
+        ("flowtest-report", "markdown"),
+        ("flowtest-anchor-train", "markdown"),
+        ("train-flowtest-anchor", "progress"),
+        ("evaluate-flowtest-anchor", "progress"),
+    ]:
+        assert (key, kind) in keys, f"missing {kind} artifact {key}: {sorted(keys)}"
+    report = served.cfg.experiment_dir / "report.md"
+    assert report.is_file() and "anchor" in report.read_text()
+
+
+def test_second_evaluate_is_cached_and_changed_checkpoint_reevaluates(served):
+    from anchorctx.training.checkpoints import list_checkpoints
+
+    arm = {a.variant_name: a for a in served.cfg.arms()}["anchor"]
+    checkpoints = list_checkpoints(arm.run_dir)
+    assert len(checkpoints) == 2
+    changed = checkpoints[0]
+    (changed / "NOTE.txt").write_text("edited after evaluation: new content hash\n")
+    proc, run_id = run_deployment_cli(served.env, "evaluate/default", "variant=anchor",
+                                      cwd=served.tmp)  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    with client_for(served) as client:
+        from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+
+        task_runs = client.read_task_runs(
+            flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[run_id]))
+        )
+    evals = [t for t in task_runs if t.name.startswith("evaluate-")]
+    suites = served.cfg.evaluation.suites
+    assert len(evals) == len(checkpoints) * len(suites)
+    states = {t.name: t.state.name for t in evals}
+    for name, state in states.items():
+        expected = "Completed" if name.endswith(changed.name) else "Cached"
+        assert state == expected, states
+
+
+def _train_children(config_path: Path) -> list[psutil.Process]:
+    out = []
+    for p in psutil.process_iter(["cmdline", "status"]):
+        cmd = p.info["cmdline"] or []
+        if str(config_path) in cmd and p.info["status"] != psutil.STATUS_ZOMBIE:
+            out.append(p)
+    return out
+
+
+def test_cancelling_training_leaves_no_child_processes(served):
+    from prefect.deployments import run_deployment
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+    from prefect.states import Cancelling
+
+    raw = served.cfg.model_dump(mode="json")
+    raw["variant"] = "cancelme"
+    raw["training"].update(steps=100_000, save={"every": 50_000, "last": None})
+    cfg = ExperimentConfig.model_validate(raw)
+    config_path = (cfg.run_dir / "config.yaml").resolve()
+    with temporary_settings(updates={PREFECT_API_URL: served.server.api_url}):
+        run = run_deployment("train/default", parameters={"cfg": raw}, timeout=0)
+    deadline, tree = time.monotonic() + 240, []
+    while time.monotonic() < deadline and not tree:
+        tree = _train_children(config_path)
+        time.sleep(0.5)
+    assert tree, "the training child process never started"
+    time.sleep(3)  # let it get going (and spawn whatever it spawns)
+    tree = [*tree, *(c for p in tree for c in _safe_children(p))]
+    with client_for(served) as client:
+        client.set_flow_run_state(run.id, Cancelling(), force=True)
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            state = client.read_flow_run(run.id).state
+            if state.is_final():
+                break
+            time.sleep(1)
+    assert state.is_cancelled(), state
+    _, alive = psutil.wait_procs(tree, timeout=20)
+    alive = [p for p in alive if _running(p)]
+    assert not alive, f"orphaned: {[(p.pid, p.cmdline()) for p in alive]}"
+    assert _train_children(config_path) == []
+
+
+def _safe_children(p: psutil.Process) -> list[psutil.Process]:
+    try:
+        return p.children(recursive=True)
+    except psutil.NoSuchProcess:
+        return []
+
+
+def _running(p: psutil.Process) -> bool:
+    try:
+        return p.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False

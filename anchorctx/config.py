@@ -136,6 +136,15 @@ class DataConfig(Strict):
         None, description="Default: <run_root>/<name>/data/<data fingerprint>."
     )
 
+    @model_validator(mode="after")
+    def _chunk_range(self) -> DataConfig:
+        lo, hi = self.chunks_per_document
+        if not 1 <= lo <= hi:
+            raise ValueError(
+                f"chunks_per_document must be (min, max) with 1 <= min <= max, got {(lo, hi)}"
+            )
+        return self
+
 
 # ------------------------------------------------------------------------------------ training
 class SaveConfig(Strict):

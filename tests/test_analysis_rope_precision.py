@@ -61,7 +61,9 @@ def test_key_abs_diff_matches_dense_reference_with_gqa_and_chunking(monkeypatch)
     monkeypatch.setattr(metrics, "_CHUNK_BYTES", 4 * 2 * 40 * 40 * 3 * 2)  # two heads per chunk
     got = metrics.key_abs_diff(q1, k1, q2, k2, 0.3)
     torch.testing.assert_close(got, _dense_key_diff(q1, k1, q2, k2, 0.3), rtol=1e-5, atol=1e-6)
-    assert torch.equal(metrics.key_abs_diff(q1, k1, q1, k1, 0.3), torch.zeros(2, 40, dtype=torch.float64))
+    assert torch.equal(
+        metrics.key_abs_diff(q1, k1, q1, k1, 0.3), torch.zeros(2, 40, dtype=torch.float64)
+    )
 
 
 def test_first_token_logits_and_normalizer():
@@ -101,7 +103,10 @@ def test_fp32_at_rounding_level_and_bf16_far_larger(study):
     assert max(fp32) < 1e-4
     assert min(bf16) > 100 * max(fp32)
     for n in ("32", "64", "128"):
-        assert study["logit_diff_by_length"]["bf16"][n] > 100 * study["logit_diff_by_length"]["fp32"][n]
+        assert (
+            study["logit_diff_by_length"]["bf16"][n]
+            > 100 * study["logit_diff_by_length"]["fp32"][n]
+        )
 
 
 def test_fp32_rope_reduces_the_bf16_difference(study):
@@ -178,3 +183,41 @@ def test_packed_dataset_sequences(tiny_config, packed_demo):
     assert source == "packed dataset" and seqs.shape == (2, 700)  # longer than one packed row
     assert (seqs[:, 0] == anchor_token_id(tok)).all()
     assert (seqs[:, 1:] != anchor_token_id(tok)).float().mean() > 0.9
+
+
+@pytest.mark.gpu
+def test_gpu_study_matches_cpu_properties():
+    """On CUDA (cuBLAS/SDPA kernels): exact zero at Δ1 = Δ2, fp32 ≪ bf16, fp32 RoPE helps."""
+    model = prepare_model(tiny_llama()).cuda()
+    spec = RopePrecisionConfig(
+        shifts=[0, 16, 1000], seq_len=512, num_sequences=2, lengths=[64, 512]
+    )
+    result = measure(model, random_sequences(2, 512, 128, anchor=1, seed=0), spec, progress=False)
+    curve = result["shift_curve"]
+    assert all(curve[m]["16"] == 0.0 for m in curve)
+    assert curve["bf16"]["0"] > 100 * curve["fp32"]["0"]
+    assert curve["bf16_rope_fp32"]["0"] < curve["bf16"]["0"]
+
+
+def test_checkpoint_weights_or_random_init(demo_corpus, tmp_path):
+    from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig
+
+    from anchorctx.analysis.rope_precision import load_study_model
+
+    tok = AutoTokenizer.from_pretrained(str(demo_corpus.tokenizer_dir))
+    hf = LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                     num_attention_heads=2, num_key_value_heads=2)  # fmt: skip
+    torch.manual_seed(5)
+    AutoModelForCausalLM.from_config(hf).save_pretrained(tmp_path / "ckpt")
+    saved = AutoModelForCausalLM.from_pretrained(tmp_path / "ckpt").model.embed_tokens.weight
+    raw = {"name": "x", "run_root": str(tmp_path),
+           "model": {"path": str(tmp_path / "ckpt"), "tokenizer": str(demo_corpus.tokenizer_dir)}}  # fmt: skip
+    for random_init in (False, True):
+        cfg = config_from_dict(
+            raw, [f"analysis.rope_precision.random_init={str(random_init).lower()}"]
+        )
+        model, weights = load_study_model(cfg, tok, torch.device("cpu"))
+        emb = model.model.embed_tokens.weight
+        assert emb.dtype == torch.float32 and torch.equal(emb, emb.bfloat16().float())  # bf16 grid
+        assert torch.equal(emb, saved.bfloat16().float()) != random_init
+        assert ("random init" in weights) == random_init

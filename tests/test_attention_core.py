@@ -6,6 +6,8 @@ over segments (it never touches ``Layout``), and computes attention in float64.
 
 from __future__ import annotations
 
+import functools
+import itertools
 import math
 import random
 import warnings
@@ -29,22 +31,32 @@ warnings.filterwarnings("ignore", message="flex_attention called without torch.c
 
 
 # ------------------------------------------------------------------------------- reference
-def reference_allowed(seg_lens, seg_doc, variant) -> torch.Tensor:
-    """Bool [T, T] from the DESIGN.md table, by loops over tokens."""
-    seg_doc = seg_doc if seg_doc is not None else list(range(len(seg_lens)))
+@functools.cache
+def _reference_allowed(seg_lens: tuple, seg_doc: tuple | None, variant: str) -> torch.Tensor:
+    seg_doc = seg_doc if seg_doc is not None else tuple(range(len(seg_lens)))
     doc = [d for n, d in zip(seg_lens, seg_doc) for _ in range(n)]
     t = len(doc)
-    allowed = torch.zeros(t, t, dtype=torch.bool)
+    rows = []
     for q in range(t):
-        for kv in range(q + 1):
-            if variant == "full":
+        row = []
+        for kv in range(t):
+            if kv > q:
+                ok = False
+            elif variant == "full":
                 ok = True
             elif variant in ("intra_doc", "intra_doc_reset"):
                 ok = doc[kv] == doc[q]
-            else:
+            else:  # anchor
                 ok = doc[kv] == doc[q] or kv == 0
-            allowed[q, kv] = ok
-    return allowed
+            row.append(ok)
+        rows.append(row)
+    return torch.tensor(rows, dtype=torch.bool)
+
+
+def reference_allowed(seg_lens, seg_doc, variant) -> torch.Tensor:
+    """Bool [T, T] from the DESIGN.md table, by loops over (query, key) pairs."""
+    docs = tuple(seg_doc) if seg_doc is not None else None
+    return _reference_allowed(tuple(seg_lens), docs, variant).clone()
 
 
 def reference_positions(seg_lens, variant) -> list[int]:
@@ -91,11 +103,15 @@ CASES = [  # (T, kind, H, H_kv, B)
     (200, "one_doc", 4, 2, 1),
     (129, "chunked", 4, 4, 3),
 ]
+# The CPU flex kernel is slow (unfused, vmapped mask_mod); its tiles are tested separately.
+FLEX_CASES = [CASES[0], CASES[2], CASES[3]]
 
 
 def make_case(seed, t, kind, h, h_kv, b, variant, *, grad=False, shared=False):
     rng = random.Random(seed)
-    rows = [random_row(rng, t, kind)] * b if shared else [random_row(rng, t, kind) for _ in range(b)]
+    rows = (
+        [random_row(rng, t, kind)] * b if shared else [random_row(rng, t, kind) for _ in range(b)]
+    )
     g = torch.Generator().manual_seed(seed)
     q = torch.randn(b, h, t, 16, generator=g, requires_grad=grad)
     k = torch.randn(b, h_kv, t, 16, generator=g, requires_grad=grad)
@@ -175,12 +191,16 @@ def test_sdpa_forward_backward_matches_reference(variant, case):
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
-@pytest.mark.parametrize("case", CASES, ids=lambda c: f"T{c[0]}-{c[1]}-H{c[2]}kv{c[3]}-B{c[4]}")
+@pytest.mark.parametrize(
+    "case", FLEX_CASES, ids=lambda c: f"T{c[0]}-{c[1]}-H{c[2]}kv{c[3]}-B{c[4]}"
+)
 def test_flex_forward_matches_reference(variant, case):
     q, k, v, masks, layouts = make_case(11, *case, variant)
     with torch.no_grad():
         out = attend(q, k, v, layouts, engine="flex", scale=0.2)
-    torch.testing.assert_close(out, reference_attention(q, k, v, masks, 0.2).float(), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(
+        out, reference_attention(q, k, v, masks, 0.2).float(), atol=1e-5, rtol=1e-5
+    )
 
 
 @pytest.mark.parametrize("engine", ["sdpa", "flex", "auto"])
@@ -189,7 +209,9 @@ def test_shared_layout_broadcasts_over_rows(engine):
     with torch.no_grad():
         out = attend(q, k, v, layout, engine=engine)
         again = attend(q, k, v, layout, engine=engine)  # cached masks give the same result
-    torch.testing.assert_close(out, reference_attention(q, k, v, masks).float(), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(
+        out, reference_attention(q, k, v, masks).float(), atol=1e-5, rtol=1e-5
+    )
     assert torch.equal(out, again)
 
 
@@ -202,7 +224,9 @@ def test_rows_with_different_variants(engine):
     q, k, v = (torch.randn(4, 2, 140, 8) for _ in range(3))
     with torch.no_grad():
         out = attend(q, k, v, layouts, engine=engine)
-    torch.testing.assert_close(out, reference_attention(q, k, v, masks).float(), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(
+        out, reference_attention(q, k, v, masks).float(), atol=1e-5, rtol=1e-5
+    )
 
 
 # ------------------------------------------------------- GPU kernels' plans, checked on CPU
@@ -267,10 +291,12 @@ def test_varlen_plan_reproduces_mask(variant, case):
     plan = build_plan(batch.rows, q.device)
     fq, fk, fv = flatten(call, plan)
     cu_q, cu_k = plan.cu_seq_q.tolist(), plan.cu_seq_k.tolist()
-    assert plan.max_q == max(b - a for a, b in zip(cu_q, cu_q[1:]))
-    assert plan.max_k == max(b - a for a, b in zip(cu_k, cu_k[1:]))
+    assert plan.max_q == max(b - a for a, b in itertools.pairwise(cu_q))
+    assert plan.max_k == max(b - a for a, b in itertools.pairwise(cu_k))
     out = unflatten(_emulate_varlen(fq, fk, fv, cu_q, cu_k, 0.25), call)
-    torch.testing.assert_close(out, reference_attention(q, k, v, masks, 0.25), atol=1e-10, rtol=1e-10)
+    torch.testing.assert_close(
+        out, reference_attention(q, k, v, masks, 0.25), atol=1e-10, rtol=1e-10
+    )
     if variant != "anchor" and case[1] != "chunked":
         assert plan.kv_index is None  # plain per-document varlen: no gather
 
@@ -280,7 +306,28 @@ def test_varlen_anchor_adds_one_key_per_foreign_document():
     plan = build_plan((layout,), torch.device("cpu"))
     assert plan.cu_seq_q.tolist() == [0, 4, 7, 9, 14]
     assert plan.cu_seq_k.tolist() == [0, 4, 8, 14, 20]
-    assert plan.kv_index.tolist() == [0, 1, 2, 3, 0, 4, 5, 6, 0, 1, 2, 3, 7, 8, 0, 9, 10, 11, 12, 13]
+    assert plan.kv_index.tolist() == [
+        0,
+        1,
+        2,
+        3,
+        0,
+        4,
+        5,
+        6,
+        0,
+        1,
+        2,
+        3,
+        7,
+        8,
+        0,
+        9,
+        10,
+        11,
+        12,
+        13,
+    ]
 
 
 # ----------------------------------------------------------------------------------- errors
@@ -309,4 +356,6 @@ def test_auto_on_cpu_is_the_exact_engine():
     q, k, v, masks, layouts = make_case(17, 100, "chunked", 4, 2, 2, "anchor", grad=True)
     out = attend(q, k, v, layouts)  # auto: sdpa on CPU, trains
     out.sum().backward()
-    torch.testing.assert_close(out, reference_attention(q, k, v, masks).float(), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(
+        out, reference_attention(q, k, v, masks).float(), atol=1e-5, rtol=1e-5
+    )

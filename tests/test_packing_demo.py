@@ -24,15 +24,24 @@ def test_layout_domains_and_long_documents(demo_corpus):
     assert summary["RedPajamaBook"]["max_tokens"] > 32_768
     assert summary["RedPajamaArXiv"]["max_tokens"] > 32_768
     mean = {d: s["tokens"] / s["documents"] for d, s in summary.items()}
-    assert sorted(mean, key=mean.get)[-2:] == sorted(["RedPajamaBook", "RedPajamaArXiv"], key=mean.get)
-    assert any("def " in r["text"] for r in recs if r["meta"]["redpajama_set_name"] == "RedPajamaGithub")
+    assert sorted(mean, key=mean.get)[-2:] == sorted(
+        ["RedPajamaBook", "RedPajamaArXiv"], key=mean.get
+    )
+    assert any(
+        "def " in r["text"] for r in recs if r["meta"]["redpajama_set_name"] == "RedPajamaGithub"
+    )
 
 
 def test_tokenizer_loads_with_autotokenizer(demo_corpus):
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(str(demo_corpus.tokenizer_dir))
-    assert (tok.bos_token, tok.eos_token, tok.pad_token, tok.unk_token) == ("<s>", "</s>", "<pad>", "<unk>")
+    assert (tok.bos_token, tok.eos_token, tok.pad_token, tok.unk_token) == (
+        "<s>",
+        "</s>",
+        "<pad>",
+        "<unk>",
+    )
     assert 2000 <= len(tok) <= 4096
     ids = tok("def foo(x):\n    return x")["input_ids"]
     assert ids[0] == tok.bos_token_id  # BOS is prepended like Llama's tokenizer

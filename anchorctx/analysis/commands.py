@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 
 
 def rope_precision_arguments(parser: argparse.ArgumentParser) -> None:
@@ -16,11 +17,12 @@ def rope_precision_arguments(parser: argparse.ArgumentParser) -> None:
 def rope_precision(args: argparse.Namespace) -> int:
     from anchorctx.analysis.rope_precision import StudyInputError, run_study
     from anchorctx.io import read_json
+    from anchorctx.training.model import ModelLoadError
 
     try:
         path = run_study(args.cfg, out_dir=args.out, progress=not args.no_progress)
-    except StudyInputError as err:
-        print(f"anchorctx rope-precision: {err}")
+    except (StudyInputError, ModelLoadError) as err:
+        print(f"anchorctx rope-precision: {err}", file=sys.stderr)
         return 2
     result = read_json(path)
     for mode in result["settings"]["modes"]:

@@ -37,7 +37,7 @@ def _token_panel(ax, result: dict[str, Any]) -> None:
     for mode in settings["modes"]:
         ys = result["per_token"][mode]
         share = result["first_token_share"][mode]
-        style = {**STYLE[mode], "label": f"{STYLE[mode]['label']} (token 0: {share:.0%})"}
+        style = {**STYLE[mode], "label": f"{STYLE[mode]['label']} (token 0: {share:.1%})"}
         style.pop("marker")
         ax.plot(range(len(ys)), _positive(ys), lw=0.8, **style)
         ax.plot([0], _positive([ys[0]]), marker="*", ms=10, color=style["color"])

@@ -37,11 +37,12 @@ float32. Sliding-window models are measured with a plain causal mask (exact for 
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import tempfile
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -132,21 +133,26 @@ def key_contributions(
     return total * column_normalizer(ids.shape[1], device=total.device)
 
 
+def _first_token_logits(
+    model: PreTrainedModel, ids: torch.Tensor, shift: int
+) -> dict[int, torch.Tensor]:
+    """Per layer: logits of every query on key token 0, [1, H, T] float32 (q/k not kept)."""
+    store: dict[int, torch.Tensor] = {}
+
+    def keep(layer: int, q: torch.Tensor, k: torch.Tensor, scaling: float) -> None:
+        store[layer] = first_token_logits(q, k, scaling)
+
+    with capture(keep):
+        _forward(model, ids, shift)
+    return store
+
+
 def first_token_logit_diff(
     model: PreTrainedModel, ids: torch.Tensor, delta1: int, delta2: int
 ) -> float:
     """D_logit of Eq. 5 for one sequence: Σ_{layers, heads} mean_i |z^{Δ1}[i] − z^{Δ2}[i]|."""
-    ref = {layer: first_token_logits(q, k, s) for layer, (q, k, s) in capture_qk(model, ids, delta2).items()}
-    total = 0.0
-
-    def diff(layer: int, q: torch.Tensor, k: torch.Tensor, scaling: float) -> None:
-        nonlocal total
-        z = first_token_logits(q, k, scaling)  # [1, H, T]
-        total += float((z - ref[layer]).abs().double().mean(dim=-1).sum())
-
-    with capture(diff):
-        _forward(model, ids, delta1)
-    return total
+    z1, z2 = _first_token_logits(model, ids, delta1), _first_token_logits(model, ids, delta2)
+    return sum(float((z1[layer] - z2[layer]).abs().double().mean(dim=-1).sum()) for layer in z2)
 
 
 # ------------------------------------------------------------------------------- the study loop
@@ -173,7 +179,9 @@ def _sequence_metrics(model, ids: torch.Tensor, spec: RopePrecisionConfig, bar) 
     del ref
     logit = {}
     for length in spec.lengths:
-        logit[length] = first_token_logit_diff(model, ids[:, :length], spec.compare_shift, spec.delta2)
+        logit[length] = first_token_logit_diff(
+            model, ids[:, :length], spec.compare_shift, spec.delta2
+        )
         bar.update(2)
     return {"curve": curve, "per_token": per_token, "logit": logit}
 
@@ -224,19 +232,31 @@ def measure(
     per_mode: dict[str, dict[str, Any]] = {}
     start = time.perf_counter()
     total = len(order) * len(sequences) * passes_per_sequence(spec)
-    with _highest_fp32_precision(), torch.no_grad(), tqdm(
-        total=total, desc="rope-precision", unit="pass", disable=not progress, dynamic_ncols=True
-    ) as bar:
+    with (
+        _highest_fp32_precision(),
+        torch.no_grad(),
+        tqdm(
+            total=total,
+            desc="rope-precision",
+            unit="pass",
+            disable=not progress,
+            dynamic_ncols=True,
+        ) as bar,
+    ):
         for mode in order:
             set_mode(model, mode)
             bar.set_postfix_str(mode)
             rows = [_sequence_metrics(model, seq[None].to(device), spec, bar) for seq in sequences]
             per_mode[mode] = _aggregate(rows, spec)
     set_mode(model, "fp32")
-    return _assemble(per_mode, spec, num_sequences=len(sequences), seconds=time.perf_counter() - start)
+    return _assemble(
+        per_mode, spec, num_sequences=len(sequences), seconds=time.perf_counter() - start
+    )
 
 
-def _assemble(per_mode: dict, spec: RopePrecisionConfig, *, num_sequences: int, seconds: float) -> dict:
+def _assemble(
+    per_mode: dict, spec: RopePrecisionConfig, *, num_sequences: int, seconds: float
+) -> dict:
     modes = [m for m in spec.precisions if m in per_mode]  # the user's order
     keys = ("shift_curve", "shift_curve_std", "first_token_share", "per_token",
             "logit_diff_by_length", "logit_diff_by_length_std")  # fmt: skip
@@ -260,15 +280,15 @@ def _assemble(per_mode: dict, spec: RopePrecisionConfig, *, num_sequences: int, 
     return out
 
 
-class _highest_fp32_precision:
+@contextlib.contextmanager
+def _highest_fp32_precision() -> Iterator[None]:
     """fp32 matmuls in full precision (no TF32) for the duration of the study."""
-
-    def __enter__(self) -> None:
-        self._old = torch.get_float32_matmul_precision()
-        torch.set_float32_matmul_precision("highest")
-
-    def __exit__(self, *exc: object) -> None:
-        torch.set_float32_matmul_precision(self._old)
+    old = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("highest")
+    try:
+        yield
+    finally:
+        torch.set_float32_matmul_precision(old)
 
 
 # --------------------------------------------------------------------------------- input tokens
@@ -328,7 +348,9 @@ def load_sequences(
         source = "packed dataset"
         streams = _packed_token_lists(cfg, progress)
     anchor = anchor_token_id(tokenizer)
-    return sequences_from_token_lists(streams, anchor, spec.num_sequences, length, source=source), source
+    return sequences_from_token_lists(
+        streams, anchor, spec.num_sequences, length, source=source
+    ), source
 
 
 def random_sequences(n: int, length: int, vocab_size: int, anchor: int, seed: int) -> torch.Tensor:
@@ -356,29 +378,40 @@ def load_study_model(cfg: ExperimentConfig, tokenizer, device: torch.device) -> 
     from anchorctx.training.model import build_hf_config, load_model
 
     spec = cfg.analysis.rope_precision
-    positions = max(spec.seq_len, *spec.lengths) + max(*spec.shifts, spec.delta2, spec.compare_shift)
+    positions = max(spec.seq_len, *spec.lengths) + max(
+        *spec.shifts, spec.delta2, spec.compare_shift
+    )
     if cfg.model.path is not None and spec.random_init:
         hf = build_hf_config(cfg.model, seq_len=positions, vocab_size=len(tokenizer))
         torch.manual_seed(cfg.seed)
-        model = AutoModelForCausalLM.from_config(hf, dtype=torch.float32, attn_implementation=register())
+        with device:  # initialise in place: a 7B model inits in seconds on a GPU
+            model = AutoModelForCausalLM.from_config(
+                hf, dtype=torch.float32, attn_implementation=register()
+            )
         weights = f"random init (architecture of {cfg.model.path}, seed {cfg.seed})"
     else:
-        model = load_model(cfg.model, seq_len=positions, dtype="float32", device="cpu",
+        model = load_model(cfg.model, seq_len=positions, dtype="float32", device=device,
                            attn_implementation=register(), tokenizer=tokenizer)  # fmt: skip
         weights = f"checkpoint {cfg.model.path}" if cfg.model.path else "random init (model.tiny)"
-    return prepare_model(model.to(device)), weights
+    return prepare_model(model), weights
 
 
-def run_study(cfg: ExperimentConfig, out_dir: str | Path | None = None, progress: bool = True) -> Path:
+def run_study(
+    cfg: ExperimentConfig, out_dir: str | Path | None = None, progress: bool = True
+) -> Path:
     """Run the study of ``cfg.analysis.rope_precision``; write JSON, figure and table.
 
     Output directory: ``out_dir`` or ``<run_dir>/analysis/``. Returns the JSON path (the PNG
     and a Markdown table lie beside it).
     """
+    from anchorctx.packing import ensure_demo_corpus
     from anchorctx.training.model import load_tokenizer
 
     spec = cfg.analysis.rope_precision
     device = resolve_device(spec.device)
+    ensure_demo_corpus(
+        cfg, progress=progress
+    )  # demo configs: the corpus also provides the tokenizer
     tokenizer = load_tokenizer(cfg.model)
     sequences, source = load_sequences(cfg, tokenizer, progress=progress)
     model, weights = load_study_model(cfg, tokenizer, device)
@@ -389,23 +422,40 @@ def run_study(cfg: ExperimentConfig, out_dir: str | Path | None = None, progress
 
 
 # ---------------------------------------------------------------------------------------- output
-def write_study(result: dict[str, Any], out_dir: Path) -> Path:
-    """Write ``rope_precision.json`` (+ manifest), the three-panel PNG and a Markdown table."""
-    from anchorctx.analysis.plot import plot_study
+def write_study(result: dict[str, Any], out_dir: Path, *, figure: bool = True) -> Path:
+    """Write ``rope_precision.json`` (+ manifest), the three-panel PNG and a Markdown table.
+
+    ``figure=False`` skips the PNG (machines without matplotlib); render it later with
+    :func:`render_figure` from the JSON.
+    """
     from anchorctx.io import atomic_write_json, atomic_write_text
     from anchorctx.manifest import base_manifest
 
     out_dir.mkdir(parents=True, exist_ok=True)
     result = {**result, "manifest": base_manifest(command="rope-precision")}
-    fd, tmp = tempfile.mkstemp(prefix=f".{PNG_NAME}.", suffix=".png", dir=out_dir)
+    atomic_write_text(out_dir / MD_NAME, markdown_table(result))
+    path = atomic_write_json(out_dir / JSON_NAME, result)
+    if figure:
+        render_figure(path)
+    return path
+
+
+def render_figure(json_path: str | Path, target: str | Path | None = None) -> Path:
+    """Render the three-panel PNG of a ``rope_precision.json`` (default: beside it), atomically."""
+    from anchorctx.analysis.plot import plot_study
+    from anchorctx.io import read_json
+
+    json_path = Path(json_path)
+    target = Path(target) if target is not None else json_path.with_name(PNG_NAME)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".png", dir=target.parent)
     os.close(fd)
     try:
-        plot_study(result, Path(tmp))
-        os.replace(tmp, out_dir / PNG_NAME)
+        plot_study(read_json(json_path), Path(tmp))
+        os.replace(tmp, target)
     finally:
         Path(tmp).unlink(missing_ok=True)
-    atomic_write_text(out_dir / MD_NAME, markdown_table(result))
-    return atomic_write_json(out_dir / JSON_NAME, result)
+    return target
 
 
 def table_rows(result: dict[str, Any]) -> list[dict[str, Any]]:
@@ -416,9 +466,14 @@ def table_rows(result: dict[str, Any]) -> list[dict[str, Any]]:
          **{m: result["shift_curve"][m][str(d)] for m in modes}}
         for d in result["settings"]["shifts"]
     ]  # fmt: skip
-    rows.append({"quantity": "first-token share", **{m: result["first_token_share"][m] for m in modes}})
+    rows.append(
+        {"quantity": "first-token share", **{m: result["first_token_share"][m] for m in modes}}
+    )
     rows += [
-        {"quantity": f"D_logit(T={n})", **{m: result["logit_diff_by_length"][m][str(n)] for m in modes}}
+        {
+            "quantity": f"D_logit(T={n})",
+            **{m: result["logit_diff_by_length"][m][str(n)] for m in modes},
+        }
         for n in result["settings"]["lengths"]
     ]
     return rows

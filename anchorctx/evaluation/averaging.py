@@ -130,7 +130,7 @@ def _flat_scores(result: dict[str, Any]) -> dict[tuple[str, str], float]:
 
 
 def _stats_by_key(rows: list[dict[Any, float]]) -> dict[Any, dict[str, Any]]:
-    keys = {k for row in rows for k in row}
+    keys = dict.fromkeys(k for row in rows for k in row)  # first-seen order, deterministic
     return {k: stats(row[k] for row in rows if k in row) for k in keys}
 
 

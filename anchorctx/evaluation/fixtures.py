@@ -31,7 +31,7 @@ from anchorctx.io import atomic_directory, read_json
 if TYPE_CHECKING:
     from anchorctx.config import ExperimentConfig
 
-FIXTURES_VERSION = 1
+FIXTURES_VERSION = 2
 KEYS = ("essay", "squad", "hotpotqa", "longbench_dir", "mmlu_dir", "hellaswag_dir")
 _RELATIVE = {
     "essay": "essays.json",
@@ -279,8 +279,12 @@ def _sentences(w: _Writer, n: int) -> list[str]:
 
 
 def hotpotqa_json(w: _Writer, questions: int, distractor_pool: int) -> list[dict[str, Any]]:
-    """HotpotQA dev-distractor layout: 2 gold paragraphs and 8 distractors per question."""
-    pool = [(f"The {w.pick(ADJECTIVES).title()} {w.pick(NOUNS).title()} {i}", _sentences(w, 3))
+    """HotpotQA dev-distractor layout: 2 gold paragraphs and 8 distractors per question.
+
+    Paragraphs are one or two sentences: RULER's qa_2 always keeps all ten paragraphs of a
+    question, so short ones let the demo run qa_2 at 1K tokens.
+    """
+    pool = [(f"The {w.pick(ADJECTIVES).title()} {w.pick(NOUNS).title()} {i}", _sentences(w, 1))
             for i in range(distractor_pool)]  # fmt: skip
     rows = []
     for q in range(questions):
@@ -288,7 +292,7 @@ def hotpotqa_json(w: _Writer, questions: int, distractor_pool: int) -> list[dict
             f"The {w.pick(ADJECTIVES).title()} {w.pick(NOUNS).title()} of {PLACES[q % len(PLACES)]}"
         )
         town, mayor = f"{w.pick(PLACES)}ton {q}", w.pick(NAMES)
-        gold_a = (site, [f"{site} is a landmark located in {town}.", *_sentences(w, 2)[1:]])
+        gold_a = (site, [f"{site} is a landmark located in {town}."])
         gold_b = (town, [f"{town} is a market town whose mayor is {mayor}.", *_sentences(w, 2)[1:]])
         context = [list(gold_a), list(gold_b)] + [list(p) for p in w.rng.sample(pool, 8)]
         w.rng.shuffle(context)
@@ -500,7 +504,7 @@ def _write_all(tmp: Path, seed: int, essay_words: int, longbench_samples: int) -
     # One writer per file: changing one generator never changes the bytes of another file.
     _dump_json(tmp / _RELATIVE["essay"], essay_json(_Writer(seed), essay_words))
     _dump_json(tmp / _RELATIVE["squad"], squad_json(_Writer(seed + 1), titles=16, paragraphs=5))
-    _dump_json(tmp / _RELATIVE["hotpotqa"], hotpotqa_json(_Writer(seed + 2), 16, 80))
+    _dump_json(tmp / _RELATIVE["hotpotqa"], hotpotqa_json(_Writer(seed + 2), 16, 160))
     for name, rows in longbench_rows(_Writer(seed + 3), longbench_samples).items():
         _dump_jsonl(tmp / _RELATIVE["longbench_dir"] / f"{name}.jsonl", rows)
     for split, subjects in mmlu_rows(_Writer(seed + 4), dev=5, test=4).items():
@@ -534,7 +538,7 @@ def write_eval_fixtures(
     """Write every fixture under ``out`` (replacing it atomically); return the paths by key.
 
     The essay is long enough for RULER at 4K-8K tokens with a byte-level BPE tokenizer; SQuAD
-    (80 paragraphs) and HotpotQA (112 distinct paragraphs) likewise fill 8K-token QA prompts.
+    (80 paragraphs) and HotpotQA (about 190 short distinct paragraphs) fill 4K-8K QA prompts.
     """
     out = Path(out)
     with atomic_directory(out) as tmp:

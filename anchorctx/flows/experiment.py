@@ -52,10 +52,10 @@ from anchorctx.tasks.training import list_checkpoint_paths, train_task
 EVAL_WORKERS = int(os.environ.get("ANCHORCTX_EVAL_WORKERS", "1"))
 
 
-def _run_name(stage: str) -> str:
+def _run_name(stage: str, per_arm: bool = True) -> str:
     cfg = flow_run.parameters.get("cfg")
     if isinstance(cfg, ExperimentConfig):
-        return f"{stage}-{cfg.name}-{cfg.variant_name}"
+        return f"{stage}-{cfg.name}-{cfg.variant_name}" if per_arm else f"{stage}-{cfg.name}"
     if isinstance(cfg, dict):  # parameters before validation
         return f"{stage}-{cfg.get('name', 'experiment')}"
     return stage
@@ -66,7 +66,7 @@ def _was_cached(state: State) -> bool:
 
 
 # --------------------------------------------------------------------------- prepare-data
-@flow(name="prepare-data", flow_run_name=lambda: _run_name("prepare-data"))
+@flow(name="prepare-data", flow_run_name=lambda: _run_name("prepare-data", per_arm=False))
 def prepare_data_flow(cfg: ExperimentConfig, force: bool = False) -> str:
     """Pack the training data of ``cfg`` (cached by inputs, data config and tokenizer)."""
     ensure_demo_corpus_task(cfg)
@@ -209,7 +209,7 @@ def _evaluate_all(
 
 
 # ------------------------------------------------------------------------ full-experiment
-@flow(name="full-experiment", flow_run_name=lambda: _run_name("full-experiment"))
+@flow(name="full-experiment", flow_run_name=lambda: _run_name("full-experiment", per_arm=False))
 def full_experiment(
     cfg: ExperimentConfig, force: bool = False, train_timeout_s: float | None = None
 ) -> dict[str, Any]:

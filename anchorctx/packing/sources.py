@@ -82,8 +82,10 @@ def resolve_files(src: SourceConfig) -> list[Path]:
         files = [p for p in path.rglob("*") if p.is_file() and _known_suffix(p)]
     elif any(ch in str(path) for ch in "*?["):
         files = [Path(p) for p in glob.glob(str(path), recursive=True) if Path(p).is_file()]
-    else:
+    elif path.is_file():
         files = [path]
+    else:
+        raise DataError(f"data source {path} does not exist")
     files = sorted(files, key=lambda p: p.as_posix())
     if not files:
         raise DataError(f"data source {path} matches no .jsonl, .jsonl.zst or .parquet files")
@@ -91,7 +93,9 @@ def resolve_files(src: SourceConfig) -> list[Path]:
 
 
 def _known_suffix(p: Path) -> bool:
-    return p.suffix in SUFFIXES and not p.name.startswith(".")
+    # Directory walks skip plain .json (metadata files such as dataset_info.json live beside
+    # data); name a JSON-lines file with a .json suffix explicitly to read it.
+    return p.suffix in SUFFIXES and p.suffix != ".json" and not p.name.startswith(".")
 
 
 def input_fingerprints(files: list[tuple[SourceConfig, Path]]) -> list[dict[str, Any]]:

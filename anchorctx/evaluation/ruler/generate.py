@@ -68,14 +68,16 @@ class _Fitter:
     def _sample(self, size: int, index: int) -> T.Sample:
         return self.builder.build(size, index, sample_rng(self.seed, self.task, self.length, index))
 
-    def _fits(self, size: int, index: int) -> bool:
-        return self.count(self._sample(size, index).prompt) <= self.budget
+    def _tokens(self, size: int, index: int) -> int:
+        return self.count(self._sample(size, index).prompt)
 
     def _search(self, index: int, cap: int | None = None) -> int:
         b = self.builder
-        hi_cap = min(x for x in (cap, b.max_size) if x is not None) if (cap or b.max_size) else None
-        guess = self._guess(index)
-        size = T.largest_fitting(lambda n: self._fits(n, index), b.min_size, guess, hi_cap)
+        caps = [x for x in (cap, b.max_size) if x is not None]
+        hi = min(caps) if caps else None
+        guess = self._guess(index) if cap is None else cap - 1
+        size = T.largest_fitting(lambda n: self._tokens(n, index), self.budget, b.min_size,
+                                 guess, hi)  # fmt: skip
         if size is None:
             raise ValueError(
                 f"RULER {self.task}: even the smallest haystack ({b.min_size} units, with the "

@@ -1,0 +1,132 @@
+"""MMLU and HellaSwag through lm-eval on the fixture files with a tiny random model (CPU)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from anchorctx.evaluation import harness
+from anchorctx.evaluation.fixtures import MMLU_FIXTURE_SUBJECTS, write_eval_fixtures
+
+
+@pytest.fixture(scope="module")
+def setup(tiny_config, tmp_path_factory):
+    from anchorctx.training.model import load_model, load_tokenizer
+
+    paths = write_eval_fixtures(tmp_path_factory.mktemp("eval_fixtures"))
+    # 2 subjects x 3 questions: drop the third subject (reported as not run).
+    for split in ("dev", "test"):
+        (paths["mmlu_dir"] / split / f"{MMLU_FIXTURE_SUBJECTS[2]}.jsonl").unlink()
+    cfg = tiny_config.model_copy(deep=True)
+    h = cfg.evaluation.harness
+    h.mmlu_dir, h.hellaswag_dir, h.limit, h.batch_size = (
+        paths["mmlu_dir"],
+        paths["hellaswag_dir"],
+        3,
+        4,
+    )
+    tok = load_tokenizer(cfg.model)
+    model = load_model(cfg.model, tokenizer=tok, attn_implementation=None).eval()
+    return cfg, model, tok, paths
+
+
+def _rows(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def _loglik(model, tok, context: str, continuation: str) -> float:
+    """Sum of log p(continuation | context), encoded the way lm-eval pairs them."""
+    import torch
+
+    whole = tok(context + continuation).input_ids
+    ctx = tok(context).input_ids
+    ids = torch.tensor([whole])
+    with torch.inference_mode():
+        logp = model(ids).logits[0].float().log_softmax(-1)  # [T, V]
+    return float(sum(logp[t - 1, whole[t]] for t in range(len(ctx), len(whole))))
+
+
+def test_mmlu_docs_match_an_independent_loglikelihood(setup):
+    """lm-eval reads our local files and its choice equals our own argmax of log-likelihoods."""
+    _cfg, model, tok, paths = setup
+    subject = MMLU_FIXTURE_SUBJECTS[0]
+    found, _ = harness.mmlu_layout(paths["mmlu_dir"])
+    tests = _rows(paths["mmlu_dir"] / "test" / f"{subject}.jsonl")
+    with tempfile.TemporaryDirectory() as tmp:
+        name = harness.write_mmlu_yaml(Path(tmp), subject, found[subject])
+        lm = harness.make_lm(model, tok, 4)
+        docs = harness.evaluate_docs(lm, harness._task_manager(Path(tmp)), name, [0, 1, 2], 5)
+    assert [d["doc_id"] for d in docs] == [0, 1, 2]
+    dev = _rows(paths["mmlu_dir"] / "dev" / f"{subject}.jsonl")
+    for doc, row in zip(docs, tests):
+        context = doc["arguments"][0][0]
+        assert context.startswith("The following are multiple choice questions (with answers) "
+                                  "about abstract algebra.\n\n" + dev[0]["question"])  # fmt: skip
+        assert all(d["question"] in context for d in dev)  # 5-shot from dev
+        assert context.endswith(f"{row['question']}\nA. {row['choices'][0]}\nB. {row['choices'][1]}"
+                                f"\nC. {row['choices'][2]}\nD. {row['choices'][3]}\nAnswer:")  # fmt: skip
+        assert int(doc["target"]) == row["answer"]
+        mine = [_loglik(model, tok, context, f" {c}") for c in "ABCD"]
+        theirs = [r[0] for r in doc["filtered_resps"]]
+        assert mine == pytest.approx(theirs, abs=1e-3)
+        assert doc["acc"] == float(max(range(4), key=mine.__getitem__) == row["answer"])
+
+
+def test_mmlu_suite_micro_average_and_resume(setup):
+    cfg, model, tok, _ = setup
+    records: list[dict] = []
+    out = harness.run_suite_mmlu(model, tok, cfg, done={}, on_sample=records.append, progress=False)
+    assert [r["key"] for r in records] == [f"mmlu/{s}" for s in MMLU_FIXTURE_SUBJECTS[:2]]
+    assert all(r["n"] == 3 and len(r["correct"]) == 3 for r in records)
+    correct = [c for r in records for c in r["correct"]]
+    assert out["scores"]["mmlu"]["acc"] == pytest.approx(100 * sum(correct) / 6, abs=1e-4)
+    assert out["counts"]["mmlu"] == 6 and not out["complete"]
+    assert len(out["not_run"]) == 57 - 2 and f"mmlu_{MMLU_FIXTURE_SUBJECTS[2]}" in out["not_run"]
+    again: list[dict] = []
+    resumed = harness.run_suite_mmlu(model, tok, cfg, done={records[0]["key"]: records[0]},
+                                     on_sample=again.append, progress=False)  # fmt: skip
+    assert [r["key"] for r in again] == [records[1]["key"]]
+    assert resumed["scores"] == out["scores"]
+
+
+def test_hellaswag_acc_norm(setup):
+    cfg, model, tok, _paths = setup
+    records: list[dict] = []
+    out = harness.run_suite_hellaswag(
+        model, tok, cfg, done={}, on_sample=records.append, progress=False
+    )
+    assert [r["key"] for r in records] == ["hellaswag/000000-000002"]
+    assert out["counts"] == {"hellaswag": 3}
+    assert out["scores"]["hellaswag"]["acc_norm"] == pytest.approx(
+        100 * sum(records[0]["acc_norm"]) / 3, abs=1e-4
+    )
+    assert set(out["scores"]["hellaswag"]) == {"acc", "acc_norm"}
+
+
+def test_original_mmlu_csv_layout_and_missing_files(tmp_path, setup):
+    _, _, _, paths = setup
+    subject = MMLU_FIXTURE_SUBJECTS[0]
+    for split in ("dev", "test"):
+        (tmp_path / "data" / split).mkdir(parents=True)
+        rows = _rows(paths["mmlu_dir"] / split / f"{subject}.jsonl")
+        lines = [",".join([r["question"], *r["choices"], "ABCD"[r["answer"]]]) for r in rows]
+        (tmp_path / "data" / split / f"{subject}_{split}.csv").write_text("\n".join(lines) + "\n")
+    found, missing = harness.mmlu_layout(tmp_path)
+    assert list(found) == [subject] and len(missing) == 56
+    out = Path(tempfile.mkdtemp())
+    try:
+        harness.write_mmlu_yaml(out, subject, found[subject])
+        converted = _rows(out / "data" / "mmlu" / "test" / f"{subject}.jsonl")
+    finally:
+        shutil.rmtree(out)
+    original = _rows(paths["mmlu_dir"] / "test" / f"{subject}.jsonl")
+    assert [(r["question"], r["choices"], r["answer"]) for r in converted] == [
+        (r["question"], r["choices"], r["answer"]) for r in original]  # fmt: skip
+    with pytest.raises(harness.HarnessDataError, match="hellaswag_dir"):
+        harness.hellaswag_file(tmp_path)
+    with pytest.raises(harness.HarnessDataError, match="not a directory"):
+        harness.mmlu_layout(tmp_path / "nope")

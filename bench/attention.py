@@ -154,14 +154,14 @@ def run_timings(args, deadline: float) -> list[Row]:
                 elif time.monotonic() > deadline:
                     row.error = "skipped: --budget-s exhausted"
                 else:
-                    _guarded(row, lambda row=row, layout=layout: measure(row, layout, args))
+                    _guarded(row, measure, row, layout, args)
                 print(_row_line(row), flush=True)
     return rows
 
 
-def _guarded(record, fn) -> None:
+def _guarded(record, fn, *args) -> None:
     try:
-        fn()
+        fn(*args)
     except Exception as err:  # report the engine's failure in the table and keep going
         record.error = f"{type(err).__name__}: {str(err).splitlines()[0][:160]}"
         if os.environ.get("BENCH_TRACEBACK"):
@@ -192,7 +192,7 @@ def accuracy(args, deadline: float) -> list[Accuracy]:
             if time.monotonic() > deadline:
                 rec.error = "skipped: --budget-s exhausted"
                 continue
-            _guarded(rec, lambda r=rec: _check_engine(r, (q, k, v), grad, layout, reference))
+            _guarded(rec, _check_engine, rec, (q, k, v), grad, layout, reference)
             print(_acc_line(rec), flush=True)
     return out
 

@@ -245,7 +245,8 @@ def test_flex_block_mask_structure(variant, kind):
     for t, block in ((200, 16), (97, 8), (64, 16), (300, 128)):
         lens, docs = random_row(rng, t, kind)
         layout = build_layout(lens, variant, docs)
-        bm = build_block_mask((layout,), torch.device("cpu"), block=block, shared=True)
+        bm = build_block_mask((layout,) * 2, torch.device("cpu"), block=block, shared=True)
+        assert bm.kv_num_blocks.shape[0] == 1  # tiles broadcast over the batch
         n = -(-t // block)
         partial = torch.zeros(n, n, dtype=torch.bool)
         full = torch.zeros(n, n, dtype=torch.bool)
@@ -359,3 +360,19 @@ def test_auto_on_cpu_is_the_exact_engine():
     torch.testing.assert_close(
         out, reference_attention(q, k, v, masks).float(), atol=1e-5, rtol=1e-5
     )
+
+
+def test_masks_are_built_once_per_batch():
+    """Every layer of a forward reuses one mask: through a LayoutBatch, a shared Layout, or the
+    same list of row layouts."""
+    from anchorctx.attention import api
+
+    rows = [build_layout([6, 4], "anchor"), build_layout([10], "intra_doc")]
+    assert api._as_batch(rows, 2)[0] is api._as_batch(list(rows), 2)[0]
+    batch = LayoutBatch(rows)
+    q, k, v = (torch.randn(2, 2, 10, 4) for _ in range(3))
+    attend(q, k, v, batch, engine="sdpa")
+    mask = batch.cache[("sdpa_mask", "cpu")]
+    attend(q, k, v, batch, engine="sdpa")
+    assert batch.cache[("sdpa_mask", "cpu")] is mask
+    assert rows[0].num_documents == 2 and batch.seq_len == 10

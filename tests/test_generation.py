@@ -84,5 +84,5 @@ def test_load_eval_model_roundtrip(model, tokenizer, tmp_path):
     loaded, tok = load_eval_model(tmp_path / "ckpt", device="cpu", dtype="float32")
     assert loaded.config._attn_implementation == "sdpa" and not loaded.training
     assert len(tok) == len(tokenizer)
-    with pytest.raises(CheckpointError, match="no config.json"):
+    with pytest.raises(CheckpointError, match=r"no config\.json"):
         load_eval_model(tmp_path / "missing", device="cpu")

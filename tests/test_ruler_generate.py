@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import re
 
 import pytest
@@ -138,7 +139,7 @@ def test_vt_one_shot_and_chain(samples):
     names = s["outputs"]
     assert len(names) == 5 and all(re.fullmatch(r"[A-Z]{5}", n) for n in names)
     assert f"VAR {names[0]} = {value}" in s["input"]
-    for a, b in zip(names, names[1:]):
+    for a, b in itertools.pairwise(names):
         assert f"VAR {b} = VAR {a} " in s["input"]
     shot = s["input"].split("\n" + VT_HEAD)[0]
     # One-shot answer: 3-letter names after the prefix (its trailing space plus the joining one).

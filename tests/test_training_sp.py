@@ -2,8 +2,12 @@
 
 Anchor variant, GQA (4 q heads, 2 KV heads), fp32, one global batch of 2 rows with gradient
 accumulation, for every ZeRO stage: the logits, the global loss, the gradient norm and every
-parameter after one AdamW step agree to 1e-6 relative. Grad norm is the check that catches a
-gradient scaled by the SP size (Adam's first update is nearly scale-invariant).
+parameter tensor after one AdamW step agree to 1e-6 relative (parameters: per-tensor norm of the
+difference over the norm; elementwise is not meaningful after Adam's first step, which divides
+each gradient element by its own magnitude and so amplifies fp32 summation-order noise in
+near-zero gradients). Grad norm catches a gradient scaled by the SP size; the parameters catch
+a wrong direction. A first implementation that ignored ZeRO-3's different averaging failed
+both (grad norm off by 2×, parameters by 5e-3 relative).
 """
 
 from __future__ import annotations
@@ -37,7 +41,10 @@ def _step_outputs(rank: int, world: int, cfg_yaml: str, data_dir: str, out: str)
     from anchorctx.packing import load_packed
     from anchorctx.training.data import BatchPlan
     from anchorctx.training.engine import (
-        build_engine, init_distributed, loss_scale, register_sequence_parallel,
+        build_engine,
+        init_distributed,
+        loss_scale,
+        register_sequence_parallel,
         shutdown_distributed,
     )  # fmt: skip
     from anchorctx.training.loop import preflight
@@ -98,7 +105,9 @@ def test_sp2_equals_one_process(tiny_config, packed_demo, tmp_path, torch_extens
         assert ref["grad_norm"] is not None and got["grad_norm"] is not None
         assert _close(got["grad_norm"], ref["grad_norm"]), f"ZeRO-{stage}: grad norm"
         for name, value in ref["params"].items():
-            assert _close(got["params"][name], value), f"ZeRO-{stage}: {name} after one step"
-    # The stages agree with each other too (same objective, same update).
+            diff = torch.linalg.vector_norm(got["params"][name] - value)
+            rel = float(diff / torch.linalg.vector_norm(value))
+            assert rel <= RTOL, f"ZeRO-{stage}: {name} after one step: {rel:.2e} relative"
+    # The stages agree with each other (same objective; fp32 reduction order differs).
     for stage in STAGES[1:]:
-        assert _close(single[stage]["grad_norm"], single[0]["grad_norm"])
+        assert single[stage]["grad_norm"] == pytest.approx(single[0]["grad_norm"], rel=1e-5)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections import OrderedDict
 from collections.abc import Sequence
 
 import torch
@@ -26,8 +27,9 @@ def attend(
         q: [B, H, T, D]; k, v: [B, H_kv, T, D] with ``H % H_kv == 0`` (grouped-query
             attention is inferred from the shapes, so a subset of heads, as under Ulysses
             sequence parallelism, works).
-        layout: one :class:`Layout` shared by all rows, or one per row (a ``LayoutBatch``
-            from ``hf.model_inputs`` caches masks across layers; a plain list does not).
+        layout: one :class:`Layout` shared by all rows, or one per row (a ``LayoutBatch``,
+            as ``hf.model_inputs`` returns, or a list). Engines' masks and plans are cached
+            on the layout / batch, so every layer of a forward reuses them.
         engine: ``auto``, ``sdpa``, ``flex``, ``varlen`` or ``flash_attn``.
         scale: softmax scale; default ``1/sqrt(D)``.
 
@@ -75,7 +77,26 @@ def _as_batch(layout: Layout | Sequence[Layout], b: int) -> tuple[LayoutBatch, d
             layout._cache[key] = LayoutBatch([layout] * b)
         batch = layout._cache[key]
         return batch, batch.cache
-    batch = layout if isinstance(layout, LayoutBatch) else LayoutBatch(layout)
+    batch = layout if isinstance(layout, LayoutBatch) else _recent_batch(layout)
     if len(batch) != b:
         raise AttentionError(f"got {len(batch)} row layouts for a batch of B={b} rows")
     return batch, batch.cache
+
+
+# A plain list of row layouts passed to every layer of one forward should not rebuild masks per
+# layer: recent lists are remembered by the identity of their rows. The cached batch holds the
+# rows alive, so an id cannot be reused by another layout while its entry exists.
+_RECENT: OrderedDict[tuple[int, ...], LayoutBatch] = OrderedDict()
+_RECENT_SIZE = 4
+
+
+def _recent_batch(rows: Sequence[Layout]) -> LayoutBatch:
+    key = tuple(id(row) for row in rows)
+    batch = _RECENT.get(key)
+    if batch is None:
+        batch = LayoutBatch(rows)
+        _RECENT[key] = batch
+        while len(_RECENT) > _RECENT_SIZE:
+            _RECENT.popitem(last=False)
+    _RECENT.move_to_end(key)
+    return batch

@@ -54,6 +54,10 @@ class Layout:
         return len(self.seg_lens)
 
     @property
+    def num_documents(self) -> int:
+        return len(set(self.seg_doc))
+
+    @property
     def device(self) -> torch.device:
         return self.position_ids.device
 

@@ -64,10 +64,29 @@ def encode_prompt(tokenizer: PreTrainedTokenizerBase, text: str) -> list[int]:
     return [anchor_token_id(tokenizer), *ids]
 
 
+# A padded batch needs an explicit [B, 1, T, T] attention mask: SDPA then cannot use its
+# implicit causal kernels and the mask alone is B·T² bytes (16 GiB at 128K). Rows of one length
+# need no padding (the all-ones mask is dropped by transformers), so only those batch above this.
+MAX_PADDED_TOKENS = 16384
+
+
 def _batches(lengths: Sequence[int], batch_size: int) -> list[list[int]]:
-    """Indices grouped longest-first, so a batch pads to within a few tokens of its longest."""
+    """Indices grouped longest-first, so a batch pads to within a few tokens of its longest;
+    long prompts of different lengths run one at a time (see MAX_PADDED_TOKENS)."""
     order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
-    return [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
+    batches: list[list[int]] = []
+    for i in order:
+        last = batches[-1] if batches else None
+        fits = (
+            last is not None
+            and len(last) < batch_size
+            and (lengths[last[0]] <= MAX_PADDED_TOKENS or lengths[i] == lengths[last[0]])
+        )
+        if fits:
+            last.append(i)
+        else:
+            batches.append([i])
+    return batches
 
 
 def _left_pad(rows: list[list[int]], pad_id: int, device) -> tuple[torch.Tensor, torch.Tensor]:

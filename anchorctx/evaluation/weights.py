@@ -56,7 +56,9 @@ def _average_shard(paths: list[Path]) -> tuple[dict[str, Any], dict[str, str]]:
     with safe_open(str(paths[0]), framework="pt") as fh:
         metadata = fh.metadata() or {}
     first = load_file(str(paths[0]))
+    dtypes = {name: t.dtype for name, t in first.items()}
     acc = {name: t.to(torch.float32) for name, t in first.items()}
+    del first  # hold one fp32 accumulator and one loaded shard, not a third copy
     for path in paths[1:]:
         tensors = load_file(str(path))
         if tensors.keys() != acc.keys():
@@ -69,7 +71,7 @@ def _average_shard(paths: list[Path]) -> tuple[dict[str, Any], dict[str, str]]:
                 )
             acc[name].add_(t.to(torch.float32))
     n = float(len(paths))
-    return {name: (a / n).to(first[name].dtype).contiguous() for name, a in acc.items()}, metadata
+    return {name: (a / n).to(dtypes[name]).contiguous() for name, a in acc.items()}, metadata
 
 
 def _source_info(ckpt: Path) -> dict[str, Any]:

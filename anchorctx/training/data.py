@@ -146,12 +146,19 @@ class BatchPlan:
         return make_row(record, self.seq_len, self.par.sp, self.variant, self.pad_id)
 
     def _micro_batch(self, rows: list[Row], device: torch.device | str) -> MicroBatch:
-        from anchorctx.attention import build_layout
+        return shard_rows(rows, self.variant, self.par.sp, self.sp_rank, device)
 
-        t = rows[0].input_ids.shape[0]
-        local = t // self.par.sp
-        shard = slice(self.sp_rank * local, (self.sp_rank + 1) * local)
-        ids = torch.stack([r.input_ids for r in rows])[:, shard]  # [B, T/SP]
-        targets = torch.stack([r.targets for r in rows])[:, shard]  # [B, T/SP]
-        layouts = [build_layout(r.seg_lens, self.variant, r.seg_doc, device=device) for r in rows]
-        return MicroBatch(ids.to(device), targets.to(device), layouts, shard)
+
+def shard_rows(
+    rows: list[Row], variant: str, sp: int, sp_rank: int, device: torch.device | str
+) -> MicroBatch:
+    """This SP rank's contiguous sequence shard of a micro-batch of (padded) rows."""
+    from anchorctx.attention import build_layout
+
+    t = rows[0].input_ids.shape[0]
+    local = t // sp
+    shard = slice(sp_rank * local, (sp_rank + 1) * local)
+    ids = torch.stack([r.input_ids for r in rows])[:, shard]  # [B, T/SP]
+    targets = torch.stack([r.targets for r in rows])[:, shard]  # [B, T/SP]
+    layouts = [build_layout(r.seg_lens, variant, r.seg_doc, device=device) for r in rows]
+    return MicroBatch(ids.to(device), targets.to(device), layouts, shard)

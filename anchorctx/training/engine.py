@@ -9,8 +9,10 @@ after. KV heads are split like q heads and replicated only when SP > KV heads.
 Gradient normalisation (exact for every ZeRO stage, checked against one process in the tests):
 each rank back-propagates ``sum of its token losses / global target count``, so the true
 gradient is the SUM of every rank's and every micro-batch's gradient. DeepSpeed instead divides
-the accumulated loss by the accumulation steps and the all-reduced gradients by
-``seq_data_parallel_world / SP`` (= DP). :func:`loss_scale` returns the factor that undoes both.
+the loss by the accumulation steps, and the reduced gradients by DP under ZeRO 0/1/2
+(``seq_data_parallel_world / SP``) but by DP × SP under ZeRO-3 (its reduce-scatter averages
+over the whole sequence-data-parallel group, pinned with ``reduce_scatter: true``).
+:func:`loss_scale` returns the factor that undoes both.
 """
 
 from __future__ import annotations
@@ -43,19 +45,26 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+_SINGLE_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
+               "MASTER_PORT")  # fmt: skip
+_owned_env: list[str] = []
+
+
 def init_distributed(device: str) -> tuple[int, int, int]:
     """Start (or join) the process group; returns (rank, world, local_rank).
 
     A plain ``anchorctx train`` of one process gets a one-rank group on a free local port, so
-    the same DeepSpeed code path serves one process and many.
+    the same DeepSpeed code path serves one process and many; :func:`shutdown_distributed`
+    removes those variables again (a later run in this process picks a new port).
     """
     import torch.distributed as dist
 
     deepspeed = import_deepspeed()
     if "RANK" not in os.environ:
-        os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1")
-        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-        os.environ.setdefault("MASTER_PORT", str(free_port()))
+        single = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1",
+                  "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}  # fmt: skip
+        _owned_env[:] = [k for k in _SINGLE_ENV if k not in os.environ]
+        os.environ.update({k: single[k] for k in _owned_env})
     if not dist.is_initialized():
         deepspeed.init_distributed(dist_backend="nccl" if device == "cuda" else "gloo")
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
@@ -72,7 +81,12 @@ def shutdown_distributed() -> None:
 
     if dist.is_initialized():
         dist.barrier()
-        dist.destroy_process_group()
+        # DeepSpeed's teardown also drops its cached groups (a later run in this process
+        # would otherwise broadcast over a destroyed group).
+        import_deepspeed().comm.destroy_process_group()
+    for key in _owned_env:
+        os.environ.pop(key, None)
+    _owned_env.clear()
 
 
 def deepspeed_config(cfg: ExperimentConfig, par: Parallelism) -> dict[str, Any]:
@@ -81,6 +95,7 @@ def deepspeed_config(cfg: ExperimentConfig, par: Parallelism) -> dict[str, Any]:
     if par.zero_stage == 3:
         # Stage 3 gathers weights layer by layer; these keep whole-model saves possible.
         zero["stage3_gather_16bit_weights_on_model_save"] = True
+        zero["reduce_scatter"] = True  # the averaging path loss_scale() accounts for
     return {
         "train_micro_batch_size_per_gpu": par.micro,
         "gradient_accumulation_steps": par.accum,
@@ -152,5 +167,8 @@ def build_engine(model, cfg: ExperimentConfig, par: Parallelism, mpu):
 def loss_scale(engine, par: Parallelism) -> float:
     """Factor on ``local loss sum / global targets`` that makes DeepSpeed's gradients the
     exact global-batch gradient (see the module docstring)."""
-    divisor = engine.seq_dp_world_size / engine.sequence_parallel_size
+    if engine.zero_optimization_stage() == 3:
+        divisor = engine.seq_dp_world_size  # reduce-scatter averages over DP × SP
+    else:
+        divisor = engine.seq_dp_world_size / engine.sequence_parallel_size  # = DP
     return float(par.accum * divisor)

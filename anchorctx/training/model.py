@@ -146,4 +146,10 @@ def load_model(
         assert model_cfg.tiny is not None
         torch.manual_seed(model_cfg.tiny.init_seed)  # the same tiny weights on every rank
         model = AutoModelForCausalLM.from_config(hf, dtype=torch_dtype, **extra)
+    if model_cfg.rope_fp32:
+        # The ablation of the paper's Section 2: rotate q/k in float32 inside bf16 training.
+        # Anything that wraps attention by name must then use model.config._attn_implementation.
+        from anchorctx.training.rope import enable_fp32_rope
+
+        model = enable_fp32_rope(model)
     return model.to(device)

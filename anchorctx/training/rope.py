@@ -14,7 +14,8 @@ without touching library source:
 1. each rotary-embedding submodule is replaced by :class:`Fp32RotaryEmbedding`, a wrapper that
    returns float32 ``cos``/``sin``. PyTorch type promotion then evaluates the whole rotation
    ``q * cos + rotate_half(q) * sin`` in float32 (bf16 q promoted exactly), so the rotated q/k
-   are rounded to bf16 once instead of four times, with exact trigonometric factors.
+   are rounded to bf16 once (instead of after each product and after the sum) and the
+   trigonometric factors are not rounded at all.
    The wrapper also keeps ``inv_freq`` in float32: a whole-module cast such as
    ``module.bfloat16()`` (DeepSpeed's bf16 engine without ZeRO-3 does this) would otherwise
    round the frequencies themselves to bf16, an error that grows linearly with position.

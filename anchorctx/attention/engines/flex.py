@@ -63,28 +63,33 @@ class FlexEngine(Engine):
 def cached_block_mask(call: AttentionCall, block: int = BLOCK) -> Any:
     key = ("flex_block_mask", str(call.q.device), block)
     if key not in call.cache:
-        rows = call.rows[:1] if call.shared else call.rows
-        call.cache[key] = build_block_mask(rows, call.q.device, block=block, shared=call.shared)
+        call.cache[key] = build_block_mask(
+            call.rows, call.q.device, block=block, shared=call.shared
+        )
     return call.cache[key]
 
 
 def build_block_mask(
     rows: tuple[Layout, ...], device: torch.device, *, block: int = BLOCK, shared: bool = False
 ) -> Any:
-    """BlockMask for rows of equal length (batch dim B = len(rows); 1 broadcasts over a batch)."""
+    """BlockMask of rows of equal length.
+
+    ``shared``: all rows have the same layout; the tile tables get batch dim 1 (broadcast), the
+    token-level tables still one row per batch row (the kernel passes the real row index).
+    """
     from torch.nn.attention.flex_attention import BlockMask
 
     t = rows[0].seq_len
-    tiles = [_tile_classes(row.to(device), block) for row in rows]
-    partial = torch.stack([p for p, _ in tiles])[:, None]  # [B, 1, nq, nkv]
+    tile_rows = rows[:1] if shared else rows
+    tiles = [_tile_classes(row.to(device), block) for row in tile_rows]
+    partial = torch.stack([p for p, _ in tiles])[:, None]  # [B or 1, 1, nq, nkv]
     full = torch.stack([f for _, f in tiles])[:, None]
     docs = torch.stack([_padded_docs(row.to(device), block) for row in rows])  # [B, T_pad]
-    mask_mod = _mask_mod(docs[0] if shared else docs, rows[0].variant, shared)
-    if len({row.variant for row in rows}) > 1:
-        mask_mod = _mixed_mask_mod(docs, [row.variant for row in rows], device)
+    variants = [row.variant for row in rows]
     return BlockMask.from_kv_blocks(
-        *_ordered(partial), *_ordered(full), BLOCK_SIZE=block, mask_mod=mask_mod, seq_lengths=(t, t)
-    )
+        *_ordered(partial), *_ordered(full), BLOCK_SIZE=block,
+        mask_mod=_mask_mod(docs, variants, device), seq_lengths=(t, t),
+    )  # fmt: skip
 
 
 def _ordered(dense: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -131,39 +136,18 @@ def _tile_classes(layout: Layout, block: int) -> tuple[torch.Tensor, torch.Tenso
     return visited & ~full, full
 
 
-def _mask_mod(docs: torch.Tensor, variant: str, shared: bool):
-    """Token-level rule inside partial tiles. ``docs`` is [T_pad] (shared) or [B, T_pad]."""
+def _mask_mod(docs: torch.Tensor, variants: list[str], device: torch.device):
+    """Token-level rule inside partial tiles; ``docs`` [B, T_pad].
 
-    def doc_of(b, idx):
-        return docs[idx] if shared else docs[b, idx]
-
-    if variant == "full":
-
-        def causal(b, h, q_idx, kv_idx):
-            return kv_idx <= q_idx
-
-        return causal
-    if variant == "anchor":
-
-        def anchor(b, h, q_idx, kv_idx):
-            same = (doc_of(b, q_idx) == doc_of(b, kv_idx)) | (kv_idx == 0)
-            return (kv_idx <= q_idx) & same
-
-        return anchor
-
-    def intra_doc(b, h, q_idx, kv_idx):
-        return (kv_idx <= q_idx) & (doc_of(b, q_idx) == doc_of(b, kv_idx))
-
-    return intra_doc
-
-
-def _mixed_mask_mod(docs: torch.Tensor, variants: list[str], device: torch.device):
-    """Rows of one batch with different variants (rare: mixed-arm analysis batches)."""
+    One function body for every variant (the variant is data, not code), so the compiled
+    kernel is shared by all variants and layouts of a length: the tensors it closes over are
+    lifted as kernel inputs, and a new batch does not recompile.
+    """
     is_full = torch.tensor([v == "full" for v in variants], device=device)
     is_anchor = torch.tensor([v == "anchor" for v in variants], device=device)
 
-    def mixed(b, h, q_idx, kv_idx):
+    def mask_mod(b, h, q_idx, kv_idx):
         same = docs[b, q_idx] == docs[b, kv_idx]
         return (kv_idx <= q_idx) & (same | is_full[b] | (is_anchor[b] & (kv_idx == 0)))
 
-    return mixed
+    return mask_mod

@@ -136,4 +136,6 @@ def task_spec(task: str) -> TaskSpec:
     try:
         return TASK_SPECS[task]
     except KeyError:
-        raise ValueError(f"unknown RULER task {task!r}; the tasks are: {', '.join(TASKS)}") from None
+        raise ValueError(
+            f"unknown RULER task {task!r}; the tasks are: {', '.join(TASKS)}"
+        ) from None

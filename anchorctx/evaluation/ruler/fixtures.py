@@ -11,10 +11,31 @@ from pathlib import Path
 
 from anchorctx.io import atomic_write_json
 
-_WORDS = (
-    "startup founders build products that users want while investors fund growth and essays "
-    "argue about cities schools wealth work taste ideas hackers painters"
-).split()
+_WORDS = [
+    "startup",
+    "founders",
+    "build",
+    "products",
+    "that",
+    "users",
+    "want",
+    "while",
+    "investors",
+    "fund",
+    "growth",
+    "and",
+    "essays",
+    "argue",
+    "about",
+    "cities",
+    "schools",
+    "wealth",
+    "work",
+    "taste",
+    "ideas",
+    "hackers",
+    "painters",
+]
 
 
 def _sentence(rng: random.Random) -> str:

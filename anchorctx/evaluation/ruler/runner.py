@@ -54,7 +54,11 @@ def check_lengths(lengths: list[int], model: PreTrainedModel) -> None:
 
 def data_paths(cfg: ExperimentConfig) -> dict[str, Any]:
     r = cfg.evaluation.ruler
-    return {"essay_path": r.essay_path, "squad_path": r.squad_path, "hotpotqa_path": r.hotpotqa_path}
+    return {
+        "essay_path": r.essay_path,
+        "squad_path": r.squad_path,
+        "hotpotqa_path": r.hotpotqa_path,
+    }
 
 
 def _predict(model, tokenizer, samples, batch_size, bar, emit) -> None:

@@ -1,0 +1,248 @@
+"""Training throughput on GPUs: full vs anchor attention, and Ulysses SP scaling.
+
+Runs the real training step (DeepSpeed engine, registered attention, loss, optimiser step) on
+a Llama-2-7B-wide model of reduced depth (hidden 4096, 32 heads, MLP 11008, vocab 32000) and
+synthetic packed rows with heavy-tailed document lengths (no dataset needed).
+
+One GPU, attention variants at several lengths (step time, tokens/s, MFU, peak memory):
+
+    python bench/training.py --lengths 32768 65536 131072 --out training-1gpu.json
+
+Sequence-parallel scaling at a fixed per-GPU load (SP = number of processes; compare with the
+one-GPU numbers at the same per-GPU length):
+
+    torchrun --nproc-per-node 4 bench/training.py --per-gpu-tokens 32768 --out sp4.json
+
+Memory of a full-depth model: measure two depths and extrapolate linearly in depth
+(``--layers 2 4 --extrapolate-layers 32``; assumption: per-layer memory — parameters, optimiser
+state, checkpointed activations — is the same for every layer; embeddings, logits and the loss
+are depth-independent and sit in the intercept).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+# Multicast (NVLS) is unavailable on some hosts and NCCL then fails at init: keep it off.
+for _k, _v in (("NCCL_NVLS_ENABLE", "0"), ("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1"),
+               ("NVSHMEM_DISABLE_NVLS", "1")):  # fmt: skip
+    os.environ.setdefault(_k, _v)
+
+import torch  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from anchorctx.config import config_from_dict  # noqa: E402
+from anchorctx.training import metrics as M  # noqa: E402
+from anchorctx.training.data import StepData, shard_rows  # noqa: E402
+from anchorctx.training.engine import (  # noqa: E402
+    build_engine,
+    init_distributed,
+    loss_scale,
+    register_sequence_parallel,
+    shutdown_distributed,
+)
+from anchorctx.training.loss import count_targets  # noqa: E402
+from anchorctx.training.model import load_model  # noqa: E402
+from anchorctx.training.plan import plan_parallelism  # noqa: E402
+from anchorctx.training.step import train_step  # noqa: E402
+from anchorctx.training.synthetic import synthetic_row  # noqa: E402
+
+VOCAB = 32000
+WIDTH_7B = {"hidden_size": 4096, "intermediate_size": 11008, "num_attention_heads": 32}
+# --smoke: a CPU check that the script runs end to end (tiny width, gloo, sdpa).
+SMOKE = {"hidden_size": 128, "intermediate_size": 256, "num_attention_heads": 4}
+DEVICE = "cuda"
+
+
+def make_config(args, layers: int, seq_len: int, world: int):
+    width = SMOKE if args.smoke else WIDTH_7B
+    raw = {
+        "name": "bench", "run_root": "/tmp/anchorctx-bench", "seed": 0,
+        "model": {"tiny": {"architecture": "llama", **width, "num_hidden_layers": layers,
+                           "num_key_value_heads": args.kv_heads, "vocab_size": VOCAB},
+                  "tokenizer": "unused", "dtype": "bfloat16", "rope_theta": 1e7},
+        "data": {"seq_len": seq_len},
+        "training": {"device": DEVICE, "engine": args.engine, "precision": "bf16",
+                     "zero_stage": args.zero_stage, "activation_checkpointing": True,
+                     "sequence_parallel": world, "nproc": world, "micro_batch_size": 1,
+                     "global_batch_size": 1, "steps": args.steps},
+    }  # fmt: skip
+    return config_from_dict(raw)
+
+
+def load(cfg, local_rank: int):
+    device = f"cuda:{local_rank}" if DEVICE == "cuda" else "cpu"
+    model = load_model(cfg.model, seq_len=cfg.data.seq_len, dtype="bfloat16", device=device)
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    return model.train()
+
+
+def step_data(seq_len: int, variant: str, par, rank: int, seed: int) -> StepData:
+    row = synthetic_row(seq_len, variant, seed=seed, vocab=VOCAB, sp=par.sp)
+    device = f"cuda:{torch.cuda.current_device()}" if DEVICE == "cuda" else "cpu"
+    mb = shard_rows([row], variant, par.sp, rank % par.sp, device)
+    from anchorctx.attention import build_layout
+
+    pairs = build_layout(row.seg_lens, variant, row.seg_doc).attended_pairs
+    return StepData([mb], count_targets(row.targets), row.real_tokens, pairs)
+
+
+def measure(engine, par, variant: str, seq_len: int, rank: int, args) -> dict:
+    data = step_data(seq_len, variant, par, rank, seed=args.seed)
+    scale = loss_scale(engine, par)
+    sync = torch.cuda.synchronize if DEVICE == "cuda" else (lambda: None)
+    if DEVICE == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+    times = []
+    for i in range(args.warmup + args.steps):
+        sync()
+        t0 = time.perf_counter()
+        train_step(engine, data, par.engine, scale)
+        sync()
+        if i >= args.warmup:
+            times.append(time.perf_counter() - t0)
+    dt = statistics.median(times)
+    text = engine.module.config.get_text_config()
+    flops = M.step_flops(M.matmul_params(engine.module), data.global_tokens,
+                         data.attention_pairs, text)  # fmt: skip
+    peak = M.peak_tflops(DEVICE, "bf16", args.peak_tflops)
+    per_gpu = flops / dt / par.world
+    return {
+        "layers": text.num_hidden_layers, "sp": par.sp, "seq_len": seq_len, "variant": variant,
+        "engine": par.engine, "zero_stage": par.zero_stage, "step_time_s": round(dt, 4),
+        "tokens_per_s": round(seq_len / dt, 1),
+        "tokens_per_s_per_gpu": round(seq_len / dt / par.world, 1),
+        "tflops_per_gpu": round(per_gpu / 1e12, 1),
+        "mfu": round(per_gpu / (peak * 1e12), 4) if peak else None,
+        "peak_mem_gib": round(M.peak_memory_gib(DEVICE), 2),
+        "step_times_s": [round(t, 4) for t in times],
+    }  # fmt: skip
+
+
+def run(args) -> list[dict]:
+    rank, world, local_rank = init_distributed(DEVICE)
+    # Ulysses fixes the sequence length at registration (once per process): SP runs measure
+    # one length; one-GPU runs measure all of them.
+    lengths = [args.per_gpu_tokens[0] * world] if world > 1 else args.lengths
+    configs = {n: make_config(args, n, max(lengths), world) for n in args.layers}
+    par = plan_parallelism(configs[args.layers[0]], world=world)
+    # Every depth's model is loaded before the Ulysses wrapper is registered: loading
+    # registers the plain attention again, which would drop the wrapper.
+    models = {n: load(cfg, local_rank) for n, cfg in configs.items()}
+    mpu = register_sequence_parallel(models[args.layers[0]], par, lengths[0])
+    results = []
+    try:
+        for n in args.layers:
+            engine = build_engine(models.pop(n), configs[n], par, mpu)
+            for seq_len in lengths:
+                for variant in args.variants:
+                    results.append(measure(engine, par, variant, seq_len, rank, args))
+                    if rank == 0:
+                        print(json.dumps(results[-1]), flush=True)
+            del engine
+            if DEVICE == "cuda":
+                torch.cuda.empty_cache()
+    finally:
+        shutdown_distributed()
+    return results if rank == 0 else []
+
+
+def table(results: list[dict]) -> str:
+    head = ("| layers | SP | seq_len | variant | engine | step s | tok/s | tok/s/GPU | TFLOP/s/GPU "
+            "| MFU | peak GiB |\n|---:|---:|---:|---|---|---:|---:|---:|---:|---:|---:|")  # fmt: skip
+    rows = [
+        f"| {r['layers']} | {r['sp']} | {r['seq_len']} | {r['variant']} | {r['engine']} | "
+        f"{r['step_time_s']:.3f} | {r['tokens_per_s']:,.0f} | {r['tokens_per_s_per_gpu']:,.0f} | "
+        f"{r['tflops_per_gpu']:.0f} | "
+        + (f"{100 * r['mfu']:.1f}%" if r["mfu"] is not None else "n/a")
+        + f" | {r['peak_mem_gib']:.1f} |"
+        for r in results
+    ]
+    return "\n".join([head, *rows])
+
+
+def speedups(results: list[dict]) -> str:
+    """Anchor (and the other variants) step time over full attention's, per depth and length."""
+    out = ["| layers | seq_len | variant | step time / full |", "|---:|---:|---|---:|"]
+    for r in results:
+        full = next((f for f in results if f["variant"] == "full" and f["seq_len"] == r["seq_len"]
+                     and f["layers"] == r["layers"]), None)  # fmt: skip
+        if full and r["variant"] != "full":
+            ratio = r["step_time_s"] / full["step_time_s"]
+            out.append(f"| {r['layers']} | {r['seq_len']} | {r['variant']} | {ratio:.3f} |")
+    return "\n".join(out)
+
+
+def extrapolate(results: list[dict], target_layers: int) -> list[dict]:
+    """Linear fit of peak memory in depth between the two smallest measured depths."""
+    out = []
+    for r in results:
+        same = sorted((x for x in results if x["seq_len"] == r["seq_len"]
+                       and x["variant"] == r["variant"]), key=lambda x: x["layers"])  # fmt: skip
+        if len(same) < 2 or r is not same[0]:
+            continue
+        a, b = same[0], same[1]
+        per_layer = (b["peak_mem_gib"] - a["peak_mem_gib"]) / (b["layers"] - a["layers"])
+        est = b["peak_mem_gib"] + per_layer * (target_layers - b["layers"])
+        out.append({"seq_len": r["seq_len"], "variant": r["variant"], "sp": r["sp"],
+                    "per_layer_gib": round(per_layer, 3), "layers": target_layers,
+                    "estimated_peak_gib": round(est, 1)})  # fmt: skip
+    return out
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--lengths", type=int, nargs="+", default=[32768, 65536, 131072])
+    p.add_argument(
+        "--per-gpu-tokens",
+        type=int,
+        nargs="+",
+        default=[32768],
+        help="SP runs (torchrun): sequence length = this × SP (first value).",
+    )
+    p.add_argument("--variants", nargs="+", default=["full", "anchor"])
+    p.add_argument("--layers", type=int, nargs="+", default=[4])
+    p.add_argument("--kv-heads", type=int, default=32, help="32: Llama-2-7B (MHA).")
+    p.add_argument("--engine", default="auto")
+    p.add_argument("--zero-stage", type=int, default=3)
+    p.add_argument("--steps", type=int, default=3, help="Timed steps (median reported).")
+    p.add_argument("--warmup", type=int, default=2, help="Untimed steps (compilation).")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--peak-tflops", type=float, default=None)
+    p.add_argument("--extrapolate-layers", type=int, default=None)
+    p.add_argument("--out", type=Path, default=None)
+    p.add_argument("--smoke", action="store_true", help="Tiny model on CPU (checks the script).")
+    args = p.parse_args()
+    if args.smoke:
+        global DEVICE
+        DEVICE = "cpu"
+        args.engine, args.zero_stage, args.kv_heads = "sdpa", 0, min(args.kv_heads, 4)
+    results = run(args)
+    if not results:
+        return 0
+    print("\n" + table(results) + "\n\n" + speedups(results))
+    device = torch.cuda.get_device_name() if DEVICE == "cuda" else "cpu"
+    report = {"device": device, "world": results[0]["sp"],
+              "results": results}  # fmt: skip
+    if args.extrapolate_layers:
+        report["memory_extrapolation"] = extrapolate(results, args.extrapolate_layers)
+        print("\nPeak memory extrapolated linearly in depth:")
+        for e in report["memory_extrapolation"]:
+            print(
+                f"  {e['layers']} layers, SP={e['sp']}, {e['seq_len']} tokens, {e['variant']}: "
+                f"{e['estimated_peak_gib']} GiB/GPU ({e['per_layer_gib']} GiB per layer)"
+            )
+    if args.out:
+        args.out.write_text(json.dumps(report, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,108 @@
+"""Each bad training setup fails up front (before any process group or GPU) with a clear error."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from anchorctx.config import config_from_dict
+from anchorctx.training.launch import launch
+from anchorctx.training.plan import TrainingError, check_dataset, plan_parallelism
+
+
+def _cfg(tiny_config, **training):
+    raw = tiny_config.model_dump(mode="json")
+    raw["training"].update(training)
+    return config_from_dict(raw)
+
+
+def test_missing_model_path(tiny_config, tmp_path):
+    raw = tiny_config.model_dump(mode="json")
+    raw["model"] = {"path": str(tmp_path / "no-such-model"), "tokenizer": raw["model"]["tokenizer"]}
+    with pytest.raises(TrainingError, match=r"model\.path does not exist"):
+        launch(config_from_dict(raw))
+
+
+def test_sp_must_divide_query_heads(tiny_config):
+    with pytest.raises(TrainingError, match=r"sequence_parallel=3 does not divide .* 4 attention"):
+        launch(_cfg(tiny_config, sequence_parallel=3, nproc=3))
+
+
+def test_sp_and_kv_heads_must_split_or_replicate(tiny_config):
+    raw = tiny_config.model_dump(mode="json")
+    raw["model"]["tiny"].update(hidden_size=96, num_attention_heads=12, num_key_value_heads=4)
+    raw["training"].update(sequence_parallel=6, nproc=6, global_batch_size=1)
+    with pytest.raises(TrainingError, match="4 key/value heads"):
+        launch(config_from_dict(raw))
+
+
+def test_kv_heads_replicated_when_sp_exceeds_them(tiny_config):
+    from anchorctx.training.model import build_hf_config
+    from anchorctx.training.plan import check_heads
+
+    check_heads(build_hf_config(tiny_config.model, seq_len=512, vocab_size=100), 4)  # 4 q, 2 kv
+
+
+def test_more_sp_ranks_than_processes(tiny_config):
+    with pytest.raises(TrainingError, match=r"sequence_parallel=2 needs at least 2 processes"):
+        plan_parallelism(_cfg(tiny_config, sequence_parallel=2, nproc=1))
+
+
+def test_global_batch_must_divide(tiny_config):
+    with pytest.raises(TrainingError, match=r"global_batch_size=3 is not divisible .* 2"):
+        plan_parallelism(_cfg(tiny_config, global_batch_size=3, micro_batch_size=2))
+
+
+def test_cpu_needs_the_sdpa_engine(tiny_config):
+    with pytest.raises(TrainingError, match="engine=flex has no CPU backward"):
+        plan_parallelism(_cfg(tiny_config, engine="flex"))
+
+
+def test_parallel_plan_on_cpu_defaults(tiny_config):
+    par = plan_parallelism(_cfg(tiny_config, sequence_parallel=2, nproc=None, zero_stage=None))
+    assert (par.world, par.sp, par.dp, par.accum, par.zero_stage, par.engine) == (
+        2,
+        2,
+        1,
+        2,
+        0,
+        "sdpa",
+    )
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tiny_config):
+    from anchorctx.training.model import load_tokenizer
+
+    return load_tokenizer(tiny_config.model)
+
+
+def test_dataset_tokenizer_mismatch(tiny_config, packed_demo, tokenizer):
+    from anchorctx.packing import load_packed
+
+    _, manifest = load_packed(packed_demo)
+    check_dataset(tiny_config, manifest, tokenizer)  # the real pair is accepted
+    other = {**manifest, "tokenizer": {**manifest["tokenizer"], "fingerprint": "0123abcd"}}
+    with pytest.raises(TrainingError, match="different tokenizer"):
+        check_dataset(tiny_config, other, tokenizer)
+    with pytest.raises(TrainingError, match="anchor token id"):
+        check_dataset(tiny_config, {**manifest, "anchor_token_id": -1}, tokenizer)
+
+
+def test_seq_len_beyond_the_dataset(tiny_config, packed_demo, tokenizer):
+    from anchorctx.packing import load_packed
+
+    _, manifest = load_packed(packed_demo)
+    longer = tiny_config.model_copy(deep=True)
+    longer.data.seq_len = 2 * int(manifest["seq_len"])
+    with pytest.raises(TrainingError, match="longer than the packed rows"):
+        check_dataset(longer, manifest, tokenizer)
+
+
+def test_deepspeed_import_failure_is_explained(monkeypatch):
+    from anchorctx.training.engine import import_deepspeed
+
+    monkeypatch.setitem(sys.modules, "deepspeed", None)
+    with pytest.raises(RuntimeError, match="DeepSpeed is required for training"):
+        import_deepspeed()

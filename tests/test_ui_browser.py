@@ -1,0 +1,61 @@
+"""The Prefect UI in headless Chromium shows the demo run Completed, with its artifacts, and
+renders the RULER plot artifact. Uses the session's server and demo run from test_flows_e2e.
+
+Needs Debian's chromium (`apt-get install -y chromium`) and the `playwright` package (dev extra);
+skipped with the reason when either is missing. A screenshot is saved in the test's tmp dir.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+from test_flows_e2e import client_for, served  # noqa: F401  (the shared session fixture)
+
+CHROMIUM = Path("/usr/bin/chromium")
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(not CHROMIUM.exists(),
+                       reason="needs Debian chromium at /usr/bin/chromium: apt-get install -y chromium"),
+    pytest.mark.skipif(importlib.util.find_spec("playwright") is None,
+                       reason="needs the playwright package: pip install -e .[dev]"),
+]  # fmt: skip
+
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                 "--disable-background-networking"]  # fmt: skip
+TIMEOUT_MS = 60_000
+
+
+@pytest.fixture(scope="module")
+def page():
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        page.set_default_timeout(TIMEOUT_MS)
+        yield page
+        browser.close()
+
+
+def test_demo_run_completed_with_artifacts_in_ui(served, page, tmp_path):  # noqa: F811
+    assert served.demo_run_id is not None, "the demo run did not start"
+    page.goto(f"{served.server.ui_url}/v2/runs/flow-run/{served.demo_run_id}?tab=Artifacts")
+    page.get_by_text("Completed").first.wait_for()
+    page.get_by_text("full-experiment-flowtest").first.wait_for()
+    for key in ("flowtest-report", "flowtest-ruler-by-length", "flowtest-mmlu-hellaswag",
+                "flowtest-ruler-by-length-plot"):  # fmt: skip
+        page.get_by_text(key, exact=True).first.wait_for()
+    page.screenshot(path=str(tmp_path / "demo-run-artifacts.png"), full_page=True)
+
+    # The plot travels as a data: URI inside the image artifact: the UI must render it.
+    page.get_by_text("flowtest-ruler-by-length-plot", exact=True).first.click()
+    image = page.locator("img[src^='data:image/png']").first
+    image.wait_for()
+    width = page.wait_for_function(
+        "el => el.complete && el.naturalWidth", arg=image.element_handle()
+    )
+    assert width.json_value() > 100
+    page.screenshot(path=str(tmp_path / "ruler-plot-artifact.png"), full_page=True)

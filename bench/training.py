@@ -22,6 +22,7 @@ are depth-independent and sit in the intercept).
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import statistics
@@ -77,9 +78,10 @@ def make_config(args, layers: int, seq_len: int, world: int):
     return config_from_dict(raw)
 
 
-def load(cfg, local_rank: int):
-    device = f"cuda:{local_rank}" if DEVICE == "cuda" else "cpu"
-    model = load_model(cfg.model, seq_len=cfg.data.seq_len, dtype="bfloat16", device=device)
+def load(cfg):
+    """On the CPU: a depth waiting for its turn must not sit in GPU memory during another
+    depth's measurement (it would bias the per-layer memory slope)."""
+    model = load_model(cfg.model, seq_len=cfg.data.seq_len, dtype="bfloat16", device="cpu")
     model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     return model.train()
 
@@ -135,18 +137,20 @@ def run(args) -> list[dict]:
     par = plan_parallelism(configs[args.layers[0]], world=world)
     # Every depth's model is loaded before the Ulysses wrapper is registered: loading
     # registers the plain attention again, which would drop the wrapper.
-    models = {n: load(cfg, local_rank) for n, cfg in configs.items()}
+    models = {n: load(cfg) for n, cfg in configs.items()}
+    device = f"cuda:{local_rank}" if DEVICE == "cuda" else "cpu"
     mpu = register_sequence_parallel(models[args.layers[0]], par, lengths[0])
     results = []
     try:
         for n in args.layers:
-            engine = build_engine(models.pop(n), configs[n], par, mpu)
+            engine = build_engine(models.pop(n).to(device), configs[n], par, mpu)
             for seq_len in lengths:
                 for variant in args.variants:
                     results.append(measure(engine, par, variant, seq_len, rank, args))
                     if rank == 0:
                         print(json.dumps(results[-1]), flush=True)
             del engine
+            gc.collect()  # engines hold reference cycles; free this depth before the next
             if DEVICE == "cuda":
                 torch.cuda.empty_cache()
     finally:

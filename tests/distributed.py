@@ -1,4 +1,5 @@
-"""Multi-process test helper: run a function on N ranks (gloo on CPU, NCCL on GPUs).
+"""Multi-process test helper: run a function on N ranks (the code under test initialises the
+process group itself: gloo on CPU, NCCL on GPUs).
 
     from distributed import run_distributed
 
@@ -30,12 +31,6 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
-
-
-def backend() -> str:
-    import torch
-
-    return "nccl" if torch.cuda.is_available() else "gloo"
 
 
 def _entry(rank: int, fn: Callable, world: int, port: int, env: dict, args: tuple) -> None:

@@ -54,9 +54,11 @@ def small_config(tmp: Path) -> dict[str, Any]:
                        squad_path=str(fixtures / "squad.json"),
                        hotpotqa_path=str(fixtures / "hotpotqa.json"))  # fmt: skip
     ev["longbench"].update(data_dir=str(fixtures / "longbench"), limit=1,
-                           datasets=["passage_count", "trec"], max_length=480)  # fmt: skip
+                           datasets=["passage_count", "passage_retrieval_en"], max_length=480)  # fmt: skip
     ev["harness"].update(mmlu_dir=str(fixtures / "mmlu"), hellaswag_dir=str(fixtures / "hellaswag"),
                          limit=2, mmlu_fewshot=1)  # fmt: skip
+    raw["analysis"]["rope_precision"].update(seq_len=256, num_sequences=2, lengths=[64, 128, 256],
+                                             shifts=[0, 4, 16, 64])  # fmt: skip
     raw["variants"] = [
         {"name": "full", "attention": "full"},
         {"name": "anchor", "attention": "anchor",
@@ -210,7 +212,7 @@ def test_demo_deployment_completes_with_artifacts(served):
         ("train-flowtest-anchor", "progress"),
         ("evaluate-flowtest-anchor", "progress"),
     ]:
-        assert (key, kind) in keys, f"missing {kind} artifact {key}: {sorted(keys)}"
+        assert (key, kind) in keys, f"missing {kind} artifact {key}: {sorted(keys, key=str)}"
     report = served.cfg.experiment_dir / "report.md"
     assert report.is_file() and "anchor" in report.read_text()
 
@@ -238,6 +240,20 @@ def test_second_evaluate_is_cached_and_changed_checkpoint_reevaluates(served):
     for name, state in states.items():
         expected = "Completed" if name.endswith(changed.name) else "Cached"
         assert state == expected, states
+
+
+def test_rope_precision_deployment_publishes_plot_and_summary(served):
+    proc, run_id = run_deployment_cli(served.env, "rope-precision/default", cwd=served.tmp)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    with client_for(served) as client:
+        from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+
+        arts = client.read_artifacts(
+            flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[run_id]))
+        )
+    kinds = {a.key: a.type for a in arts}
+    assert kinds.get("flowtest-rope-precision") == "image", kinds
+    assert kinds.get("flowtest-rope-precision-summary") == "markdown", kinds
 
 
 def _train_children(config_path: Path) -> list[psutil.Process]:

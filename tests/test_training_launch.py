@@ -3,6 +3,12 @@
 
 from __future__ import annotations
 
+import os
+import signal
+import sys
+import threading
+import time
+
 import pytest
 import torch
 from distributed import torch_extensions  # noqa: F401  (fixture)
@@ -10,6 +16,7 @@ from safetensors.torch import load_file
 
 from anchorctx.cli import main
 from anchorctx.io import read_jsonl
+from anchorctx.training.launch import run_process_group
 
 
 @pytest.mark.distributed
@@ -32,3 +39,44 @@ def test_cli_sp2_launch_matches_one_process(tiny_config, packed_demo, tmp_path, 
     loss_a = [r["loss"] for r in read_jsonl(one / "metrics.jsonl")]
     loss_b = [r["loss"] for r in read_jsonl(two / "metrics.jsonl")]
     assert loss_a == pytest.approx(loss_b, rel=1e-6)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().split(")")[-1].split()[0] != "Z"  # a zombie is dead
+    except FileNotFoundError:
+        return False
+
+
+def test_interrupt_kills_the_whole_process_group(tmp_path):
+    """A cancelled launch (any BaseException while waiting) leaves no worker behind."""
+    pids = tmp_path / "pids"
+    child = (
+        "import os, subprocess, sys, time\n"
+        "c = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'])\n"
+        f"open({str(pids)!r}, 'w').write(f'{{os.getpid()}} {{c.pid}}')\n"
+        "time.sleep(120)\n"
+    )
+
+    def interrupt_when_started() -> None:
+        deadline = time.monotonic() + 60
+        while not (pids.exists() and pids.read_text()) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        os.kill(os.getpid(), signal.SIGUSR1)
+
+    def raise_interrupt(*_):
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGUSR1, raise_interrupt)
+    try:
+        threading.Thread(target=interrupt_when_started, daemon=True).start()
+        with pytest.raises(KeyboardInterrupt):
+            run_process_group([sys.executable, "-c", child])
+    finally:
+        signal.signal(signal.SIGUSR1, previous)
+    started = [int(p) for p in pids.read_text().split()]
+    deadline = time.monotonic() + 10
+    while any(_alive(p) for p in started) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(_alive(p) for p in started)

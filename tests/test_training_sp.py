@@ -1,4 +1,5 @@
-"""Ulysses sequence parallelism is exact: SP=2 on two gloo processes equals one process.
+"""Ulysses sequence parallelism is exact: SP=2 on two gloo processes equals one process
+(and so does DP=2, which checks the data-parallel half of the gradient normalisation).
 
 Anchor variant, GQA (4 q heads, 2 KV heads), fp32, one global batch of 2 rows with gradient
 accumulation, for every ZeRO stage: the logits, the global loss, the gradient norm and every
@@ -23,10 +24,10 @@ STAGES = (0, 1, 2, 3)
 RTOL = 1e-6
 
 
-def _config(tiny_config, sp: int):
+def _config(tiny_config, sp: int, world: int):
     return tiny_config.model_copy(
         update={"training": tiny_config.training.model_copy(update={
-            "attention": "anchor", "sequence_parallel": sp, "nproc": sp, "lr": 1e-3,
+            "attention": "anchor", "sequence_parallel": sp, "nproc": world, "lr": 1e-3,
         })},
     )  # fmt: skip
 
@@ -83,9 +84,9 @@ def _step_outputs(rank: int, world: int, cfg_yaml: str, data_dir: str, out: str)
     shutdown_distributed()
 
 
-def _run(tiny_config, packed_demo, sp: int, out: Path) -> dict:
-    cfg = _config(tiny_config, sp)
-    run_distributed(_step_outputs, sp, cfg.to_yaml(), str(packed_demo), str(out))
+def _run(tiny_config, packed_demo, sp: int, world: int, out: Path) -> dict:
+    cfg = _config(tiny_config, sp, world)
+    run_distributed(_step_outputs, world, cfg.to_yaml(), str(packed_demo), str(out))
     return torch.load(out, weights_only=False)
 
 
@@ -94,13 +95,23 @@ def _close(a, b) -> bool:
 
 
 @pytest.mark.distributed
-def test_sp2_equals_one_process(tiny_config, packed_demo, tmp_path, torch_extensions):  # noqa: F811
-    single = _run(tiny_config, packed_demo, 1, tmp_path / "sp1.pt")
-    sharded = _run(tiny_config, packed_demo, 2, tmp_path / "sp2.pt")
+def test_sp2_and_dp2_equal_one_process(tiny_config, packed_demo, tmp_path, torch_extensions):  # noqa: F811
+    single = _run(tiny_config, packed_demo, sp=1, world=1, out=tmp_path / "one.pt")
+    _compare(single, _run(tiny_config, packed_demo, sp=2, world=2, out=tmp_path / "sp2.pt"))
+    # Two data-parallel ranks (each one row of the batch, no accumulation): same update.
+    _compare(single, _run(tiny_config, packed_demo, sp=1, world=2, out=tmp_path / "dp2.pt"))
+    # The stages agree with each other (same objective; fp32 reduction order differs).
+    for stage in STAGES[1:]:
+        assert single[stage]["grad_norm"] == pytest.approx(single[0]["grad_norm"], rel=1e-5)
+
+
+def _compare(single: dict, sharded: dict) -> None:
     for stage in STAGES:
         ref, got = single[stage], sharded[stage]
-        assert got["logits"].shape == ref["logits"].shape
-        assert _close(got["logits"], ref["logits"]), f"ZeRO-{stage}: logits differ"
+        # Gathered over all ranks: SP shards make up the reference's first row; under DP,
+        # rank 0's row (the first T positions) is the reference's first row.
+        t = ref["logits"].shape[1]
+        assert _close(got["logits"][:, :t], ref["logits"]), f"ZeRO-{stage}: logits differ"
         assert _close(got["loss"], ref["loss"]), f"ZeRO-{stage}: loss"
         assert ref["grad_norm"] is not None and got["grad_norm"] is not None
         assert _close(got["grad_norm"], ref["grad_norm"]), f"ZeRO-{stage}: grad norm"
@@ -108,6 +119,3 @@ def test_sp2_equals_one_process(tiny_config, packed_demo, tmp_path, torch_extens
             diff = torch.linalg.vector_norm(got["params"][name] - value)
             rel = float(diff / torch.linalg.vector_norm(value))
             assert rel <= RTOL, f"ZeRO-{stage}: {name} after one step: {rel:.2e} relative"
-    # The stages agree with each other (same objective; fp32 reduction order differs).
-    for stage in STAGES[1:]:
-        assert single[stage]["grad_norm"] == pytest.approx(single[0]["grad_norm"], rel=1e-5)

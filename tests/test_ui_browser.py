@@ -8,6 +8,7 @@ skipped with the reason when either is missing. A screenshot is saved in the tes
 from __future__ import annotations
 
 import importlib.util
+import re
 from pathlib import Path
 
 import pytest
@@ -50,8 +51,10 @@ def test_demo_run_completed_with_artifacts_in_ui(served, page, tmp_path):  # noq
         page.get_by_text(key, exact=True).first.wait_for()
     page.screenshot(path=str(tmp_path / "demo-run-artifacts.png"), full_page=True)
 
-    # The plot travels as a data: URI inside the image artifact: the UI must render it.
+    # The plot travels as a data: URI inside the image artifact: the UI must render it. The key
+    # opens the artifact's history; its newest version (an 8-hex-digit id link) the content.
     page.get_by_text("flowtest-ruler-by-length-plot", exact=True).first.click()
+    page.locator("a").filter(has_text=re.compile(r"^[0-9a-f]{8}$")).first.click()
     image = page.locator("img[src^='data:image/png']").first
     image.wait_for()
     width = page.wait_for_function(

@@ -1,15 +1,14 @@
 """The deployments ``anchorctx serve`` serves.
 
-| deployment                              | parameters (defaults; every one editable in the UI) |
-|-----------------------------------------|-----------------------------------------------------|
-| full-experiment/demo                    | configs/demo.yaml: tiny Llama, generated corpus, CPU |
-| full-experiment/paper-llama2-64k, -128k | configs/paper/llama2-7b-{64k,128k}.yaml (Table 1)   |
-| full-experiment/paper-<stem>            | any other configs/paper/<stem>.yaml                 |
-| prepare-data/default, train/default,    | configs/demo.yaml                                   |
-| evaluate/default, rope-precision/default|                                                     |
+- ``full-experiment/demo``: configs/demo.yaml (tiny Llama, generated corpus, CPU);
+- ``full-experiment/paper-llama2-64k`` and ``paper-llama2-128k``: configs/paper/llama2-7b-*.yaml
+  (Table 1); any other ``configs/paper/<stem>.yaml`` becomes ``full-experiment/paper-<stem>``;
+- ``prepare-data/default``, ``train/default``, ``evaluate/default``, ``rope-precision/default``:
+  the demo config as the default parameters.
 
-Deployments reference the flows by module path, so the runner finds them from any working
-directory; relative paths inside the configs resolve against the directory ``serve`` runs in.
+Every parameter is editable per run in the UI. Deployments reference the flows by module path,
+so the runner finds them from any working directory; relative paths inside the configs resolve
+against the directory ``serve`` runs in.
 """
 
 from __future__ import annotations

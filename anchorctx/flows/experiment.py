@@ -31,6 +31,7 @@ from anchorctx.config import ExperimentConfig
 from anchorctx.tasks.artifacts import (
     Progress,
     artifact_key,
+    png_data_uri,
     publish_plot,
     publish_summary,
     publish_table,
@@ -238,15 +239,19 @@ def _publish_report(
 ) -> None:  # fmt: skip
     for name, (rows, what) in report_tables(report).items():
         publish_table(f"{cfg.name}-{name}", rows, what)
+    markdown = report["markdown"]
     plot = report["paths"].get("ruler_plot")
     if plot:
         publish_plot(f"{cfg.name}-ruler-by-length-plot", plot, "RULER score by context length")
+        # report.md links the PNG beside it; the UI cannot fetch local files, so inline it.
+        if uri := png_data_uri(plot):
+            markdown = markdown.replace(f"]({Path(plot).name})", f"]({uri})")
     runs = {f"run dir ({a.variant_name})": a.run_dir for a in arms}
     runs.update({f"dataset {i}": d for i, d in enumerate(datasets.values())})
     runs["report"] = report["paths"].get("markdown")
     publish_summary(
         f"{cfg.name}-report",
-        report["markdown"] + "\n\n---\n\n"
+        markdown + "\n\n---\n\n"
         + run_summary_markdown(f"full-experiment {cfg.name}", cfg,
                                dataset=next(iter(datasets.values()), None),
                                code_version=code_version(), outputs=runs),
@@ -261,17 +266,14 @@ def rope_precision_flow(cfg: ExperimentConfig, out_dir: str | None = None) -> st
     from anchorctx.tasks.analysis import rope_precision_task
 
     path = rope_precision_task(cfg, out_dir)
-    png = Path(path).with_suffix(".png")
+    png, table = Path(path).with_suffix(".png"), Path(path).with_suffix(".md")
     if png.is_file():
         publish_plot(f"{cfg.name}-rope-precision", png, "RoPE BF16 vs FP32 discrepancy by shift")
     publish_summary(
         f"{cfg.name}-rope-precision-summary",
-        run_summary_markdown(
-            "rope-precision",
-            cfg,
-            code_version=code_version(),
-            outputs={"results": path, "plot": png},
-        ),
-        "RoPE precision study: provenance and outputs",
-    )
+        (table.read_text() + "\n\n---\n\n" if table.is_file() else "")
+        + run_summary_markdown("rope-precision", cfg, code_version=code_version(),
+                               outputs={"results": path, "plot": png}),
+        "RoPE precision study: results table and provenance",
+    )  # fmt: skip
     return path

@@ -15,11 +15,13 @@ def train_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def train(args: argparse.Namespace) -> int:
+    from anchorctx.packing import DataError
     from anchorctx.training.launch import launch
+    from anchorctx.training.model import ModelLoadError
     from anchorctx.training.plan import TrainingError
 
     try:
         return launch(args.cfg, resume=args.resume)
-    except TrainingError as err:
+    except (TrainingError, ModelLoadError, DataError) as err:
         print(f"anchorctx train: {err}", file=sys.stderr)
         return 2

@@ -33,10 +33,11 @@ LAUNCH_CONFIG = ".launch-config.yaml"
 
 def launch(cfg: ExperimentConfig, *, resume: bool = False) -> int:
     """Run training in-process or as a launched process group; returns the exit status."""
-    from anchorctx.training.loop import preflight, train
+    from anchorctx.training.loop import preflight, restart_state, train
 
     par = plan_parallelism(cfg)
     pre = preflight(cfg, par)
+    restart_state(cfg, par, resume)
     if par.world == 1:
         train(cfg, resume=resume, data_dir=pre.data_dir)
         return 0

@@ -96,9 +96,7 @@ def _train(cfg, par: Parallelism, rank, local_rank, resume, data_dir) -> dict[st
         pre = preflight(cfg, par, data_dir=data_dir)
     dataset, _ = load_packed(pre.data_dir)
     run_dir = cfg.run_dir
-    state = ckpt.read_trainer_state(run_dir) if resume else None
-    if state is not None:
-        _check_resumable(cfg, par, state)
+    state = restart_state(cfg, par, resume)  # every rank checks: no rank waits on a failed one
     if rank == 0:
         _prepare_run_dir(cfg, par, pre, state)
     dist.barrier()
@@ -236,13 +234,27 @@ def _summary(cfg, step: int, tokens_seen: int, loss, start: int) -> dict[str, An
 
 # ----------------------------------------------------------------------------- run directory
 def resume_fingerprint(cfg: ExperimentConfig) -> str:
-    """Config hash without the settings a resumed run may change."""
+    """Hash of what determines the training computation (seed, model, data, training), without
+    the settings a resumed run may change. Evaluation settings may change freely."""
     from anchorctx.config import TrainingConfig
 
     defaults, copy = TrainingConfig(), cfg.model_copy(deep=True)
     for key in RESUMABLE_CHANGES:
         setattr(copy.training, key, getattr(defaults, key))
-    return copy.fingerprint()
+    return copy.fingerprint("seed", "model", "data", "training")
+
+
+def restart_state(cfg: ExperimentConfig, par: Parallelism, resume: bool) -> dict | None:
+    """The resume state to continue from (None: a fresh start), after checking it is safe."""
+    state = ckpt.read_trainer_state(cfg.run_dir) if resume else None
+    if state is not None:
+        _check_resumable(cfg, par, state)
+    elif ckpt.list_checkpoints(cfg.run_dir):
+        raise TrainingError(
+            f"{cfg.run_dir} holds checkpoints of an earlier run; continue it with --resume, or "
+            "remove the directory / choose another name or variant to start over"
+        )
+    return state
 
 
 def _check_resumable(cfg: ExperimentConfig, par: Parallelism, state: dict[str, Any]) -> None:
@@ -264,11 +276,6 @@ def _prepare_run_dir(cfg, par: Parallelism, pre: Preflight, state) -> None:
     from anchorctx.manifest import base_manifest
 
     run_dir = cfg.run_dir
-    if state is None and ckpt.list_checkpoints(run_dir):
-        raise TrainingError(
-            f"{run_dir} holds checkpoints of an earlier run; continue it with --resume, or "
-            "remove the directory / choose another name or variant to start over"
-        )
     run_dir.mkdir(parents=True, exist_ok=True)
     _trim_metrics(run_dir / "metrics.jsonl", state["step"] if state else 0)
     dump_config(cfg, run_dir / "config.yaml")
@@ -295,6 +302,8 @@ def _json_line(row: dict) -> str:
 
 def _setup_logging(path: Path, rank: int) -> None:
     """Rank 0 logs to stdout and ``train.log``; other ranks only warnings."""
+    for handler in log.handlers:
+        handler.close()
     log.handlers.clear()
     log.propagate = False
     if rank != 0:

@@ -81,8 +81,9 @@ class Throughput:
             "step_time_s": round(dt, 4),
             "tokens_per_s": round(tokens / dt, 1),
             "tokens_per_s_per_device": round(tokens / dt / self.world, 1),
-            "tflops_per_device": round(per_device_flops / 1e12, 2),
-            "mfu": round(per_device_flops / (self.peak * 1e12), 4) if self.peak else None,
+            # significant digits, not decimals: a tiny test model's MFU is ~1e-6, not zero
+            "tflops_per_device": float(f"{per_device_flops / 1e12:.4g}"),
+            "mfu": float(f"{per_device_flops / (self.peak * 1e12):.4g}") if self.peak else None,
             "elapsed_s": round(time.perf_counter() - self.start, 1),
         }
 

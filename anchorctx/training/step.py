@@ -39,10 +39,11 @@ def train_step(engine, data: StepData, attention_engine: str, scale: float) -> S
     """Run one optimiser step; every rank returns the same global loss and grad norm."""
     local_sum = torch.zeros((), dtype=torch.float64, device=data.micro_batches[0].input_ids.device)
     grad_norm, lr = None, engine.get_lr()[0]  # the rate this step applies
+    n_targets = max(data.global_targets, 1)  # a batch without targets contributes zero
     for mb in data.micro_batches:
         logits = forward_logits(engine, mb, attention_engine)
         loss_sum = summed_cross_entropy(logits, mb.targets)
-        engine.backward(loss_sum * (scale / data.global_targets))
+        engine.backward(loss_sum * (scale / n_targets))
         if engine.is_gradient_accumulation_boundary():
             grad_norm = _unclipped_norm_if_untracked(engine)
         engine.step()
@@ -50,7 +51,7 @@ def train_step(engine, data: StepData, attention_engine: str, scale: float) -> S
     dist.all_reduce(local_sum)  # every rank holds different targets: the sum is the total
     tracked = engine.get_global_grad_norm()
     grad_norm = float(tracked) if tracked is not None else grad_norm
-    return StepStats(loss=float(local_sum) / data.global_targets, grad_norm=grad_norm, lr=lr)
+    return StepStats(loss=float(local_sum) / n_targets, grad_norm=grad_norm, lr=lr)
 
 
 def _unclipped_norm_if_untracked(engine) -> float | None:

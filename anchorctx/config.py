@@ -101,7 +101,9 @@ class SourceConfig(Strict):
 
 
 class UpsampleConfig(Strict):
-    threshold: int = Field(4096, gt=0, description="Documents longer than this (tokens) are 'long'.")
+    threshold: int = Field(
+        4096, gt=0, description="Documents longer than this (tokens) are 'long'."
+    )
     long_share: float = Field(
         0.7, gt=0, lt=1, description="Target share of tokens from long documents, per domain."
     )
@@ -161,7 +163,9 @@ class TrainingConfig(Strict):
     engine: Engine = "auto"
     device: Literal["auto", "cpu", "cuda"] = "auto"
     nproc: int | None = Field(
-        None, ge=1, description="Processes per node. Default: visible GPUs; sequence_parallel on CPU."
+        None,
+        ge=1,
+        description="Processes per node. Default: visible GPUs; sequence_parallel on CPU.",
     )
     nnodes: int = Field(1, ge=1)
     hostfile: Path | None = None
@@ -263,7 +267,9 @@ class RopePrecisionConfig(Strict):
         if not self.shifts or min(self.shifts) < 0:
             raise ValueError(f"shifts must be a non-empty list of values >= 0 (got {self.shifts})")
         if not self.lengths or min(self.lengths) < 2:
-            raise ValueError(f"lengths must be a non-empty list of values >= 2 (got {self.lengths})")
+            raise ValueError(
+                f"lengths must be a non-empty list of values >= 2 (got {self.lengths})"
+            )
         if not self.precisions or len(set(self.precisions)) != len(self.precisions):
             raise ValueError(f"precisions must be non-empty and distinct (got {self.precisions})")
         return self

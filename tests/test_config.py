@@ -35,7 +35,12 @@ def test_paper_presets_follow_table_1():
 def test_override_coerces_types():
     cfg = config_from_dict(
         MINIMAL,
-        ["training.steps=12", "training.lr=3e-4", "data.domain_tags=true", "training.betas=[0.8, 0.9]"],
+        [
+            "training.steps=12",
+            "training.lr=3e-4",
+            "data.domain_tags=true",
+            "training.betas=[0.8, 0.9]",
+        ],
     )
     assert cfg.training.steps == 12 and isinstance(cfg.training.steps, int)
     assert cfg.training.lr == pytest.approx(3e-4)
@@ -62,12 +67,12 @@ def test_bad_value_names_key_and_input():
 
 
 def test_override_needs_equals_sign():
-    with pytest.raises(ConfigError, match="a.b=value"):
+    with pytest.raises(ConfigError, match=r"a\.b=value"):
         config_from_dict(MINIMAL, ["training.steps"])
 
 
 def test_model_needs_exactly_one_source():
-    with pytest.raises(ConfigError, match="exactly one of model.path or model.tiny"):
+    with pytest.raises(ConfigError, match=r"exactly one of model\.path or model\.tiny"):
         config_from_dict({"name": "t", "model": {}})
 
 
@@ -86,8 +91,11 @@ def test_arms_apply_overrides_and_names():
 
 
 def test_arm_override_typo_is_reported():
-    raw = {**MINIMAL, "variants": [{"name": "x", "attention": "anchor", "overrides": {"data.tagz": 1}}]}
-    with pytest.raises(ConfigError, match="unknown key 'data.tagz'"):
+    raw = {
+        **MINIMAL,
+        "variants": [{"name": "x", "attention": "anchor", "overrides": {"data.tagz": 1}}],
+    }
+    with pytest.raises(ConfigError, match=r"unknown key 'data\.tagz'"):
         config_from_dict(raw).arms()
 
 
@@ -100,7 +108,7 @@ def test_fingerprint_tracks_content():
 
 
 def test_missing_file_and_bad_yaml(tmp_path):
-    with pytest.raises(ConfigError, match="not found"):
+    with pytest.raises(ConfigError, match=r"not found"):
         load_config(tmp_path / "nope.yaml")
     bad = tmp_path / "bad.yaml"
     bad.write_text("name: [unclosed\n")

@@ -230,7 +230,6 @@ class EvaluationConfig(Strict):
         None, description="Demo/tests only: write synthetic evaluation data files here if missing."
     )
     batch_size: int = Field(1, gt=0, description="Generation batch size.")
-    engine: Engine = "auto"
     device: Literal["auto", "cpu", "cuda"] = "auto"
     dtype: Literal["bfloat16", "float32", "float16"] = "bfloat16"
 

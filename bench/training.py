@@ -53,12 +53,8 @@ from anchorctx.training.loss import count_targets  # noqa: E402
 from anchorctx.training.model import load_model  # noqa: E402
 from anchorctx.training.plan import plan_parallelism  # noqa: E402
 from anchorctx.training.step import train_step  # noqa: E402
-from anchorctx.training.synthetic import synthetic_row  # noqa: E402
+from anchorctx.training.synthetic import SMOKE, VOCAB, WIDTH_7B, synthetic_row  # noqa: E402
 
-VOCAB = 32000
-WIDTH_7B = {"hidden_size": 4096, "intermediate_size": 11008, "num_attention_heads": 32}
-# --smoke: a CPU check that the script runs end to end (tiny width, gloo, sdpa).
-SMOKE = {"hidden_size": 128, "intermediate_size": 256, "num_attention_heads": 4}
 DEVICE = "cuda"
 
 

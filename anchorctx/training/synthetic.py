@@ -11,6 +11,11 @@ import numpy as np
 
 from anchorctx.training.data import Row, make_row
 
+# Benchmark model shapes: Llama-2-7B width (depth chosen per run) and a CPU smoke-test width.
+VOCAB = 32000
+WIDTH_7B = {"hidden_size": 4096, "intermediate_size": 11008, "num_attention_heads": 32}
+SMOKE = {"hidden_size": 128, "intermediate_size": 256, "num_attention_heads": 4}
+
 
 def doc_lengths(seq_len: int, rng: np.random.Generator, median_doc: int = 1024) -> list[int]:
     lens: list[int] = []

@@ -152,10 +152,12 @@ def register_sequence_parallel(model, par: Parallelism, seq_len: int):
     )
 
 
-def build_engine(model, cfg: ExperimentConfig, par: Parallelism, mpu):
-    """``deepspeed.initialize`` with our optimizer and schedule; returns the engine."""
+def build_engine(model, cfg: ExperimentConfig, par: Parallelism, mpu, optimizer=None):
+    """``deepspeed.initialize`` with our optimizer (or the given one: the exactness tests step
+    with plain SGD, whose update is proportional to the gradient) and schedule."""
     deepspeed = import_deepspeed()
-    optimizer = build_optimizer(model, cfg, par.device)
+    if optimizer is None:
+        optimizer = build_optimizer(model, cfg, par.device)
     scheduler = build_scheduler(optimizer, cfg.training.warmup_steps)
     engine, _, _, _ = deepspeed.initialize(
         model=model, optimizer=optimizer, lr_scheduler=scheduler,

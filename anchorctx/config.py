@@ -314,7 +314,7 @@ class ExperimentConfig(Strict):
 
     @property
     def run_dir(self) -> Path:
-        """``<run_root>/<experiment>/<variant>/`` (DESIGN.md, run directory contract)."""
+        """``<run_root>/<experiment>/<variant>/`` (docs/ARCHITECTURE.md, run directory contract)."""
         return self.experiment_dir / self.variant_name
 
     def for_variant(self, spec: VariantSpec) -> ExperimentConfig:

@@ -201,6 +201,23 @@ class RulerConfig(Strict):
     essay_path: Path | None = None
     squad_path: Path | None = None
     hotpotqa_path: Path | None = None
+    english_words_path: Path | None = Field(
+        None,
+        description="RULER's scripts/data/synthetic/json/english_words.json (git LFS): CWE's word "
+        "source beyond the wonderwords lists (needed near 128K; without it such lengths fail).",
+    )
+    nltk_data: Path | None = Field(
+        None,
+        description="Directory in NLTK's data layout holding tokenizers/punkt_tab/english (the "
+        "pretrained English Punkt model RULER splits essays with; `python -m nltk.downloader -d "
+        "DIR punkt_tab`). Default: NLTK's own search path. Missing model: an error.",
+    )
+    fit: Literal["ruler", "tight"] = Field(
+        "ruler",
+        description="Sample length rule. 'ruler': RULER's (an overflowing sample drops whole "
+        "haystack steps; 4K samples are 2.3K-4.1K tokens). 'tight': shrink it to the largest "
+        "size that fits (all samples near the target; a deviation from the reference).",
+    )
 
 
 class LongBenchConfig(Strict):

@@ -223,7 +223,14 @@ class RulerConfig(Strict):
 class LongBenchConfig(Strict):
     data_dir: Path | None = None
     datasets: list[str] | None = Field(None, description="Default: the English datasets.")
-    max_length: int | None = Field(None, description="Prompt token budget; default: model max.")
+    max_length: int | None = Field(
+        None,
+        gt=1,
+        description="LongBench's per-model max_length (config/model2maxlen.json): prompts longer "
+        "than this many tokens (anchor included) keep their first and last int(max_length/2). "
+        "The reference lists 3500 for 4K models, 7500 for 8K, 15500 for 16K, 31500 for 32K. "
+        "Default: that convention (1000*K - 500 for a K*1024-position model).",
+    )
     limit: int | None = Field(None, gt=0, description="Samples per dataset (None: all).")
 
 

@@ -178,6 +178,11 @@ class TrainingConfig(Strict):
     warmup_steps: int = Field(0, ge=0)
     betas: tuple[float, float] = (0.9, 0.95)
     weight_decay: float = Field(0.1, ge=0)
+    weight_decay_on: Literal["all", "matrices"] = Field(
+        "all",
+        description="Parameters weight_decay applies to: 'all' (AnchorContext's AdamW, the "
+        "paper's code) or 'matrices' (norms and biases undecayed).",
+    )
     grad_clip: float = Field(1.0, ge=0)
     precision: Literal["bf16", "fp32"] = "bf16"
     activation_checkpointing: bool = True

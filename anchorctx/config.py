@@ -101,12 +101,28 @@ class SourceConfig(Strict):
 
 
 class UpsampleConfig(Strict):
+    """Length upsampling. ``mixture: upsampled`` is Fu et al. 2024's per-source rule (the
+    paper's data); ``mixture: long_share`` an earlier project rule that uses ``long_share``."""
+
     threshold: int = Field(
-        4096, gt=0, description="Documents longer than this (tokens) are 'long'."
+        4096,
+        gt=0,
+        description="Documents with fewer tokens than this are 'short' (Fu et al.: 4096).",
+    )
+    keep_short: float = Field(
+        0.1, gt=0, le=1,
+        description="upsampled: probability of keeping a short document (--down_sample_ratio 0.1).",
+    )  # fmt: skip
+    shares: Literal["auto", "slimpajama", "corpus"] | dict[str, float] = Field(
+        "auto",
+        description="upsampled: per-source token budget shares. 'slimpajama': the reference's "
+        "SLIMPAJAMA_ORIGINAL_MIX; 'corpus': this corpus' own token shares; 'auto': slimpajama "
+        "when every domain is a SlimPajama source name, else corpus; or explicit shares.",
     )
     long_share: float = Field(
-        0.7, gt=0, lt=1, description="Target share of tokens from long documents, per domain."
-    )
+        0.7, gt=0, lt=1,
+        description="long_share only: target share of tokens from long documents, per domain.",
+    )  # fmt: skip
 
 
 class DemoCorpusConfig(Strict):
@@ -124,9 +140,19 @@ class DataConfig(Strict):
     sources: list[SourceConfig] = Field(default_factory=list)
     seq_len: int = Field(65536, gt=1)
     token_budget: int | None = Field(None, gt=0, description="Tokens to sample; None: all input.")
-    mixture: Literal["original", "upsampled"] | dict[str, float] = "original"
+    mixture: Literal["original", "upsampled", "long_share"] | dict[str, float] = Field(
+        "original",
+        description="'original' (natural shares), 'upsampled' (Fu et al. 2024 per-source "
+        "upsampling, the paper's data), 'long_share' (an earlier project rule), or shares.",
+    )
     upsample: UpsampleConfig = Field(default_factory=UpsampleConfig)
-    separator: str = Field("eos", description="'eos', 'none', or literal text after each document.")
+    separator: str = Field(
+        "none",
+        description="After each document: 'none' (AnchorContext: documents concatenated with no "
+        "separator and no BOS; a row's only anchor is at index 0), 'eos' (the tokenizer's EOS "
+        "token; for tokenizers whose anchor is EOS, e.g. Qwen, the anchor id then recurs inside "
+        "rows), or literal text.",
+    )
     domain_tags: bool = False
     tag_template: str = "{domain}\n"
     interleave_chunks: bool = False

@@ -125,7 +125,8 @@ def _apply_rules(config, rules: DecodeRules | None):
     if rules.forbid_first:
         config.begin_suppress_tokens = list(rules.forbid_first)
     if rules.stop_token_ids:
-        config.eos_token_id = list(dict.fromkeys([config.eos_token_id, *rules.stop_token_ids]))
+        stops = [config.eos_token_id, *rules.stop_token_ids]
+        config.eos_token_id = list(dict.fromkeys(t for t in stops if t is not None))
     return config
 
 

@@ -131,7 +131,8 @@ def decode_rules(tokenizer: Any, dataset: str):
         return None
     newline = tokenizer.encode("\n", add_special_tokens=False)[-1]
     eos = tokenizer.eos_token_id
-    return DecodeRules(forbid_first=(eos, newline), stop_token_ids=(newline,))
+    forbid = (newline,) if eos is None else (eos, newline)
+    return DecodeRules(forbid_first=forbid, stop_token_ids=(newline,))
 
 
 # ---------------------------------------------------------------------------------- suite

@@ -146,16 +146,19 @@ def deepspeed_config(cfg: ExperimentConfig, par: Parallelism) -> dict[str, Any]:
 
 
 def build_optimizer(model: torch.nn.Module, cfg: ExperimentConfig, device: str):
-    """AdamW; weight decay on matrices only (norms and biases are not decayed)."""
+    """AdamW with ``training.weight_decay`` on every parameter (``weight_decay_on: all``, the
+    paper's code) or on matrices only (``matrices``: norms and biases are not decayed)."""
     import torch
 
     t = cfg.training
-    decay = [p for p in model.parameters() if p.requires_grad and p.ndim >= 2]
-    no_decay = [p for p in model.parameters() if p.requires_grad and p.ndim < 2]
-    groups = [
-        {"params": decay, "weight_decay": t.weight_decay},
-        {"params": no_decay, "weight_decay": 0.0},
-    ]
+    params = [p for p in model.parameters() if p.requires_grad]
+    if t.weight_decay_on == "all":
+        groups = [{"params": params, "weight_decay": t.weight_decay}]
+    else:
+        groups = [
+            {"params": [p for p in params if p.ndim >= 2], "weight_decay": t.weight_decay},
+            {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0},
+        ]
     fused = {"fused": True} if device == "cuda" else {}
     return torch.optim.AdamW(groups, lr=t.lr, betas=tuple(t.betas), eps=1e-8, **fused)
 

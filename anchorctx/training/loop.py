@@ -284,6 +284,8 @@ def _prepare_run_dir(cfg, par: Parallelism, pre: Preflight, state) -> None:
         data={"dir": str(pre.data_dir), "fingerprint": pre.manifest.get("fingerprint"),
               "manifest_sha256": sha256_file(pre.data_dir / "manifest.json")},
         parallel=par.to_dict(), resumed_from=state["step"] if state else None,
+        optimizer={"weight_decay": cfg.training.weight_decay,
+                   "weight_decay_on": cfg.training.weight_decay_on},
     ))  # fmt: skip
 
 

@@ -79,6 +79,10 @@ def train(
     rank, world, local_rank = init_distributed(par.device)
     try:
         par = plan_parallelism(cfg, world=world)
+        if cfg.training.nnodes > 1:
+            from anchorctx.training.nodes import check_shared_run_dir
+
+            check_shared_run_dir(cfg.run_dir, rank, world)
         return _train(cfg, par, rank, local_rank, resume, data_dir)
     finally:
         shutdown_distributed()

@@ -5,13 +5,31 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from anchorctx.config import ExperimentConfig, config_from_dict
 from anchorctx.evaluation import results, sharding
 from anchorctx.io import read_jsonl
-from tests.test_eval_core_workflow import save_checkpoint
 
 
-def _cfg(tmp_path: Path, demo_corpus, name: str) -> tuple[ExperimentConfig, Path]:
+def save_checkpoint(path: Path, tokenizer_dir: Path, *, seed: int, step: int) -> None:
+    import torch
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    tok = AutoTokenizer.from_pretrained(tokenizer_dir)
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64,
+                      num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
+                      max_position_embeddings=2048, bos_token_id=tok.bos_token_id,
+                      eos_token_id=tok.eos_token_id)  # fmt: skip
+    LlamaForCausalLM(cfg).save_pretrained(path)
+    tok.save_pretrained(path)
+    (path / "anchorctx.json").write_text(json.dumps({"step": step}))
+
+
+def _cfg(
+    tmp_path: Path, demo_corpus, name: str, checkpoint: bool = True
+) -> tuple[ExperimentConfig, Path]:
     raw = {
         "name": name, "run_root": str(tmp_path / name),
         "model": {"tiny": {}, "tokenizer": str(demo_corpus.tokenizer_dir), "dtype": "float32"},
@@ -24,7 +42,8 @@ def _cfg(tmp_path: Path, demo_corpus, name: str) -> tuple[ExperimentConfig, Path
     }  # fmt: skip
     cfg = config_from_dict(raw)
     ckpt = cfg.run_dir / "checkpoints" / "step-000010"
-    save_checkpoint(ckpt, demo_corpus.tokenizer_dir, seed=3, step=10)
+    if checkpoint:
+        save_checkpoint(ckpt, demo_corpus.tokenizer_dir, seed=3, step=10)
     return cfg, ckpt
 
 
@@ -34,7 +53,7 @@ def _sorted_records(path: Path) -> list[dict]:
 
 
 def test_plan_shards_balances_and_covers(tmp_path, demo_corpus):
-    cfg, _ = _cfg(tmp_path, demo_corpus, "plan")
+    cfg, _ = _cfg(tmp_path, demo_corpus, "plan", checkpoint=False)
     cfg = cfg.model_copy(deep=True)
     cfg.evaluation.ruler.lengths = [4096, 8192, 32768, 131072]
     plan = sharding.plan_shards(cfg, "ruler", 2)
@@ -83,3 +102,32 @@ def test_sharded_equals_unsharded_and_resumes(tmp_path, demo_corpus):
     # force restarts from nothing.
     assert sharding.prepare(cfg, ckpt, "ruler", force=True) and not out.exists()
     assert read_jsonl(results.samples_path(ckpt, "ruler"))[1:] == []
+
+
+@pytest.mark.slow
+def test_flow_shards_over_gpu_slots_in_child_processes(tmp_path, demo_corpus):
+    """Two GPU slots (the children run on CPU here): child processes, then one merge per pair;
+    the same scores as in-process; the re-run is cached (no child process at all)."""
+    from prefect import flow
+    from prefect.testing.utilities import prefect_test_harness
+
+    from anchorctx.flows.sharded import evaluate_sharded
+
+    plain_cfg, plain_ckpt = _cfg(tmp_path, demo_corpus, "plain")
+    ref = results.load_result(results.evaluate_checkpoint(plain_cfg, plain_ckpt, "ruler",
+                                                          progress=False))  # fmt: skip
+    cfg, ckpt = _cfg(tmp_path, demo_corpus, "flow")
+
+    @flow
+    def run() -> list[str]:
+        return evaluate_sharded(cfg, [str(ckpt)], ["ruler"], False, ["0", "1"])
+
+    with prefect_test_harness(server_startup_timeout=120):
+        (path,) = run()
+        got = results.load_result(path)
+        assert got["scores"] == ref["scores"] and got["samples"]["new"] == 0
+        assert _sorted_records(results.samples_path(ckpt, "ruler")) == _sorted_records(
+            results.samples_path(plain_ckpt, "ruler")
+        )
+        stamp = Path(path).stat().st_mtime_ns
+        assert run() == [path] and Path(path).stat().st_mtime_ns == stamp

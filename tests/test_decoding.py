@@ -165,3 +165,33 @@ def test_plan_batches_buckets_by_length():
     assert plan[1] == [3, 6]  # two 64K rows fit 140K slots
     assert plan[2] == [2, 1, 4] and plan[3] == [5]  # 1000 is under 75% of 4096
     assert plan_batches(lengths, max_rows=1) == [[i] for i in (0, 3, 6, 2, 1, 4, 5)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kind", ["llama", "qwen2"])
+def test_cuda_graph_decode_equals_eager_and_hf(kind):
+    """On CUDA (float32): the captured decode step gives the eager step's tokens and hf's, with
+    early stops, first-token suppression, stop strings, and one graph replayed over batches."""
+    model = _tiny(kind).cuda()
+    rows = _prompts()
+    free = _hf(model, rows, batch_size=1, stop_ids=(VOCAB + 5,))
+    stops, suppress = (free[0][3], free[3][7]), (free[1][0],)
+    ref = _hf(model, rows, batch_size=1, stop_ids=stops, suppress=suppress)
+    graph = GreedyDecoder(model)
+    assert graph.use_graph
+    rules = StopRules(stop_token_ids=stops, suppress_first=suppress)
+    for batch in ([0, 1, 2], [3, 4, 5], [5, 0, 3]):  # one shape: the graph is captured once
+        got = graph.generate([rows[i] for i in batch], max_new_tokens=NEW, pad_id=PAD, stop=rules)
+        assert got == [ref[i] for i in batch]
+    captured = graph._batch.graph
+    assert captured is not None
+    eager = _static(model, rows, len(rows), stop_ids=stops, suppress=suppress, use_graph=False)
+    assert eager == ref == _static(model, rows, len(rows), stop_ids=stops, suppress=suppress)
+    letters = lambda ids: "".join(chr(65 + t % 26) for t in ids)  # noqa: E731
+    target = letters(free[2][2:5])
+    got = graph.generate(rows, max_new_tokens=NEW, pad_id=PAD,
+                         stop=StopRules(stop_strings=(target,)), decode=letters)  # fmt: skip
+    for mine, full in zip(got, free):
+        end = next((k for k in range(1, NEW + 1) if target in letters(full[:k])), NEW)
+        assert mine == full[:end]
+    assert len(got[2]) <= 5

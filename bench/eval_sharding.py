@@ -76,6 +76,11 @@ def run_sharded(cfg_json: Path, cfg, ckpt: Path, n: int, gpus: list[str]) -> dic
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--gpus", type=int, default=2)
+    p.add_argument(
+        "--repeat",
+        action="store_true",
+        help="Also run the 1-GPU evaluation a second time (run-to-run determinism).",
+    )
     p.add_argument("--layers", type=int, default=8)
     p.add_argument("--hidden", type=int, default=4096)
     p.add_argument("--intermediate", type=int, default=11008)
@@ -97,9 +102,10 @@ def main(argv: list[str] | None = None) -> int:
     fixtures = work / "eval_data"
     device = "cuda" if args.device == "cuda" else "cpu"
     cfgs, ckpts = [], []
-    for n in (1, args.gpus):
+    counts = [1, args.gpus, 1] if args.repeat else [1, args.gpus]
+    for k, n in enumerate(counts):
         raw = {
-            "name": f"shard{n}", "run_root": str(work / f"runs-{n}"),
+            "name": f"shard{n}", "run_root": str(work / f"runs-{k}-{n}"),
             "model": {"tiny": {}, "tokenizer": str(corpus.tokenizer_dir), "dtype": "bfloat16"},
             "evaluation": {
                 "suites": ["ruler"], "demo_fixtures": str(fixtures), "device": device,
@@ -112,17 +118,21 @@ def main(argv: list[str] | None = None) -> int:
         ckpts.append(cfgs[-1].run_dir / "checkpoints" / "step-000001")
     ensure_eval_fixtures(cfgs[0])
     make_checkpoint(ckpts[0], corpus.tokenizer_dir, args)
-    linked_copy(ckpts[0], ckpts[1])
+    for other in ckpts[1:]:
+        linked_copy(ckpts[0], other)
     gpus = [str(i) for i in range(args.gpus)]
     runs = []
-    for n, cfg, ckpt in zip((1, args.gpus), cfgs, ckpts):
-        cfg_json = work / f"config-{n}.json"
+    for k, (n, cfg, ckpt) in enumerate(zip(counts, cfgs, ckpts)):
+        cfg_json = work / f"config-{k}-{n}.json"
         cfg_json.write_text(cfg.model_dump_json())
         runs.append(run_sharded(cfg_json, cfg, ckpt, n, gpus))
         print(f"{n} GPU(s): {runs[-1]['wall_s']:.1f} s (+ merge {runs[-1]['merge_s']:.1f} s)",
               flush=True)  # fmt: skip
-    one, many = runs
+    one, many = runs[:2]
     same = sum(a == b for a, b in zip(one["records"], many["records"]))
+    if args.repeat:
+        again = sum(a == b for a, b in zip(one["records"], runs[2]["records"]))
+        print(f"1 GPU run twice: {again}/{len(one['records'])} records identical")
     speedup = one["wall_s"] / many["wall_s"]
     print(f"\nRULER {args.tasks} × {args.lengths} × {args.samples} samples, "
           f"{args.layers}-layer 7B-wide model, batch ≤ {args.batch_size}")  # fmt: skip
@@ -144,6 +154,9 @@ def main(argv: list[str] | None = None) -> int:
             "runs": [{k: v for k, v in r.items() if k != "records"} for r in runs],
             "records": len(one["records"]), "records_identical": same, "speedup": speedup,
         })  # fmt: skip
+        for k, r in enumerate(runs):
+            path = args.out.with_name(f"{args.out.stem}.records-{k}-{r['gpus']}.jsonl")
+            path.write_text("".join(json.dumps(x) + "\n" for x in r["records"]))
     return 0
 
 

@@ -187,6 +187,8 @@ def test_cuda_graph_decode_equals_eager_and_hf(kind):
     assert captured is not None
     eager = _static(model, rows, len(rows), stop_ids=stops, suppress=suppress, use_graph=False)
     assert eager == ref == _static(model, rows, len(rows), stop_ids=stops, suppress=suppress)
+    assert ref == _static(model, rows, len(rows), stop_ids=stops, suppress=suppress,
+                          deterministic=True)  # fmt: skip
     letters = lambda ids: "".join(chr(65 + t % 26) for t in ids)  # noqa: E731
     target = letters(free[2][2:5])
     got = graph.generate(rows, max_new_tokens=NEW, pad_id=PAD,

@@ -143,12 +143,12 @@ def _pick_engine(engine: str, model: PreTrainedModel, encoded: list[list[int]], 
 
 
 def _generate_static(model, tokenizer, encoded, *, max_new_tokens, batch_size, stop, bar,
-                     on_batch) -> list[str]:  # fmt: skip
+                     on_batch, deterministic=False) -> list[str]:  # fmt: skip
     """The static-cache engine over length-bucketed batches (``batch_size`` rows at most, and
     as many cache slots as fit in free device memory)."""
     from anchorctx.models.decoding import GreedyDecoder, kv_bytes_per_token, plan_batches
 
-    decoder = GreedyDecoder(model)
+    decoder = GreedyDecoder(model, deterministic=deterministic)
     free = decoder.free_bytes()
     # 60% of free memory for the KV cache of a batch; the rest is prefill activations and
     # allocator slack (the cache of a 7B MHA model is 0.5 MiB per token).
@@ -186,6 +186,7 @@ def generate_greedy(
     on_batch: Callable[[list[int], list[str]], None] | None = None,
     engine: str = "auto",
     stop: StopRules | None = None,
+    deterministic: bool = False,
 ) -> list[str]:
     """Greedy continuations of ``prompts`` (decoded, special tokens dropped), in input order.
 
@@ -194,6 +195,8 @@ def generate_greedy(
     produced. ``engine``: ``hf`` (transformers ``generate``, the reference), ``static``
     (:mod:`anchorctx.models.decoding`: static KV cache, CUDA-graph decode) or ``auto`` (static
     where the model supports it). Both give the same tokens up to floating-point rounding.
+    ``deterministic``: the static engine's decode uses a run-to-run deterministic attention
+    kernel (slower at long lengths; see :class:`anchorctx.models.decoding.GreedyDecoder`).
     """
     import torch
 
@@ -201,7 +204,8 @@ def generate_greedy(
     bar = tqdm(total=len(prompts), desc=desc, unit="sample", disable=not progress)
     if prompts and _pick_engine(engine, model, encoded, max_new_tokens) == "static":
         texts = _generate_static(model, tokenizer, encoded, max_new_tokens=max_new_tokens,
-                                 batch_size=batch_size, stop=stop, bar=bar, on_batch=on_batch)  # fmt: skip
+                                 batch_size=batch_size, stop=stop, bar=bar, on_batch=on_batch,
+                                 deterministic=deterministic)  # fmt: skip
         bar.close()
         return texts
     config = _generation_config(tokenizer, max_new_tokens, stop)

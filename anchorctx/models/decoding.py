@@ -185,11 +185,18 @@ class GreedyDecoder:
     ``use_graph``: capture the decode step as a CUDA graph (default: on CUDA). ``prefill_chunk``:
     prefill at most this many tokens per pass (default: one pass when the activations fit in
     free memory, else the largest chunk that does; always one pass on CPU).
+
+    ``deterministic``: the masked single-query attention of the decode step is then computed by
+    SDPA's memory-efficient kernel, which gives the same tokens on every run. By default PyTorch
+    picks cuDNN's kernel, 2-4.6× faster there but not run-to-run deterministic (measured on H200,
+    torch 2.11: two runs of the same batch gave different greedy tokens after a few dozen steps
+    on a random 7B-shaped model; docs/PERFORMANCE.md).
     """
 
     def __init__(self, model, *, use_graph: bool | None = None, prefill_chunk: int | None = None,
-                 sync_every: int = SYNC_EVERY):  # fmt: skip
+                 sync_every: int = SYNC_EVERY, deterministic: bool = False):  # fmt: skip
         self.model = model
+        self.deterministic = deterministic
         self.device = model.model.embed_tokens.weight.device
         self.head = model.get_output_embeddings()
         self.use_graph = (self.device.type == "cuda") if use_graph is None else use_graph
@@ -269,10 +276,21 @@ class GreedyDecoder:
         return logits.argmax()
 
     # -- decode --------------------------------------------------------------------------------
+    def _attention(self):
+        """The decode step's SDPA backend: PyTorch's pick, or the deterministic one."""
+        import contextlib
+
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        if not self.deterministic or self.device.type != "cuda":
+            return contextlib.nullcontext()
+        return sdpa_kernel([SDPBackend.EFFICIENT_ATTENTION])
+
     def _step(self, b: _Batch) -> None:
         """One token for every row; only in-place device work, so it can be graph-captured."""
         b.mask.index_fill_(3, b.cache.slot, True)  # the slot written now becomes visible
-        h = self._layers(b.tok, b.pos, b.mask, b.cache, b.cache.slot)  # [B, 1, hidden]
+        with self._attention():
+            h = self._layers(b.tok, b.pos, b.mask, b.cache, b.cache.slot)  # [B, 1, hidden]
         nxt = self._logits(h[:, -1]).argmax(-1)  # [B]
         nxt = torch.where(b.done, b.pad, nxt)
         b.out.index_copy_(1, b.step, nxt[:, None])

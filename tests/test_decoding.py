@@ -197,3 +197,35 @@ def test_cuda_graph_decode_equals_eager_and_hf(kind):
         end = next((k for k in range(1, NEW + 1) if target in letters(full[:k])), NEW)
         assert mine == full[:end]
     assert len(got[2]) <= 5
+
+
+def test_auto_engine_falls_back_where_static_cannot_run():
+    from transformers import MistralConfig, MistralForCausalLM
+
+    from anchorctx.evaluation.generation import _pick_engine
+
+    cfg = MistralConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64,
+                        num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2,
+                        sliding_window=16)  # fmt: skip
+    mistral = MistralForCausalLM(cfg).eval()
+    short, long = [[1, 5, 6]], [[1] * 20]
+    assert _pick_engine("auto", mistral, short, 4) == "static"  # within the window: exact
+    assert _pick_engine("auto", mistral, long, 4) == "hf"
+    assert _pick_engine("static", mistral, long, 4) == "static"  # asked for: it raises later
+    with pytest.raises(UnsupportedModelError, match="sliding_window 16"):
+        GreedyDecoder(mistral).generate(long, max_new_tokens=4, pad_id=PAD)
+    with pytest.raises(ValueError, match="generation engine 'vllm'"):
+        _pick_engine("vllm", mistral, short, 4)
+    assert GreedyDecoder(mistral).generate(short, max_new_tokens=3, pad_id=PAD) == _hf_rows(
+        mistral, short, 3
+    )
+
+
+def _hf_rows(model, rows, new):
+    from transformers import GenerationConfig
+
+    config = GenerationConfig(max_new_tokens=new, do_sample=False, eos_token_id=None,
+                              pad_token_id=PAD)  # fmt: skip
+    with torch.no_grad():
+        return [model.generate(input_ids=torch.tensor([r]), generation_config=config)[0, len(r):]
+                .tolist() for r in rows]  # fmt: skip

@@ -53,6 +53,7 @@ def evaluate_arguments(parser: argparse.ArgumentParser) -> None:
 
 def evaluate(args: argparse.Namespace) -> int:
     from anchorctx.evaluation.results import EvaluationError, evaluate_checkpoint, load_result
+    from anchorctx.evaluation.tracking import log_evaluation
 
     cfg = args.cfg
     suites = args.suite or list(cfg.evaluation.suites)
@@ -65,6 +66,8 @@ def evaluate(args: argparse.Namespace) -> int:
                 assert result is not None
                 print(f"\n{ckpt.name} · {suite} -> {path}")
                 print(results_table(result))
+        if not args.checkpoint:  # a run's checkpoints: log its scores to the trackers
+            log_evaluation(cfg, Path(args.run_dir) if args.run_dir else cfg.run_dir)
     except EvaluationError as err:
         print(f"anchorctx evaluate: {err}", file=sys.stderr)
         return 2
@@ -103,6 +106,7 @@ def report_arguments(parser: argparse.ArgumentParser) -> None:
 def report(args: argparse.Namespace) -> int:
     from anchorctx.evaluation.averaging import summarize_run
     from anchorctx.evaluation.report import write_experiment_report
+    from anchorctx.evaluation.tracking import log_evaluation, log_report
 
     cfg = args.cfg
     last_k = args.last_k or cfg.evaluation.last_k
@@ -110,9 +114,11 @@ def report(args: argparse.Namespace) -> int:
     for arm in arms:
         if (arm.run_dir / "eval").is_dir():
             summarize_run(arm.run_dir, last_k)
+            log_evaluation(arm)
         else:
             print(f"note: {arm.run_dir} has no evaluation results yet", file=sys.stderr)
     out = write_experiment_report(cfg.experiment_dir, [arm.variant_name for arm in arms])
+    log_report(cfg, out)
     print(out["markdown"])
     for name, path in out["paths"].items():
         print(f"{name}: {path}")

@@ -28,6 +28,7 @@ from prefect.states import State
 from prefect.task_runners import ThreadPoolTaskRunner
 
 from anchorctx.config import ExperimentConfig
+from anchorctx.evaluation.tracking import log_evaluation, log_report
 from anchorctx.tasks.artifacts import (
     Progress,
     artifact_key,
@@ -165,6 +166,7 @@ def evaluate_flow(
     ensure_eval_fixtures_task(cfg)
     results = _evaluate_all(cfg, checkpoints, suites, force)
     summary = summarize_task(str(run), cfg.evaluation.last_k)
+    log_evaluation(cfg, run)  # every score per checkpoint and the averages, to the trackers
     for name, rows in summary_tables(summary).items():
         publish_table(f"{cfg.name}-{run.name}-{name}", rows,
                       f"{run}: {name}, mean ± std over the last {cfg.evaluation.last_k} checkpoints")  # fmt: skip
@@ -230,6 +232,7 @@ def full_experiment(
     variants = [a.variant_name for a in arms]
     report = report_task(str(cfg.experiment_dir), variants)
     _publish_report(cfg, arms, report, datasets)
+    log_report(cfg, report)
     return {"experiment_dir": str(cfg.experiment_dir), "report": report["paths"]}
 
 

@@ -130,3 +130,15 @@ def test_original_mmlu_csv_layout_and_missing_files(tmp_path, setup):
         harness.hellaswag_file(tmp_path)
     with pytest.raises(harness.HarnessDataError, match="not a directory"):
         harness.mmlu_layout(tmp_path / "nope")
+
+
+def test_uninformative_lm_eval_warnings_are_filtered(setup, caplog):
+    import logging
+
+    cfg, model, tok, _paths = setup
+    with caplog.at_level(logging.WARNING):
+        harness.run_suite_hellaswag(model, tok, cfg, done={}, on_sample=lambda r: None,
+                                    progress=False)  # fmt: skip
+        logging.getLogger("lm_eval.evaluator").warning("a real problem")
+    lm_eval_messages = [r.getMessage() for r in caplog.records if r.name.startswith("lm_eval")]
+    assert lm_eval_messages == ["a real problem"]  # other lm-eval warnings still reach the log

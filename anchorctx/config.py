@@ -284,7 +284,9 @@ TrackingBackend = Literal["tensorboard", "mlflow", "wandb"]
 
 class TensorBoardConfig(Strict):
     log_dir: Path | None = Field(
-        None, description="Default: <run_dir>/tensorboard (<experiment_dir>/tensorboard: report)."
+        None,
+        description="One folder for every run: <log_dir>/<name>/<variant or 'report'>. Default: "
+        "<run_dir>/tensorboard per arm, <experiment_dir>/tensorboard for the report.",
     )
 
 

@@ -92,7 +92,9 @@ class _TensorBoard:
     def __init__(self, cfg: ExperimentConfig, stage: str, log_dir: Path) -> None:
         from torch.utils.tensorboard import SummaryWriter
 
-        self.dir = cfg.tracking.tensorboard.log_dir or log_dir
+        root = cfg.tracking.tensorboard.log_dir
+        leaf = "report" if stage == "report" else cfg.variant_name
+        self.dir = root / cfg.name / leaf if root is not None else log_dir
         self.writer = SummaryWriter(str(self.dir))
         tags = run_tags(cfg, stage)
         self.writer.add_text(f"{stage}/run", "\n".join(f"- {k}: {v}" for k, v in tags.items()))

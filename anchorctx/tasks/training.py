@@ -38,12 +38,14 @@ def list_checkpoint_paths(run_dir: Path) -> list[str]:
     return [str(p) for p in list_checkpoints(run_dir)] if run_dir.is_dir() else []
 
 
-def move_aside(run_dir: Path, label: str = "old") -> Path | None:
-    """Rename a run out of the way (never delete results): ``<run>.<label>-<time>``."""
-    if not run_dir.exists():
+def move_aside(run_dir: Path, label: str = "old", source: Path | None = None) -> Path | None:
+    """Rename a run out of the way (never delete results): ``source`` (default: the run
+    directory itself) becomes ``<run>.<label>-<time>``."""
+    source = source or run_dir
+    if not source.exists():
         return None
     target = run_dir.with_name(f"{run_dir.name}.{label}-{time.strftime('%Y%m%d-%H%M%S')}")
-    run_dir.rename(target)
+    source.rename(target)
     return target
 
 
@@ -97,7 +99,7 @@ def train_task(
         if restore_previous(run_dir) is not None:
             logger.warning("forced run did not finish: previous run restored in %s", run_dir)
         raise
-    if (old := move_aside(previous_dir(run_dir))) is not None:
+    if (old := move_aside(run_dir, source=previous_dir(run_dir))) is not None:
         logger.info("previous run moved aside to %s", old)
     return checkpoints
 

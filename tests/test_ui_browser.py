@@ -62,3 +62,36 @@ def test_demo_run_completed_with_artifacts_in_ui(served, page, tmp_path):  # noq
     )
     assert width.json_value() > 100
     page.screenshot(path=str(tmp_path / "ruler-plot-artifact.png"), full_page=True)
+
+
+def test_cached_runs_are_marked_in_ui(served, page, tmp_path):  # noqa: F811
+    """A cache-hit evaluation shows as such: its flow run carries the ``cached`` tag, and each
+    reused task run says "Cached" and is named ``… · cached``."""
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+    from prefect.deployments import run_deployment
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    from anchorctx.tasks.reuse import CACHED_SUFFIX, CACHED_TAG
+
+    # The demo run evaluated the full arm: evaluating its RULER results again reuses them all.
+    with temporary_settings(updates={PREFECT_API_URL: served.server.api_url}):
+        run = run_deployment("evaluate/default", timeout=600,
+                             parameters={"variant": "full", "suites": ["ruler"]})  # fmt: skip
+    assert run.state.is_completed(), run.state
+    with client_for(served) as client:
+        tasks = client.read_task_runs(
+            flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[run.id]))
+        )
+    cached = [t for t in tasks if t.name.endswith(CACHED_SUFFIX)]
+    assert cached, [t.name for t in tasks]
+
+    page.goto(f"{served.server.ui_url}/v2/runs/flow-run/{run.id}")
+    page.get_by_text(run.name).first.wait_for()
+    page.get_by_text(CACHED_TAG, exact=True).first.wait_for()  # the flow run's tag
+    page.screenshot(path=str(tmp_path / "cached-flow-run.png"), full_page=True)
+
+    page.goto(f"{served.server.ui_url}/v2/runs/task-run/{cached[0].id}")
+    page.get_by_text(cached[0].name).first.wait_for()  # "evaluate-ruler-step-… · cached"
+    page.get_by_text("Cached", exact=True).first.wait_for()  # the state
+    page.get_by_text(CACHED_TAG, exact=True).first.wait_for()  # the task run's tag
+    page.screenshot(path=str(tmp_path / "cached-task-run.png"), full_page=True)

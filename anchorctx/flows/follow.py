@@ -92,6 +92,7 @@ class Follower:
         self.seen_logs: set[UUID] = set()
         self.last_step: dict[UUID, tuple[float, str]] = {}
         self.eval_text: dict[UUID, str] = {}
+        self.eval_final: set[UUID] = set()
 
     def _say(self, text: str) -> None:
         self.out(f"[{time.strftime('%H:%M:%S')}] {text}")
@@ -124,8 +125,12 @@ class Follower:
         self._logs([r.id for r in runs])
         for run in runs:
             info = self.runs[run.id]
-            if info.stage == "evaluate" and info.state == "Running":
+            # while it runs, and once more at its end (short runs finish between two polls)
+            if info.stage == "evaluate" and (info.state == "Running" or (
+                    run.state.is_final() and run.id not in self.eval_final)):  # fmt: skip
                 self._evaluation(run.id, info)
+                if run.state.is_final():
+                    self.eval_final.add(run.id)
         return runs[0].state
 
     def _state(self, run: Any) -> None:

@@ -36,7 +36,9 @@ def will_be_cached(task: Task, parameters: dict[str, Any], refresh: bool = False
 
     try:
         key = task.cache_key_fn(None, parameters)  # type: ignore[arg-type]  # our fns ignore it
-        return bool(key) and get_result_store().exists(key)
+        # the task's own view of the store, as the engine builds it (the flow's store has a
+        # placeholder metadata storage that reads nothing)
+        return bool(key) and get_result_store().update_for_task(task).exists(key)
     except Exception as err:  # a prediction only decides a tag; never fail the flow over it
         log.debug("cache prediction failed for %s: %s", task.name, err)
         return False

@@ -54,10 +54,12 @@ def evaluate_arguments(parser: argparse.ArgumentParser) -> None:
 def evaluate(args: argparse.Namespace) -> int:
     from anchorctx.evaluation.results import EvaluationError, evaluate_checkpoint, load_result
     from anchorctx.evaluation.tracking import log_evaluation
+    from anchorctx.tracking import TrackingError, check_backends
 
     cfg = args.cfg
     suites = args.suite or list(cfg.evaluation.suites)
     try:
+        check_backends(cfg)
         checkpoints = _checkpoints(args)
         for ckpt in checkpoints:
             for suite in suites:
@@ -68,7 +70,7 @@ def evaluate(args: argparse.Namespace) -> int:
                 print(results_table(result))
         if not args.checkpoint:  # a run's checkpoints: log its scores to the trackers
             log_evaluation(cfg, Path(args.run_dir) if args.run_dir else cfg.run_dir)
-    except EvaluationError as err:
+    except (EvaluationError, TrackingError) as err:
         print(f"anchorctx evaluate: {err}", file=sys.stderr)
         return 2
     return 0
@@ -107,9 +109,15 @@ def report(args: argparse.Namespace) -> int:
     from anchorctx.evaluation.averaging import summarize_run
     from anchorctx.evaluation.report import write_experiment_report
     from anchorctx.evaluation.tracking import log_evaluation, log_report
+    from anchorctx.tracking import TrackingError, check_backends
 
     cfg = args.cfg
     last_k = args.last_k or cfg.evaluation.last_k
+    try:
+        check_backends(cfg)
+    except TrackingError as err:
+        print(f"anchorctx report: {err}", file=sys.stderr)
+        return 2
     arms = cfg.arms()
     for arm in arms:
         if (arm.run_dir / "eval").is_dir():

@@ -127,10 +127,16 @@ def run(args: argparse.Namespace) -> int:
         return 2
     from prefect.client.orchestration import get_client
     from prefect.deployments import run_deployment
+    from prefect.exceptions import ObjectNotFound
 
     from anchorctx.flows.follow import flow_run_url, follow
 
-    flow_run = run_deployment(args.deployment, parameters=params, timeout=0)
+    try:
+        flow_run = run_deployment(args.deployment, parameters=params, timeout=0)
+    except ObjectNotFound:
+        print(f"anchorctx run: no deployment {args.deployment!r} on {url} (is `anchorctx serve` "
+              "running? `prefect deployment ls` lists them)", file=sys.stderr)  # fmt: skip
+        return 2
     link = flow_run_url(flow_run.id) or url
     shown = ", ".join(f"{k}={v}" for k, v in params.items()) or "deployment defaults"
     print(f"[run] {args.deployment}: flow run {flow_run.name} ({shown})", flush=True)

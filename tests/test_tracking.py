@@ -161,3 +161,18 @@ def test_evaluation_and_report_scores(tiny_config, tmp_path):
     )
     assert table["columns"] == ["variant", "256", "512"]
     assert table["data"] == [["anchor", "77.50 ± 2.50", "50.00 ± 0.00"]]
+
+
+def test_cli_refuses_a_missing_tracker_before_any_work(tiny_config, tmp_path, monkeypatch, capsys):
+    from anchorctx.cli import main
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "mlflow" else real(name, *a))  # fmt: skip
+    cfg = _cfg(tiny_config, tmp_path, backends=["mlflow"])
+    path = tmp_path / "cfg.yaml"
+    path.write_text(cfg.to_yaml())
+    assert main(["train", str(path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("anchorctx train: tracking backend 'mlflow'") and "\n" not in err
+    assert not cfg.run_dir.exists()  # nothing was started

@@ -12,7 +12,7 @@ import re
 from pathlib import Path
 
 import pytest
-from test_flows_e2e import client_for, served  # noqa: F401  (the shared session fixture)
+from test_flows_e2e import client_for, run_deployment_cli, served  # noqa: F401  (shared session)
 
 CHROMIUM = Path("/usr/bin/chromium")
 
@@ -68,24 +68,24 @@ def test_cached_runs_are_marked_in_ui(served, page, tmp_path):  # noqa: F811
     """A cache-hit evaluation shows as such: its flow run carries the ``cached`` tag, and each
     reused task run says "Cached" and is named ``… · cached``."""
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
-    from prefect.deployments import run_deployment
-    from prefect.settings import PREFECT_API_URL, temporary_settings
 
     from anchorctx.tasks.reuse import CACHED_SUFFIX, CACHED_TAG
 
     # The demo run evaluated the full arm: evaluating its RULER results again reuses them all.
-    with temporary_settings(updates={PREFECT_API_URL: served.server.api_url}):
-        run = run_deployment("evaluate/default", timeout=600,
-                             parameters={"variant": "full", "suites": ["ruler"]})  # fmt: skip
-    assert run.state.is_completed(), run.state
+    # (Through the CLI: playwright's sync API runs an event loop in this thread.)
+    proc, run_id = run_deployment_cli(served.env, "evaluate/default", "variant=full",
+                                      'suites=["ruler"]', cwd=served.tmp)  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     with client_for(served) as client:
+        run = client.read_flow_run(run_id)
         tasks = client.read_task_runs(
-            flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[run.id]))
+            flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[run_id]))
         )
     cached = [t for t in tasks if t.name.endswith(CACHED_SUFFIX)]
     assert cached, [t.name for t in tasks]
 
     page.goto(f"{served.server.ui_url}/v2/runs/flow-run/{run.id}")
+    assert run.name == "evaluate-flowtest-full"  # named after the arm it evaluated
     page.get_by_text(run.name).first.wait_for()
     page.get_by_text(CACHED_TAG, exact=True).first.wait_for()  # the flow run's tag
     page.screenshot(path=str(tmp_path / "cached-flow-run.png"), full_page=True)

@@ -63,7 +63,9 @@ EVAL_WORKERS = int(os.environ.get("ANCHORCTX_EVAL_WORKERS", "1"))
 def _run_name(stage: str, per_arm: bool = True) -> str:
     cfg = flow_run.parameters.get("cfg")
     if isinstance(cfg, ExperimentConfig):
-        return f"{stage}-{cfg.name}-{cfg.variant_name}" if per_arm else f"{stage}-{cfg.name}"
+        # evaluate's ``variant`` parameter picks the arm; the name must say which one
+        arm = flow_run.parameters.get("variant") or cfg.variant_name
+        return f"{stage}-{cfg.name}-{arm}" if per_arm else f"{stage}-{cfg.name}"
     if isinstance(cfg, dict):  # parameters before validation
         return f"{stage}-{cfg.get('name', 'experiment')}"
     return stage

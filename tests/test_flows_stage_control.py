@@ -119,3 +119,24 @@ def test_cancelled_forced_training_keeps_the_previous_run(served):  # noqa: F811
     assert sorted(p.name for p in (anchor.run_dir / "checkpoints").iterdir()) == before
     assert not anchor.run_dir.with_name("anchor.previous").exists()
     assert list(anchor.run_dir.parent.glob("anchor.failed-*"))  # the partial run, kept aside
+
+
+def test_demo_run_logged_to_tensorboard(served):  # noqa: F811
+    """The demo config tracks to TensorBoard: training steps, every evaluation score and the
+    report reach event files from the flow run's processes (training child, flow process)."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from test_tracking import _tb_scalars
+
+    from anchorctx.io import read_jsonl
+
+    assert served.cfg.tracking.backends == ["tensorboard"]
+    full = _arm(served, "full")
+    scalars = _tb_scalars(full.run_dir / "tensorboard")
+    losses = [(r["step"], r["loss"]) for r in read_jsonl(full.run_dir / "metrics.jsonl")]
+    assert [(s, pytest.approx(v, rel=1e-6)) for s, v in scalars["train/loss"]] == losses
+    steps = {s for s, _ in scalars["eval/ruler/average/512"]}
+    assert steps == {1, 2}  # both checkpoints' RULER scores
+    assert "eval_mean/mmlu/mmlu/acc" in scalars
+    report = EventAccumulator(str(served.cfg.experiment_dir / "tensorboard"))
+    report.Reload()
+    assert "report/ruler_by_length" in report.Tags()["images"]

@@ -127,15 +127,22 @@ def test_evaluation_and_report_scores(tiny_config, tmp_path):
     from anchorctx.evaluation.averaging import summarize_run
     from anchorctx.evaluation.report import write_experiment_report
 
-    cfg = _cfg(tiny_config, tmp_path, name="trk-eval", backends=["tensorboard", "mlflow"])
+    cfg = _cfg(tiny_config, tmp_path, name="trk-eval")
     scores = {2: {"vt": {"256": 50.0, "512": 25.0}, "fwe": {"256": 100.0, "512": 75.0}},
               4: {"vt": {"256": 70.0, "512": 35.0}, "fwe": {"256": 90.0, "512": 65.0}}}  # fmt: skip
     for step, s in scores.items():
-        atomic_write_json(
-            cfg.run_dir / "eval" / f"step-{step:06d}" / "ruler.json", _result(step, s)
-        )
+        ckpt_eval = cfg.run_dir / "eval" / f"step-{step:06d}"
+        atomic_write_json(ckpt_eval / "ruler.json", _result(step, s))
+        mmlu = {"suite": "mmlu", "step": step, "scores": {"mmlu": {"acc": 20.0 + step}}}
+        atomic_write_json(ckpt_eval / "mmlu.json", mmlu)
     summarize_run(cfg.run_dir, last_k=2)
     log_evaluation(cfg)
+
+    # W&B keeps only rows in step order: both suites of both checkpoints must be there
+    rows = {h["_step"]: h for h in history(run_file(cfg.run_dir))}
+    assert sorted(rows) == [2, 4]
+    assert rows[2]["eval/ruler/vt/256"] == 50.0 and rows[2]["eval/mmlu/mmlu/acc"] == 22.0
+    assert rows[4]["eval/mmlu/mmlu/acc"] == 24.0 and rows[4]["eval_mean/mmlu/mmlu/acc"] == 23.0
 
     tb = _tb_scalars(cfg.run_dir / "tensorboard")
     assert tb["eval/ruler/vt/256"] == [(2, 50.0), (4, 70.0)]  # per checkpoint, step = its step

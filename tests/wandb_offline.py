@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import struct
+import time
 from pathlib import Path
 from typing import Any
 
@@ -18,10 +19,22 @@ BLOCK = 32768
 HEADER = 7
 
 
-def records(path: Path) -> list[Any]:
+def records(path: Path, wait_s: float = 30.0) -> list[Any]:
+    """Every record of a finished run. ``run.finish()`` can return before wandb's core process
+    has written the log out, so this waits (up to ``wait_s``) for the run's exit record."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        out = _parse(Path(path).read_bytes(), path)
+        if any(r.WhichOneof("record_type") == "exit" for r in out) or time.monotonic() > deadline:
+            return out
+        time.sleep(0.2)
+
+
+def _parse(data: bytes, path: Path) -> list[Any]:
     from wandb.proto import wandb_internal_pb2 as pb
 
-    data = Path(path).read_bytes()
+    if len(data) < HEADER:
+        return []
     ident, magic, version = struct.unpack("<4sHB", data[:HEADER])
     assert (ident, magic, version) == (b":W&B", 0xBEE1, 0), f"{path}: not a W&B run file"
     out, pos, pending = [], HEADER, b""

@@ -36,14 +36,21 @@ def log_evaluation(cfg: ExperimentConfig, run_dir: str | Path | None = None) -> 
     grouped = collect_results(run_dir)
     summary_path = run_dir / "eval" / SUMMARY_JSON
     summary = read_json(summary_path) if summary_path.is_file() else None
+    # One row per step across suites, logged in step order: W&B drops rows whose step is below
+    # one it has seen. Results of checkpoints without a step (e.g. averaged weights) go to 0.
+    rows: dict[int, dict[str, Any]] = {}
+    for suite, results in grouped.items():
+        for result in results:
+            rows.setdefault(result_step(result) or 0, {}).update(
+                _score_metrics("eval", suite, result)
+            )
+    for suite, s in (summary or {}).get("suites", {}).items():
+        step = max((x for x in s.get("steps", []) if isinstance(x, int)), default=0)
+        for stat in ("mean", "std"):
+            rows.setdefault(step, {}).update(_summary_metrics(f"eval_{stat}", suite, s, stat))
     with Tracker(cfg, "evaluate", log_dir=run_dir / "tensorboard") as tracker:
-        for suite, results in grouped.items():
-            for result in sorted(results, key=lambda r: result_step(r) or 0):
-                tracker.metrics(_score_metrics("eval", suite, result), step=result_step(result))
-        for suite, s in (summary or {}).get("suites", {}).items():
-            step = max((x for x in s.get("steps", []) if isinstance(x, int)), default=None)
-            for stat in ("mean", "std"):
-                tracker.metrics(_summary_metrics(f"eval_{stat}", suite, s, stat), step=step)
+        for step in sorted(rows):
+            tracker.metrics(rows[step], step=step)
 
 
 def _score_metrics(prefix: str, suite: str, result: dict[str, Any]) -> dict[str, Any]:

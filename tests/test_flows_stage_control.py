@@ -1,7 +1,8 @@
 """Stage, arm and suite control and terminal progress against the session's real server and
 demo run (tests/test_flows_e2e.py's ``served``): one suite of one arm forced, one arm's training
-forced (followed step by step in the terminal), a forced training run cancelled (the previous
-run stays), and a cache-hit run marked in the API (tag and task-run names)."""
+and evaluated on one suite (followed step by step in the terminal), a forced training run
+cancelled (the previous run stays), and the demo's TensorBoard logs. The cache-hit marks are
+checked in tests/test_ui_browser.py (API and browser)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,6 @@ import pytest
 from test_flows_e2e import _cli, _train_children, client_for, served  # noqa: F401
 
 from anchorctx.config import ExperimentConfig
-from anchorctx.tasks.reuse import CACHED_SUFFIX, CACHED_TAG
 
 pytestmark = pytest.mark.slow
 
@@ -47,47 +47,30 @@ def _run(served, *args: str):  # noqa: F811
     return proc.stdout, run_id
 
 
-def test_force_one_suite_of_one_arm_leaves_the_rest(served):  # noqa: F811
+def test_force_one_arms_training_and_one_suite_leaves_the_rest(served):  # noqa: F811
+    """One run: retrain the anchor arm and evaluate its new checkpoints on RULER only, followed
+    in the terminal; the anchor arm's other suite and the whole full arm are left alone."""
     anchor, full = _arm(served, "anchor"), _arm(served, "full")
-    before_anchor, before_full = _mtimes(anchor.run_dir), _mtimes(full.run_dir)
-    out, run_id = _run(served, "--arm", "anchor", "--stage", "evaluate", "--suite", "ruler",
-                       "--force")  # fmt: skip
-    assert "evaluate · anchor · " in out and "checkpoint × suite done" in out
-    assert "experiment · Completed" in out
+    old_ckpts = sorted(p.name for p in (anchor.run_dir / "checkpoints").iterdir())
+    before_full = _mtimes(full.run_dir)
+    asides_before = set(anchor.run_dir.parent.glob("anchor.old-*"))
+    out, run_id = _run(served, "--arm", "anchor", "--stage", "train", "--stage", "evaluate",
+                       "--suite", "ruler", "--force")  # fmt: skip
+    steps = anchor.training.steps
+    assert f"train · anchor · step {steps}/{steps} (100.0%) · loss " in out, out
+    assert "evaluate · anchor · " in out and "checkpoint × suite done" in out, out
+    assert "experiment · Completed" in out and " · full " not in out, out
     with client_for(served) as client:
         _, tasks = _subflow_task_runs(client, run_id, "evaluate-")
     evals = {t.name: t.state.name for t in tasks if t.name.startswith("evaluate-")}
-    assert evals and all(n.startswith("evaluate-ruler-") for n in evals), evals
-    assert set(evals.values()) == {"Completed"}, evals  # forced: recomputed, not reused
-    after_anchor = _mtimes(anchor.run_dir)
-    for name, mtime in before_anchor.items():  # ruler rewritten, every other suite untouched
-        assert (after_anchor[name] != mtime) == name.endswith("ruler.json"), name
-    assert _mtimes(full.run_dir) == before_full  # the other arm untouched
-
-
-def test_cache_hits_are_tagged_and_named(served):  # noqa: F811
-    out, run_id = _run(served, "--arm", "full", "--stage", "evaluate", "--suite", "ruler")
-    assert "evaluate · full · Completed (cached)" in out
-    with client_for(served) as client:
-        sub, tasks = _subflow_task_runs(client, run_id, "evaluate-")
-    evals = [t for t in tasks if t.name.startswith("evaluate-")]
-    assert evals and all(t.state.name == "Cached" for t in evals)
-    assert all(t.name.endswith(CACHED_SUFFIX) and CACHED_TAG in t.tags for t in evals), [
-        (t.name, t.tags) for t in evals]  # fmt: skip
-    assert CACHED_TAG in sub.tags
-
-
-def test_force_one_arms_training_follows_steps(served):  # noqa: F811
-    anchor = _arm(served, "anchor")
-    old_ckpts = sorted(p.name for p in (anchor.run_dir / "checkpoints").iterdir())
-    asides_before = set(anchor.run_dir.parent.glob("anchor.old-*"))
-    out, _ = _run(served, "--arm", "anchor", "--stage", "train", "--force")
-    steps = anchor.training.steps
-    assert f"train · anchor · step {steps}/{steps} (100.0%) · loss " in out, out
-    assert "train · full" not in out  # the other arm is not touched
+    assert len(evals) == len(old_ckpts) and set(evals.values()) == {"Completed"}, evals
+    assert all(n.startswith("evaluate-ruler-") for n in evals), evals  # the one suite only
+    assert {p.name for p in (anchor.run_dir / "eval").glob("*/*.json")} == {"ruler.json"}
+    # the previous run, with its evaluation results, moved aside once the new one finished
     (aside,) = set(anchor.run_dir.parent.glob("anchor.old-*")) - asides_before
     assert sorted(p.name for p in (aside / "checkpoints").iterdir()) == old_ckpts
-    assert (anchor.run_dir / "metrics.jsonl").is_file()
+    assert {p.name for p in (aside / "eval").glob("*/*.json")} == {"ruler.json", "mmlu.json"}
+    assert _mtimes(full.run_dir) == before_full  # the other arm untouched
 
 
 def test_cancelled_forced_training_keeps_the_previous_run(served):  # noqa: F811

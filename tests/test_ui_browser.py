@@ -81,8 +81,12 @@ def test_cached_runs_are_marked_in_ui(served, page, tmp_path):  # noqa: F811
         tasks = client.read_task_runs(
             flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[run_id]))
         )
-    cached = [t for t in tasks if t.name.endswith(CACHED_SUFFIX)]
-    assert cached, [t.name for t in tasks]
+    evals = [t for t in tasks if t.name.startswith("evaluate-")]
+    assert evals and all(t.state.name == "Cached" for t in evals), [t.name for t in tasks]
+    assert all(t.name.endswith(CACHED_SUFFIX) and CACHED_TAG in t.tags for t in evals), [
+        (t.name, t.tags) for t in evals]  # fmt: skip
+    assert CACHED_TAG in run.tags
+    cached = evals
 
     page.goto(f"{served.server.ui_url}/v2/runs/flow-run/{run.id}")
     assert run.name == "evaluate-flowtest-full"  # named after the arm it evaluated

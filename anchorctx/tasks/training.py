@@ -38,13 +38,31 @@ def list_checkpoint_paths(run_dir: Path) -> list[str]:
     return [str(p) for p in list_checkpoints(run_dir)] if run_dir.is_dir() else []
 
 
-def move_aside(run_dir: Path) -> Path | None:
-    """Rename an earlier run out of the way (never delete results): ``<run>.old-<time>``."""
-    if not run_dir.exists():
+def move_aside(run_dir: Path, label: str = "old", source: Path | None = None) -> Path | None:
+    """Rename a run out of the way (never delete results): ``source`` (default: the run
+    directory itself) becomes ``<run>.<label>-<time>``."""
+    source = source or run_dir
+    if not source.exists():
         return None
-    target = run_dir.with_name(f"{run_dir.name}.old-{time.strftime('%Y%m%d-%H%M%S')}")
-    run_dir.rename(target)
+    target = run_dir.with_name(f"{run_dir.name}.{label}-{time.strftime('%Y%m%d-%H%M%S')}")
+    source.rename(target)
     return target
+
+
+def previous_dir(run_dir: Path) -> Path:
+    """Where a forced run keeps the previous run until it has replaced it."""
+    return run_dir.with_name(f"{run_dir.name}.previous")
+
+
+def restore_previous(run_dir: Path) -> Path | None:
+    """Undo an unfinished forced run: its partial directory goes to ``<run>.failed-<time>``
+    and the previous run comes back. Returns the restored directory (None: nothing to undo)."""
+    previous = previous_dir(run_dir)
+    if not previous.is_dir():
+        return None
+    move_aside(run_dir, "failed")
+    previous.rename(run_dir)
+    return run_dir
 
 
 @task(name="train", cache_key_fn=train_cache_key, persist_result=True, result_serializer="json")
@@ -59,12 +77,36 @@ def train_task(
 
     ``dataset`` (the packed dataset directory) is part of the cache key: a re-packed dataset
     retrains. With ``resume`` an interrupted run continues from ``<run_dir>/resume`` and a
-    finished one returns at once; ``fresh`` first renames an earlier run directory aside.
+    finished one returns at once; ``fresh`` trains from scratch while the earlier run directory
+    waits as ``<run>.previous``: renamed ``<run>.old-<time>`` once the new run finishes, put
+    back if it does not.
     """
     logger = get_run_logger()
     run_dir = cfg.run_dir
-    if fresh and (old := move_aside(run_dir)) is not None:
-        logger.warning("earlier run moved aside to %s", old)
+    if restore_previous(run_dir) is not None:  # a forced run was killed before it could undo
+        logger.warning("an unfinished forced run was undone: previous run restored in %s", run_dir)
+    if not fresh:
+        return _train(cfg, dataset, resume, timeout_s)
+    # Forced: the previous run waits beside the new one and comes back if the new one does not
+    # finish (cancelled, crashed, timed out), so a forced run never leaves a run without results.
+    if run_dir.exists():
+        run_dir.rename(previous_dir(run_dir))
+        logger.info("forced: training from scratch; previous run kept in %s until this one "
+                    "finishes", previous_dir(run_dir))  # fmt: skip
+    try:
+        checkpoints = _train(cfg, dataset, resume, timeout_s)
+    except BaseException:
+        if restore_previous(run_dir) is not None:
+            logger.warning("forced run did not finish: previous run restored in %s", run_dir)
+        raise
+    if (old := move_aside(run_dir, source=previous_dir(run_dir))) is not None:
+        logger.info("previous run moved aside to %s", old)
+    return checkpoints
+
+
+def _train(cfg: ExperimentConfig, dataset: str, resume: bool, timeout_s: float | None) -> list[str]:
+    logger = get_run_logger()
+    run_dir = cfg.run_dir
     config_path = run_dir / "config.yaml"
     dump_config(cfg, config_path)
     cmd = train_command(config_path, resume=resume)

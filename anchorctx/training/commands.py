@@ -32,13 +32,15 @@ def train_arguments(parser: argparse.ArgumentParser) -> None:
 
 def train(args: argparse.Namespace) -> int:
     from anchorctx.packing import DataError
+    from anchorctx.tracking import TrackingError, check_backends
     from anchorctx.training.launch import launch
     from anchorctx.training.model import ModelLoadError
     from anchorctx.training.plan import TrainingError
 
     try:
+        check_backends(args.cfg)  # before any work: a missing tracker package is one line
         return launch(args.cfg, resume=args.resume, node_rank=args.node_rank,
                       master_addr=args.master_addr)  # fmt: skip
-    except (TrainingError, ModelLoadError, DataError) as err:
+    except (TrainingError, ModelLoadError, DataError, TrackingError) as err:
         print(f"anchorctx train: {err}", file=sys.stderr)
         return 2

@@ -153,6 +153,12 @@ def test_report_names_every_arm_labels_chance_and_plots_loss(tmp_path):
     assert "| anchor | 90.00 ± 0.00 | 25.00 ± 0.00 (at chance) |" in md
     assert "| full | 0.00 ± 0.00 (at chance) |" in md and "| anchor | 25.00 ± 0.00 |" in md
     assert "MMLU: n=8, [0.00, 55.01]" in md
+    # The Prefect table artifacts carry the same labels.
+    from anchorctx.tasks.reporting import report_tables
+
+    rows = {r["variant"]: r for r in report_tables(out)["mmlu-hellaswag"][0]}
+    assert rows["full"]["MMLU"] == "29.17 ± 0.00 (at chance)"
+    assert rows["anchor"]["MMLU"] == "90.00 ± 0.00"
 
 
 def test_experiment_provenance_lists_every_arm():
@@ -165,3 +171,39 @@ def test_experiment_provenance_lists_every_arm():
     for arm in cfg.arms():
         assert f"`{arm.variant_name}` ({arm.training.attention}, run dir `{arm.run_dir}`)" in line
     assert "variant: `anchor`" not in line
+
+
+def test_rope_study_runs_once_per_inputs(tmp_path, monkeypatch):
+    """The study is rerun only when the model, study settings, data or seed change."""
+    import anchorctx.analysis.rope_precision as rp
+    from anchorctx.evaluation.arm_comparison import ensure_rope_study
+
+    calls = []
+
+    def fake_run_study(cfg, out_dir, progress):
+        calls.append(cfg.analysis.rope_precision.seq_len)
+        spec = cfg.analysis.rope_precision
+        modes = list(spec.precisions)
+        result = {
+            "settings": {"lengths": spec.lengths, "compare_shift": 0, "modes": modes,
+                         "num_sequences": spec.num_sequences, "seq_len": spec.seq_len,
+                         "weights": "random init (model.tiny)"},
+            "shift_curve": {m: {"0": 1.0} for m in modes},
+            "first_token_share": {m: 0.5 for m in modes},
+            "logit_diff_by_length": {m: {str(n): 2.0 for n in spec.lengths} for m in modes},
+        }  # fmt: skip
+        out_dir.mkdir(parents=True, exist_ok=True)
+        (out_dir / rp.PNG_NAME).write_bytes(b"png")
+        (out_dir / rp.JSON_NAME).write_text(json.dumps(result))
+        return out_dir / rp.JSON_NAME
+
+    monkeypatch.setattr(rp, "run_study", fake_run_study)
+    cfg = load_config(REPO / "configs" / "demo.yaml").model_copy(update={"run_root": tmp_path})
+    first = ensure_rope_study(cfg, tmp_path / "rope")
+    assert first["seconds"] is not None and first["modes"]["bf16"]["D_logit_512"] == 2.0
+    again = ensure_rope_study(cfg, tmp_path / "rope")
+    assert again["seconds"] is None and calls == [512]  # reused
+    changed = cfg.model_copy(deep=True)
+    changed.analysis.rope_precision.seq_len = 256
+    ensure_rope_study(changed, tmp_path / "rope")
+    assert calls == [512, 256]

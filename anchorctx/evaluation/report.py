@@ -133,7 +133,8 @@ def chance_flags(
     return out
 
 
-def _cell(table: dict[str, Any], variant: str, column: str) -> str:
+def cell_text(table: dict[str, Any], variant: str, column: str) -> str:
+    """A table cell: mean ± std, with "(at chance)" where :func:`chance_flags` says so."""
     text = fmt_stat(table["rows"].get(variant, {}).get(column))
     flag = table.get("chance", {}).get(variant, {}).get(column)
     return f"{text} (at chance)" if flag and flag["at_chance"] else text
@@ -166,7 +167,7 @@ def chance_rule_markdown(tables: dict[str, Any]) -> str:
 def _markdown(title: str, table: dict[str, Any], variants: list[str], label=str) -> str:
     if not table["rows"]:
         return f"### {title}\n\nNo results."
-    rows = [[v] + [_cell(table, v, c) for c in table["columns"]] for v in variants]
+    rows = [[v] + [cell_text(table, v, c) for c in table["columns"]] for v in variants]
     header = ["variant"] + [label(c) for c in table["columns"]]
     return f"### {title}\n\n" + markdown_table(header, rows)
 

@@ -122,10 +122,13 @@ def _fake_arm(run_dir: Path, mmlu: float, ruler: float, losses: list[float]) -> 
 
 def test_report_names_every_arm_labels_chance_and_plots_loss(tmp_path):
     cfg = load_config(REPO / "configs" / "demo.yaml").model_copy(update={"run_root": tmp_path})
+    assert cfg.analysis.rope_precision.in_report  # the demo report shows the study
     arms = {a.variant_name: a for a in cfg.arms()}
     _fake_arm(arms["full"].run_dir, mmlu=29.17, ruler=0.0, losses=[8.0, 7.5, 7.0])
     _fake_arm(arms["anchor"].run_dir, mmlu=90.0, ruler=50.0, losses=[8.0, 7.2, 6.1])
-    comparison = write_arm_comparison(cfg, {}, rope_study=False)
+    cfg.analysis.rope_precision.in_report = False  # the study has its own test below
+    comparison = write_arm_comparison(cfg, {})
+    assert "rope_precision" not in comparison and "rope_plot" not in comparison["paths"]
     png = cfg.experiment_dir / LOSS_PNG
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert comparison["loss"]["anchor"] == {"steps": 3, "first": 8.0, "last": 6.1}

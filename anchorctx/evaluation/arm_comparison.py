@@ -252,12 +252,15 @@ def arm_provenance(cfg: ExperimentConfig, datasets: dict[str, str]) -> dict[str,
 
 # ------------------------------------------------------------------------------ driver
 def write_arm_comparison(
-    cfg: ExperimentConfig, datasets: dict[str, str], *, rope_study: bool = True
+    cfg: ExperimentConfig, datasets: dict[str, str], *, rope_study: bool | None = None
 ) -> dict[str, Any]:
     """Measure what differs among the arms of ``cfg``; write ``arm_comparison.json`` + plots.
 
-    ``datasets``: the packed dataset each arm trained on, by variant name.
+    ``datasets``: the packed dataset each arm trained on, by variant name. ``rope_study``:
+    run the RoPE precision study too (default: ``analysis.rope_precision.in_report``).
     """
+    if rope_study is None:
+        rope_study = cfg.analysis.rope_precision.in_report
     out_dir = cfg.experiment_dir
     out_dir.mkdir(parents=True, exist_ok=True)
     arms = cfg.arms()

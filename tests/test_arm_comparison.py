@@ -85,14 +85,16 @@ def test_attention_work_counts_the_trained_rows_with_repeats():
 
 # ------------------------------------------------------------------------------ chance
 def test_chance_interval_and_rule():
-    lo, hi = chance_interval(25.0, 8)
-    # 25 ± 1.96·sqrt(0.25·0.75/8)·100 = 25 ± 30.01: clipped at 0.
-    assert (lo, hi) == (0.0, pytest.approx(55.006, abs=1e-3))
+    # Exact binomial regions, equal tails ≤ 2.5% (checked against scipy.stats.binom: n=8 →
+    # counts 0..5, n=12 → 0..6, n=100 → 17..34, n=10000 → 2415..2585).
+    assert chance_interval(25.0, 8) == (0.0, 62.5)
+    assert chance_interval(25.0, 12) == (0.0, 50.0)
+    assert chance_interval(25.0, 100) == (17.0, 34.0)
+    assert chance_interval(25.0, 10_000) == pytest.approx((24.15, 25.85), abs=1e-9)
+    # A 1-in-4 guesser gets 0 of 12 with probability 0.75**12 = 3.2% > 2.5%: 0 is at chance.
+    assert at_chance(0.0, 25.0, 12) and not at_chance(0.0, 25.0, 100)
     assert at_chance(29.17, 25.0, 8)  # the 20-step demo model's MMLU
-    assert not at_chance(60.0, 25.0, 8)
-    lo, hi = chance_interval(25.0, 10_000)
-    assert hi - lo == pytest.approx(2 * 1.959964 * 0.433013, abs=1e-3)
-    assert not at_chance(27.0, 25.0, 10_000)
+    assert not at_chance(75.0, 25.0, 8) and not at_chance(27.0, 25.0, 10_000)
     # Chance 0 (RULER): only an exact 0 is at chance.
     assert chance_interval(0.0, 12) == (0.0, 0.0)
     assert at_chance(0.0, 0.0, 12) and not at_chance(0.5, 0.0, 12)
@@ -144,7 +146,7 @@ def test_report_names_every_arm_labels_chance_and_plots_loss(tmp_path):
         assert str(arm.run_dir) in md
     assert "data.domain_tags=True" in md  # the anchor_tags arm's override
     assert f"![Training loss by arm]({LOSS_PNG})" in md
-    # Chance labels: MMLU 29.17 with n=8 is at chance (25 ± 30); 90 is not; RULER 0 is.
+    # Chance labels: MMLU 29.17 with n=8 is at chance (region 0–62.5%); 90 is not; RULER 0 is.
     general = out["tables"]["general"]["chance"]
     assert general["full"]["MMLU"]["at_chance"] and not general["anchor"]["MMLU"]["at_chance"]
     assert general["full"]["MMLU"]["n"] == 8
@@ -155,7 +157,7 @@ def test_report_names_every_arm_labels_chance_and_plots_loss(tmp_path):
     assert "| full | 29.17 ± 0.00 (at chance) | 25.00 ± 0.00 (at chance) |" in md
     assert "| anchor | 90.00 ± 0.00 | 25.00 ± 0.00 (at chance) |" in md
     assert "| full | 0.00 ± 0.00 (at chance) |" in md and "| anchor | 25.00 ± 0.00 |" in md
-    assert "MMLU: n=8, [0.00, 55.01]" in md
+    assert "MMLU: n=8, [0.00, 62.50]" in md
     # The Prefect table artifacts carry the same labels.
     from anchorctx.tasks.reporting import report_tables
 

@@ -11,8 +11,8 @@ so the report also shows the quantities that *do* depend on the arm:
   (:attr:`anchorctx.attention.Layout.attended_pairs`, counted in closed form, never T×T);
 - **the BF16-vs-FP32 RoPE discrepancy** (paper Section 2, :mod:`anchorctx.analysis.rope_precision`)
   on the experiment's model, run once per experiment and reused while its settings are unchanged;
-- **chance levels**: a score is labelled "at chance" when it lies inside the 95% binomial
-  interval of the suite's chance accuracy given the number of scored samples (:func:`at_chance`);
+- **chance levels**: a score is labelled "at chance" when it lies inside the central 95% region
+  of Binomial(n, chance) for its n scored samples (:func:`at_chance`);
 - **provenance**: the experiment and every arm (attention, overrides, run dir, dataset).
 
 :func:`write_arm_comparison` writes ``<experiment_dir>/arm_comparison.json`` and the plots;
@@ -47,28 +47,54 @@ CHANCE = {
     "mmlu": (25.0, "4 answer choices"),
     "hellaswag": (25.0, "4 endings"),
 }
-# Two-sided 95% normal quantile for the binomial interval around chance.
-Z95 = 1.959964
+# Each tail of the chance region holds at most this probability: a two-sided 95% region.
+TAIL = 0.025
 
 
 # ------------------------------------------------------------------------------ chance
-def chance_interval(chance_pct: float, n: int) -> tuple[float, float]:
-    """95% interval (percent) of the accuracy of a chance-level guesser over ``n`` samples.
+def _binomial_pmf(n: int, p: float) -> list[float]:
+    """P(X = k) for k = 0..n, X ~ Binomial(n, p), in log space (n may be in the thousands)."""
+    if p <= 0.0 or p >= 1.0:
+        return [1.0 if k == (0 if p <= 0.0 else n) else 0.0 for k in range(n + 1)]
+    lp, lq, lgn = math.log(p), math.log1p(-p), math.lgamma(n + 1)
+    return [
+        math.exp(lgn - math.lgamma(k + 1) - math.lgamma(n - k + 1) + k * lp + (n - k) * lq)
+        for k in range(n + 1)
+    ]
 
-    Normal approximation of Binomial(n, p): p ± z·sqrt(p(1−p)/n), clipped to [0, 100]. At
-    p = 0 the interval is the single point 0 (a guesser that never succeeds scores exactly 0).
+
+def chance_interval(chance_pct: float, n: int) -> tuple[float, float]:
+    """Central 95% region (percent) of the accuracy of a chance-level guesser on ``n`` samples.
+
+    Exact binomial, equal tails: the lowest count ``lo`` with P(X ≤ lo) > 2.5% and the highest
+    ``hi`` with P(X ≥ hi) > 2.5%, X ~ Binomial(n, chance). Exact rather than the normal
+    approximation because the demo scores 8–12 questions, where p ± 1.96·sd is far off (it
+    would call 0 of 12 below chance although a 1-in-4 guesser gets 0 of 12 3.2% of the time).
+    At chance 0 the region is the single point 0.
     """
     if n <= 0:
         raise ValueError(f"chance interval needs a positive sample count, got {n}")
-    p = chance_pct / 100.0
-    half = Z95 * math.sqrt(p * (1.0 - p) / n)
-    return max(0.0, 100.0 * (p - half)), min(100.0, 100.0 * (p + half))
+    pmf = _binomial_pmf(n, chance_pct / 100.0)
+    below, lo = 0.0, 0
+    for k, mass in enumerate(pmf):
+        below += mass
+        if below > TAIL:
+            lo = k
+            break
+    above, hi = 0.0, n
+    for k in range(n, -1, -1):
+        above += pmf[k]
+        if above > TAIL:
+            hi = k
+            break
+    return 100.0 * lo / n, 100.0 * hi / n
 
 
 def at_chance(score_pct: float, chance_pct: float, n: int) -> bool:
     """The score is indistinguishable from chance: inside :func:`chance_interval`.
 
-    A tolerance of 1e-9 points absorbs the rounding of stored scores (4 decimals) at p = 0.
+    The score may be a mean over checkpoints (a fractional count); 1e-9 points of tolerance
+    absorb the rounding of stored scores (4 decimals) at the region's edges.
     """
     lo, hi = chance_interval(chance_pct, n)
     return lo - 1e-9 <= score_pct <= hi + 1e-9

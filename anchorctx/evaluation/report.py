@@ -23,7 +23,6 @@ from typing import Any
 from anchorctx.evaluation.arm_comparison import (
     CHANCE,
     COMPARISON_JSON,
-    Z95,
     at_chance,
     chance_interval,
     suite_sample_counts,
@@ -143,9 +142,9 @@ def cell_text(table: dict[str, Any], variant: str, column: str) -> str:
 def chance_rule_markdown(tables: dict[str, Any]) -> str:
     """The stated rule behind every "(at chance)" label, with the levels and intervals used."""
     lines = [
-        "A score is marked **(at chance)** when its mean lies inside the 95% interval of a "
-        f"chance-level guesser: chance ± {Z95:.2f}·sqrt(p(1−p)/n) with n the scored samples "
-        "per checkpoint (binomial, normal approximation). Chance levels: "
+        "A score is marked **(at chance)** when its mean lies inside the central 95% region of "
+        "a chance-level guesser's accuracy: Binomial(n, chance) with n the scored samples per "
+        "checkpoint, exact, at most 2.5% in each tail. Chance levels: "
         + "; ".join(f"{suite} {level:g}% ({why})" for suite, (level, why) in CHANCE.items())
         + ". LongBench has no single chance level (its F1/ROUGE/similarity metrics give any "
         "output some credit) and is not labelled.",

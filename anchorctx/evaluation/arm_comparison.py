@@ -136,23 +136,35 @@ def read_loss_curve(run_dir: str | Path) -> list[tuple[int, float]]:
 
 
 def plot_loss_curves(curves: dict[str, list[tuple[int, float]]], path: Path) -> Path:
-    """Training loss against step, one line per arm."""
+    """Training loss against step, one line per arm; below it, each arm minus the reference arm
+    (``full`` when present), where differences too small to see in the top panel show."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
+    from matplotlib.ticker import MaxNLocator
 
     from anchorctx.evaluation.report import atomic_write_bytes
 
-    fig = Figure(figsize=(6.4, 4.2), dpi=120)
+    drawn = {v: c for v, c in curves.items() if c}
+    ref_name = "full" if "full" in drawn else next(iter(drawn), None)
+    fig = Figure(figsize=(6.4, 6.0), dpi=120)
     FigureCanvasAgg(fig)
-    ax = fig.add_subplot()
-    for variant, curve in curves.items():
-        if curve:
-            ax.plot([s for s, _ in curve], [v for _, v in curve], marker=".", label=variant)
-    ax.set_xlabel("training step")
-    ax.set_ylabel("training loss (mean per target token)")
-    ax.set_title("Training loss by arm")
-    ax.grid(True, alpha=0.3)
-    ax.legend()
+    top, bottom = fig.subplots(2, 1, sharex=True, gridspec_kw={"height_ratios": [3, 2]})
+    ref = dict(drawn.get(ref_name, []))
+    for variant, curve in drawn.items():
+        line = top.plot([s for s, _ in curve], [v for _, v in curve], marker=".", label=variant)
+        common = [(s, v - ref[s]) for s, v in curve if s in ref]
+        if variant != ref_name and common:
+            bottom.plot([s for s, _ in common], [d for _, d in common], marker=".",
+                        color=line[0].get_color(), label=variant)  # fmt: skip
+    top.set_ylabel("training loss (mean per target token)")
+    top.set_title("Training loss by arm")
+    top.legend()
+    bottom.axhline(0.0, color="grey", lw=1)
+    bottom.set_ylabel(f"loss − {ref_name} loss")
+    bottom.set_xlabel("training step")
+    bottom.xaxis.set_major_locator(MaxNLocator(integer=True))
+    for ax in (top, bottom):
+        ax.grid(True, alpha=0.3)
     fig.tight_layout()
     buf = io.BytesIO()
     fig.savefig(buf, format="png")

@@ -158,6 +158,11 @@ def test_report_names_every_arm_labels_chance_and_plots_loss(tmp_path):
     assert "| anchor | 90.00 ± 0.00 | 25.00 ± 0.00 (at chance) |" in md
     assert "| full | 0.00 ± 0.00 (at chance) |" in md and "| anchor | 25.00 ± 0.00 |" in md
     assert "MMLU: n=8, [0.00, 62.50]" in md
+    # A plot that is gone is not linked (nor published).
+    png.unlink()
+    again = write_experiment_report(cfg.experiment_dir, list(arms))
+    assert "loss_plot" not in again["paths"] and LOSS_PNG not in again["markdown"]
+    assert "### Training loss" in again["markdown"]  # the table of first/last loss remains
     # The Prefect table artifacts carry the same labels.
     from anchorctx.tasks.reporting import report_tables
 

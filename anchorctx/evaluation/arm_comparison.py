@@ -188,13 +188,17 @@ def trained_row_indices(dataset: Any, *, seed: int, global_batch: int, steps: in
     return [i for step in range(steps) for i in plan.row_indices(step)]
 
 
-def row_pairs(seg_lens, seg_doc, seq_len: int, variant: str) -> tuple[int, int]:
-    """(attended pairs of ``variant``, full causal pairs) of one packed row cut to ``seq_len``."""
+def _row_layout(seg_lens, seg_doc, seq_len: int, variant: str):
     from anchorctx.attention import build_layout
     from anchorctx.training.data import truncate_segments
 
     lens, docs = truncate_segments(seg_lens, seg_doc, seq_len)
-    layout = build_layout(lens, variant, docs)
+    return build_layout(lens, variant, docs)
+
+
+def row_pairs(seg_lens, seg_doc, seq_len: int, variant: str) -> tuple[int, int]:
+    """(attended pairs of ``variant``, full causal pairs) of one packed row cut to ``seq_len``."""
+    layout = _row_layout(seg_lens, seg_doc, seq_len, variant)
     t = layout.seq_len
     return layout.attended_pairs, t * (t + 1) // 2
 
@@ -211,9 +215,9 @@ def attention_work(
     per_row: dict[int, tuple[int, int, int]] = {}
     for i in sorted(set(indices)):
         rec = ds[i]
-        pairs, full = row_pairs(rec["seg_lens"], rec["seg_doc"], seq_len, variant)
-        docs = len(set(int(d) for d in rec["seg_doc"]))
-        per_row[i] = (pairs, full, docs)
+        layout = _row_layout(rec["seg_lens"], rec["seg_doc"], seq_len, variant)
+        t = layout.seq_len
+        per_row[i] = (layout.attended_pairs, t * (t + 1) // 2, layout.num_documents)
     pairs = sum(per_row[i][0] for i in indices)
     full = sum(per_row[i][1] for i in indices)
     return {

@@ -232,7 +232,8 @@ def write_experiment_report(experiment_dir: str | Path, variants: list[str]) -> 
         tables[name]["chance"] = chance_flags(name, tables[name], counts)
     comparison_path = experiment_dir / COMPARISON_JSON
     comparison = read_json(comparison_path) if comparison_path.is_file() else None
-    paths: dict[str, str] = dict(comparison["paths"]) if comparison else {}
+    # Plots of the arm comparison, as long as they are still there.
+    paths = {k: p for k, p in (comparison or {}).get("paths", {}).items() if Path(p).is_file()}
     if tables["ruler"]["rows"] and _numeric_columns(tables["ruler"]):
         paths["ruler_plot"] = str(
             plot_ruler(tables["ruler"], experiment_dir / "ruler_by_length.png")
@@ -271,7 +272,7 @@ def _report_markdown(
     lines = [f"# Experiment report: {experiment_dir.name}", ""]
     if comparison:
         lines += [provenance_markdown(comparison["provenance"]), ""]
-        lines += [comparison_markdown(comparison, variants), ""]
+        lines += [comparison_markdown(comparison, variants, paths), ""]
     lines += ["## Scores", ""]
     lines += ["Scores are mean ± std over each variant's last k evaluated checkpoints.", ""]
     lines += [chance_rule_markdown(tables), ""]
@@ -309,14 +310,18 @@ def provenance_markdown(provenance: dict[str, Any]) -> str:
     ])  # fmt: skip
 
 
-def comparison_markdown(comparison: dict[str, Any], variants: list[str]) -> str:
-    """Training loss, attention work and the RoPE precision study: what differs among arms."""
+def comparison_markdown(
+    comparison: dict[str, Any], variants: list[str], paths: dict[str, str]
+) -> str:
+    """Training loss, attention work and the RoPE precision study: what differs among arms.
+
+    ``paths``: the plots that exist (report.md links them relative to itself)."""
     lines = ["## What differs among the arms", ""]
     loss = comparison.get("loss") or {}
     if any(loss.values()):
         lines += ["### Training loss", ""]
-        if "loss_plot" in comparison["paths"]:
-            lines += [f"![Training loss by arm]({Path(comparison['paths']['loss_plot']).name})", ""]
+        if "loss_plot" in paths:
+            lines += [f"![Training loss by arm]({Path(paths['loss_plot']).name})", ""]
         rows = [
             [v, str(loss[v]["steps"]), f"{loss[v]['first']:.4f}", f"{loss[v]['last']:.4f}"]
             for v in variants if loss.get(v)
@@ -349,10 +354,10 @@ def comparison_markdown(comparison: dict[str, Any], variants: list[str]) -> str:
             + (f"; measured in {rope['seconds']:.0f} s" if rope.get("seconds") else "")
             + "). D: Eq. 4 at Δ1 = 0, Δ2 = 16; first-token share of D; D_logit: Eq. 5.",
             "",
-            f"![BF16 vs FP32 RoPE discrepancy]({Path(rope['png']).parent.name}/"
-            f"{Path(rope['png']).name})",
-            "",
         ]
+        if "rope_plot" in paths:
+            png = Path(paths["rope_plot"])
+            lines += [f"![BF16 vs FP32 RoPE discrepancy]({png.parent.name}/{png.name})", ""]
         modes = rope["modes"]
         logit_key = next((k for m in modes.values() for k in m if k.startswith("D_logit")), None)
         rows = [

@@ -369,4 +369,6 @@ def comparison_markdown(
         header = ["precision", "D", "first-token share",
                   logit_key.replace("D_logit_", "D_logit at T=") if logit_key else "D_logit"]  # fmt: skip
         lines += [markdown_table(header, rows)]
+    if len(lines) == 2:
+        lines.append("Nothing measured yet: no arm has training metrics or a packed dataset.")
     return "\n".join(lines).rstrip()

@@ -195,7 +195,7 @@ def test_rope_study_runs_once_per_inputs(tmp_path, monkeypatch):
         spec = cfg.analysis.rope_precision
         modes = list(spec.precisions)
         result = {
-            "settings": {"lengths": spec.lengths, "compare_shift": 0, "modes": modes,
+            "settings": {"lengths": spec.lengths, "compare_shift": 0, "delta2": 16, "modes": modes,
                          "num_sequences": spec.num_sequences, "seq_len": spec.seq_len,
                          "weights": "random init (model.tiny)"},
             "shift_curve": {m: {"0": 1.0} for m in modes},
@@ -211,6 +211,7 @@ def test_rope_study_runs_once_per_inputs(tmp_path, monkeypatch):
     cfg = load_config(REPO / "configs" / "demo.yaml").model_copy(update={"run_root": tmp_path})
     first = ensure_rope_study(cfg, tmp_path / "rope")
     assert first["seconds"] is not None and first["modes"]["bf16"]["D_logit_512"] == 2.0
+    assert first["modes"]["fp32"]["D"] == 1.0 and first["delta2"] == 16
     again = ensure_rope_study(cfg, tmp_path / "rope")
     assert again["seconds"] is None and calls == [512]  # reused
     changed = cfg.model_copy(deep=True)

@@ -264,9 +264,11 @@ def ensure_rope_study(cfg: ExperimentConfig, out_dir: Path) -> dict[str, Any]:
         "weights": settings.get("weights"),
         "sequences": settings["num_sequences"],
         "seq_len": settings["seq_len"],
+        "compare_shift": settings["compare_shift"],
+        "delta2": settings["delta2"],
         "modes": {
             m: {
-                "D_shift0": result["shift_curve"][m].get(str(settings["compare_shift"])),
+                "D": result["shift_curve"][m].get(str(settings["compare_shift"])),
                 "first_token_share": result["first_token_share"][m],
                 f"D_logit_{last}": result["logit_diff_by_length"][m][last],
             }
@@ -301,6 +303,8 @@ def write_arm_comparison(
     ``datasets``: the packed dataset each arm trained on, by variant name. ``rope_study``:
     run the RoPE precision study too (default: ``analysis.rope_precision.in_report``).
     """
+    from anchorctx.packing.pipeline import load_packed
+
     if rope_study is None:
         rope_study = cfg.analysis.rope_precision.in_report
     out_dir = cfg.experiment_dir
@@ -314,8 +318,6 @@ def write_arm_comparison(
     }
     if any(curves.values()):
         comparison["paths"]["loss_plot"] = str(plot_loss_curves(curves, out_dir / LOSS_PNG))
-    from anchorctx.packing.pipeline import load_packed
-
     work = {}
     for a in arms:
         dataset = datasets.get(a.variant_name)
@@ -323,8 +325,8 @@ def write_arm_comparison(
             continue
         t = a.training
         work[a.variant_name] = attention_work(
-            load_packed(dataset)[0], variant=t.attention, seed=a.seed, global_batch=t.global_batch_size,
-            steps=t.steps, seq_len=a.data.seq_len,
+            load_packed(dataset)[0], variant=t.attention, seed=a.seed,
+            global_batch=t.global_batch_size, steps=t.steps, seq_len=a.data.seq_len,
         )  # fmt: skip
     comparison["attention_work"] = work
     if rope_study:

@@ -352,7 +352,8 @@ def comparison_markdown(
             f"Attention difference under shifted position ids on the experiment's model "
             f"({rope['weights']}; {rope['sequences']} sequence(s) × {rope['seq_len']} tokens"
             + (f"; measured in {rope['seconds']:.0f} s" if rope.get("seconds") else "")
-            + "). D: Eq. 4 at Δ1 = 0, Δ2 = 16; first-token share of D; D_logit: Eq. 5.",
+            + f"). D: Eq. 4 at Δ1 = {rope['compare_shift']}, Δ2 = {rope['delta2']}; "
+            "first-token share of D; D_logit: Eq. 5.",
             "",
         ]
         if "rope_plot" in paths:
@@ -361,13 +362,13 @@ def comparison_markdown(
         modes = rope["modes"]
         logit_key = next((k for m in modes.values() for k in m if k.startswith("D_logit")), None)
         rows = [
-            [mode, f"{m['D_shift0']:.3e}" if m["D_shift0"] is not None else "—",
+            [mode, f"{m['D']:.3e}" if m["D"] is not None else "—",
              f"{100 * m['first_token_share']:.1f}%",
              f"{m[logit_key]:.3e}" if logit_key else "—"]
             for mode, m in modes.items()
         ]  # fmt: skip
-        header = ["precision", "D", "first-token share",
-                  logit_key.replace("D_logit_", "D_logit at T=") if logit_key else "D_logit"]  # fmt: skip
+        logit_label = logit_key.replace("D_logit_", "D_logit at T=") if logit_key else "D_logit"
+        header = ["precision", "D", "first-token share", logit_label]
         lines += [markdown_table(header, rows)]
     if len(lines) == 2:
         lines.append("Nothing measured yet: no arm has training metrics or a packed dataset.")

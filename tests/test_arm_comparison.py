@@ -212,6 +212,14 @@ def test_rope_study_runs_once_per_inputs(tmp_path, monkeypatch):
     first = ensure_rope_study(cfg, tmp_path / "rope")
     assert first["seconds"] is not None and first["modes"]["bf16"]["D_logit_512"] == 2.0
     assert first["modes"]["fp32"]["D"] == 1.0 and first["delta2"] == 16
+    from anchorctx.evaluation.report import comparison_markdown
+
+    md = comparison_markdown({"rope_precision": first}, ["full"], {"rope_plot": first["png"]})
+    assert (
+        "Δ1 = 0, Δ2 = 16" in md
+        and "![BF16 vs FP32 RoPE discrepancy](rope/rope_precision.png)" in md
+    )
+    assert "| bf16 | 1.000e+00 | 50.0% | 2.000e+00 |" in md
     again = ensure_rope_study(cfg, tmp_path / "rope")
     assert again["seconds"] is None and calls == [512]  # reused
     changed = cfg.model_copy(deep=True)

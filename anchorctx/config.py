@@ -323,6 +323,12 @@ class RopePrecisionConfig(Strict):
     )
     random_init: bool = Field(False, description="Ignore model.path weights: random init.")
     device: Literal["auto", "cpu", "cuda"] = "auto"
+    in_report: bool = Field(
+        False,
+        description="full-experiment (and `anchorctx report`) also runs the study on the "
+        "experiment's model and shows its figure in the report; off by default because at "
+        "the paper's settings it takes GPU-hours.",
+    )
 
     @model_validator(mode="after")
     def _valid_positions(self) -> RopePrecisionConfig:

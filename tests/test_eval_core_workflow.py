@@ -84,6 +84,8 @@ def test_evaluate_report_average(workflow, monkeypatch, capsys):
     assert main(["report", str(config)]) == 0
     report = (cfg.experiment_dir / "report.md").read_text()
     assert "| variant | 1K |" in report and "| variant | Synthetic |" in report
+    # Checkpoints made by hand: no training metrics, no dataset; the arm is still named.
+    assert "Nothing measured yet" in report and "| `anchor` | anchor |" in report
     assert (cfg.experiment_dir / "ruler_by_length.png").is_file()
     summary = json.loads((cfg.run_dir / "eval" / "summary.json").read_text())
     assert summary["suites"]["ruler"]["steps"] == [10, 15]

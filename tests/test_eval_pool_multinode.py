@@ -89,7 +89,7 @@ def test_shards_run_on_both_hosts_and_equal_one_process(tmp_path, demo_corpus):
             for p in procs:
                 netns.kill_tree(p.pid)
     logs = "\n".join((tmp_path / f).read_text()[-2000:] for f in ("worker0.log", "worker1.log"))
-    assert run.returncode == 0, run.stderr[-6000:]
+    assert run.returncode == 0, run.stderr[-6000:] + logs
     report = json.loads(next(line for line in run.stdout.splitlines()
                              if line.startswith("RESULT "))[len("RESULT "):])  # fmt: skip
     shards = {name: msgs for name, msgs in report["where"].items() if "merge" not in name}

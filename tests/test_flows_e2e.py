@@ -208,6 +208,8 @@ def test_demo_deployment_completes_with_artifacts(served):
         ("flowtest-longbench-categories", "table"),
         ("flowtest-mmlu-hellaswag", "table"),
         ("flowtest-ruler-by-length-plot", "image"),
+        ("flowtest-training-loss-plot", "image"),
+        ("flowtest-rope-precision-plot", "image"),
         ("flowtest-report", "markdown"),
         ("flowtest-anchor-train", "markdown"),
         ("train-flowtest-anchor", "progress"),
@@ -216,6 +218,28 @@ def test_demo_deployment_completes_with_artifacts(served):
         assert (key, kind) in keys, f"missing {kind} artifact {key}: {sorted(keys, key=str)}"
     report = served.cfg.experiment_dir / "report.md"
     assert report.is_file() and "anchor" in report.read_text()
+    # What differs among the arms, and the provenance naming every arm.
+    text = report.read_text()
+    for section in ("## Experiment", "### Training loss", "### Attention work",
+                    "### BF16 vs FP32 RoPE", "(at chance)"):  # fmt: skip
+        assert section in text, f"report.md lacks {section!r}"
+    for arm in served.cfg.arms():
+        assert f"| `{arm.variant_name}` | {arm.training.attention} |" in text
+    for png in ("training_loss.png", "rope_precision/rope_precision.png"):
+        assert (served.cfg.experiment_dir / png).is_file()
+    with client_for(served) as client:
+        from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+
+        arts = client.read_artifacts(
+            artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=["flowtest-report"]))
+        )
+    assert arts
+    for art in arts:  # one version per full-experiment run of this session
+        # The plots travel inline (the UI cannot fetch local files); the provenance names
+        # every arm.
+        assert "data:image/png;base64," in art.data and "](training_loss.png)" not in art.data
+        assert "](rope_precision/rope_precision.png)" not in art.data
+        assert "- experiment: `flowtest`, 2 arms: `full` (full" in art.data
 
 
 def test_second_evaluate_is_cached_and_changed_checkpoint_reevaluates(served):

@@ -125,12 +125,28 @@ def report(args: argparse.Namespace) -> int:
             log_evaluation(arm)
         else:
             print(f"note: {arm.run_dir} has no evaluation results yet", file=sys.stderr)
+    _arm_comparison(cfg)
     out = write_experiment_report(cfg.experiment_dir, [arm.variant_name for arm in arms])
     log_report(cfg, out)
     print(out["markdown"])
     for name, path in out["paths"].items():
         print(f"{name}: {path}")
     return 0
+
+
+def _arm_comparison(cfg) -> None:
+    """Loss curves, attention work and the RoPE study beside the tables (as the flow does).
+
+    The packed dataset of each arm is looked up (packed first only when it is missing).
+    """
+    from anchorctx.evaluation.arm_comparison import write_arm_comparison
+    from anchorctx.packing.pipeline import prepare_data
+
+    datasets = {}
+    for arm in cfg.arms():
+        if (arm.run_dir / "metrics.jsonl").is_file():  # only arms that trained
+            datasets[arm.variant_name] = str(prepare_data(arm, progress=False))
+    write_arm_comparison(cfg, datasets)
 
 
 # ------------------------------------------------------------------------ average-weights

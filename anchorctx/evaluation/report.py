@@ -20,6 +20,13 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from anchorctx.evaluation.arm_comparison import (
+    CHANCE,
+    COMPARISON_JSON,
+    at_chance,
+    chance_interval,
+    suite_sample_counts,
+)
 from anchorctx.evaluation.averaging import (
     SUMMARY_JSON,
     fmt_stat,
@@ -89,16 +96,83 @@ def general_table(summaries: dict[str, dict[str, Any] | None]) -> dict[str, Any]
     return {"columns": columns, "rows": rows}
 
 
+# ------------------------------------------------------------------------------ chance
+# Table -> (column -> suite whose chance level applies, sample-count key in that suite).
+def _chance_source(table_name: str, column: str) -> tuple[str, str] | None:
+    if table_name == "ruler":
+        return "ruler", column  # counts per length, summed over tasks
+    if table_name == "general":
+        suite = {label: suite for suite, label in GENERAL_SUITES.items()}.get(column)
+        return (suite, HEADLINE[suite][0]) if suite else None
+    return None
+
+
+def chance_flags(
+    table_name: str, table: dict[str, Any], counts: dict[str, dict[str, dict[str, int]]]
+) -> dict[str, dict[str, dict[str, Any]]]:
+    """Per variant and column: chance level, sample count, its 95% interval and the verdict.
+
+    Only cells whose suite has a chance level (:data:`CHANCE`) and a known sample count.
+    """
+    out: dict[str, dict[str, dict[str, Any]]] = {}
+    for variant, row in table["rows"].items():
+        for column, stat in row.items():
+            source = _chance_source(table_name, column)
+            if source is None or source[0] not in CHANCE:
+                continue
+            n = counts.get(variant, {}).get(source[0], {}).get(source[1])
+            if not n:
+                continue
+            chance = CHANCE[source[0]][0]
+            lo, hi = chance_interval(chance, n)
+            out.setdefault(variant, {})[column] = {
+                "chance": chance, "n": n, "interval": [round(lo, 2), round(hi, 2)],
+                "at_chance": at_chance(stat["mean"], chance, n),
+            }  # fmt: skip
+    return out
+
+
+def cell_text(table: dict[str, Any], variant: str, column: str) -> str:
+    """A table cell: mean ± std, with "(at chance)" where :func:`chance_flags` says so."""
+    text = fmt_stat(table["rows"].get(variant, {}).get(column))
+    flag = table.get("chance", {}).get(variant, {}).get(column)
+    return f"{text} (at chance)" if flag and flag["at_chance"] else text
+
+
+def chance_rule_markdown(tables: dict[str, Any]) -> str:
+    """The stated rule behind every "(at chance)" label, with the levels and intervals used."""
+    lines = [
+        "A score is marked **(at chance)** when its mean lies inside the central 95% region of "
+        "a chance-level guesser's accuracy: Binomial(n, chance) with n the scored samples per "
+        "checkpoint, exact, at most 2.5% in each tail. Chance levels: "
+        + "; ".join(f"{suite} {level:g}% ({why})" for suite, (level, why) in CHANCE.items())
+        + ". LongBench has no single chance level (its F1/ROUGE/similarity metrics give any "
+        "output some credit) and is not labelled.",
+    ]
+    seen: dict[tuple[str, str, int], list[float]] = {}
+    for name, table in tables.items():
+        for row in table.get("chance", {}).values():
+            for column, flag in row.items():
+                seen[(name, column, flag["n"])] = flag["interval"]
+    if seen:
+        parts = [
+            f"{'RULER ' + length_label(c) if t == 'ruler' else c}: n={n}, [{lo:.2f}, {hi:.2f}]"
+            for (t, c, n), (lo, hi) in sorted(seen.items())
+        ]
+        lines += ["", "Intervals used: " + "; ".join(parts) + "."]
+    return "\n".join(lines)
+
+
 def _markdown(title: str, table: dict[str, Any], variants: list[str], label=str) -> str:
     if not table["rows"]:
         return f"### {title}\n\nNo results."
-    rows = [[v] + [fmt_stat(table["rows"].get(v, {}).get(c)) for c in table["columns"]] for v in variants]  # fmt: skip
+    rows = [[v] + [cell_text(table, v, c) for c in table["columns"]] for v in variants]
     header = ["variant"] + [label(c) for c in table["columns"]]
     return f"### {title}\n\n" + markdown_table(header, rows)
 
 
 # ------------------------------------------------------------------------------ plot
-def _atomic_write_bytes(path: Path, data: bytes) -> None:
+def atomic_write_bytes(path: Path, data: bytes) -> None:
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as fh:
@@ -134,7 +208,7 @@ def plot_ruler(table: dict[str, Any], path: Path) -> Path:
     fig.tight_layout()
     buf = io.BytesIO()
     fig.savefig(buf, format="png")
-    _atomic_write_bytes(path, buf.getvalue())
+    atomic_write_bytes(path, buf.getvalue())
     return path
 
 
@@ -153,18 +227,25 @@ def write_experiment_report(experiment_dir: str | Path, variants: list[str]) -> 
         "longbench": longbench_table(summaries),
         "general": general_table(summaries),
     }
-    paths: dict[str, str] = {}
+    counts = {v: suite_sample_counts(experiment_dir / v) for v in variants}
+    for name in ("ruler", "general"):
+        tables[name]["chance"] = chance_flags(name, tables[name], counts)
+    comparison_path = experiment_dir / COMPARISON_JSON
+    comparison = read_json(comparison_path) if comparison_path.is_file() else None
+    # Plots of the arm comparison, as long as they are still there.
+    paths = {k: p for k, p in (comparison or {}).get("paths", {}).items() if Path(p).is_file()}
     if tables["ruler"]["rows"] and _numeric_columns(tables["ruler"]):
         paths["ruler_plot"] = str(
             plot_ruler(tables["ruler"], experiment_dir / "ruler_by_length.png")
         )
-    markdown = _report_markdown(experiment_dir, variants, summaries, tables, paths)
+    markdown = _report_markdown(experiment_dir, variants, summaries, tables, paths, comparison)
     paths["markdown"] = str(atomic_write_text(experiment_dir / "report.md", markdown))
     paths["json"] = str(experiment_dir / "report.json")
     runs = {v: _run_info(s) for v, s in summaries.items()}
     atomic_write_json(experiment_dir / "report.json",
                       {"experiment_dir": str(experiment_dir.resolve()), "variants": variants,
-                       "runs": runs, "tables": tables, "paths": paths})  # fmt: skip
+                       "runs": runs, "tables": tables, "paths": paths,
+                       "comparison": comparison})  # fmt: skip
     return {"markdown": markdown, "tables": tables, "paths": paths}
 
 
@@ -186,9 +267,15 @@ def _report_markdown(
     summaries: dict[str, dict[str, Any] | None],
     tables: dict[str, Any],
     paths: dict[str, str],
+    comparison: dict[str, Any] | None = None,
 ) -> str:
     lines = [f"# Experiment report: {experiment_dir.name}", ""]
+    if comparison:
+        lines += [provenance_markdown(comparison["provenance"]), ""]
+        lines += [comparison_markdown(comparison, variants, paths), ""]
+    lines += ["## Scores", ""]
     lines += ["Scores are mean ± std over each variant's last k evaluated checkpoints.", ""]
+    lines += [chance_rule_markdown(tables), ""]
     for variant, s in summaries.items():
         if s is None:
             lines.append(f"- **{variant}**: no evaluation summary (run `anchorctx evaluate`).")
@@ -201,3 +288,88 @@ def _report_markdown(
     lines += ["", _markdown("Table 7 — LongBench categories", tables["longbench"], variants)]
     lines += ["", _markdown("Table 12 — MMLU and HellaSwag", tables["general"], variants)]
     return "\n".join(lines) + "\n"
+
+
+# ------------------------------------------------------------------- arm comparison
+def provenance_markdown(provenance: dict[str, Any]) -> str:
+    """The experiment and every arm it compares (attention, overrides, run dir, dataset)."""
+    rows = [
+        [f"`{a['variant']}`", a["attention"],
+         ", ".join(f"{k}={v}" for k, v in a["overrides"].items()) or "—",
+         f"`{a['run_dir']}`", f"`{a['dataset']}`" if a.get("dataset") else "—"]
+        for a in provenance["arms"]
+    ]  # fmt: skip
+    return "\n".join([
+        "## Experiment",
+        "",
+        f"Experiment `{provenance['experiment']}` ({len(provenance['arms'])} arms, seed "
+        f"{provenance['seed']}, config fingerprint `{provenance['config_fingerprint']}`), "
+        f"outputs in `{provenance['experiment_dir']}`.",
+        "",
+        markdown_table(["arm", "attention", "overrides", "run dir", "packed dataset"], rows),
+    ])  # fmt: skip
+
+
+def comparison_markdown(
+    comparison: dict[str, Any], variants: list[str], paths: dict[str, str]
+) -> str:
+    """Training loss, attention work and the RoPE precision study: what differs among arms.
+
+    ``paths``: the plots that exist (report.md links them relative to itself)."""
+    lines = ["## What differs among the arms", ""]
+    loss = comparison.get("loss") or {}
+    if any(loss.values()):
+        lines += ["### Training loss", ""]
+        if "loss_plot" in paths:
+            lines += [f"![Training loss by arm]({Path(paths['loss_plot']).name})", ""]
+        rows = [
+            [v, str(loss[v]["steps"]), f"{loss[v]['first']:.4f}", f"{loss[v]['last']:.4f}"]
+            for v in variants if loss.get(v)
+        ]  # fmt: skip
+        lines += [markdown_table(["arm", "steps", "first loss", "last loss"], rows), ""]
+    work = comparison.get("attention_work") or {}
+    if work:
+        lines += [
+            "### Attention work",
+            "",
+            "Attended query–key pairs on the packed rows each arm trained on (its training "
+            "order, cut to `data.seq_len`), relative to full causal attention on the same rows: "
+            "the share of the attention kernel's work the arm's mask leaves.",
+            "",
+        ]
+        rows = [
+            [v, str(w["rows"]), f"{w['mean_documents_per_row']:.1f}", f"{w['pairs']:,}",
+             f"{w['full_pairs']:,}", f"{100 * w['fraction']:.2f}%"]
+            for v in variants if (w := work.get(v))
+        ]  # fmt: skip
+        header = ["arm", "rows trained", "docs per row", "attended pairs", "full pairs", "share"]
+        lines += [markdown_table(header, rows), ""]
+    rope = comparison.get("rope_precision")
+    if rope:
+        lines += [
+            "### BF16 vs FP32 RoPE (paper Section 2)",
+            "",
+            f"Attention difference under shifted position ids on the experiment's model "
+            f"({rope['weights']}; {rope['sequences']} sequence(s) × {rope['seq_len']} tokens"
+            + (f"; measured in {rope['seconds']:.0f} s" if rope.get("seconds") else "")
+            + f"). D: Eq. 4 at Δ1 = {rope['compare_shift']}, Δ2 = {rope['delta2']}; "
+            "first-token share of D; D_logit: Eq. 5.",
+            "",
+        ]
+        if "rope_plot" in paths:
+            png = Path(paths["rope_plot"])
+            lines += [f"![BF16 vs FP32 RoPE discrepancy]({png.parent.name}/{png.name})", ""]
+        modes = rope["modes"]
+        logit_key = next((k for m in modes.values() for k in m if k.startswith("D_logit")), None)
+        rows = [
+            [mode, f"{m['D']:.3e}" if m["D"] is not None else "—",
+             f"{100 * m['first_token_share']:.1f}%",
+             f"{m[logit_key]:.3e}" if logit_key else "—"]
+            for mode, m in modes.items()
+        ]  # fmt: skip
+        logit_label = logit_key.replace("D_logit_", "D_logit at T=") if logit_key else "D_logit"
+        header = ["precision", "D", "first-token share", logit_label]
+        lines += [markdown_table(header, rows)]
+    if len(lines) == 2:
+        lines.append("Nothing measured yet: no arm has training metrics or a packed dataset.")
+    return "\n".join(lines).rstrip()

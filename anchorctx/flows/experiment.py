@@ -45,7 +45,13 @@ from anchorctx.tasks.data import (
     ensure_eval_fixtures_task,
     prepare_data_task,
 )
-from anchorctx.tasks.evaluation import evaluate_task, report_task, result_exists, summarize_task
+from anchorctx.tasks.evaluation import (
+    arm_comparison_task,
+    evaluate_task,
+    report_task,
+    result_exists,
+    summarize_task,
+)
 from anchorctx.tasks.reporting import report_tables, summary_tables
 from anchorctx.tasks.reuse import (
     CACHED_TAG,
@@ -60,6 +66,13 @@ from anchorctx.tasks.training import list_checkpoint_paths, train_task
 # Evaluation tasks running at once in one flow run. One by default: on a single GPU (or two CPU
 # cores) parallel evaluations only compete for the device; raise it on multi-GPU hosts.
 EVAL_WORKERS = int(os.environ.get("ANCHORCTX_EVAL_WORKERS", "1"))
+
+# Image artifacts of the experiment report, by report path key: (artifact key suffix, title).
+REPORT_PLOTS = {
+    "ruler_plot": ("ruler-by-length-plot", "RULER score by context length"),
+    "loss_plot": ("training-loss-plot", "Training loss by arm"),
+    "rope_plot": ("rope-precision-plot", "RoPE BF16 vs FP32 discrepancy on the experiment's model"),
+}
 
 
 def _run_name(stage: str, per_arm: bool = True) -> str:
@@ -289,6 +302,9 @@ def full_experiment(
             evaluate_flow(arm, suites=arm_suites, force="evaluate" in forced)
     out: dict[str, Any] = {"experiment_dir": str(cfg.experiment_dir)}
     if "report" in run_stages:
+        # Loss curves, attention work (of the arms whose dataset this run resolved), RoPE study.
+        arm_comparison_task(cfg, {a.variant_name: datasets[data_key(a)] for a in all_arms
+                                  if data_key(a) in datasets})  # fmt: skip
         report = report_task(str(cfg.experiment_dir), [a.variant_name for a in all_arms])
         _publish_report(cfg, all_arms, report, datasets)
         log_report(cfg, report)
@@ -323,12 +339,16 @@ def _publish_report(
     for name, (rows, what) in report_tables(report).items():
         publish_table(f"{cfg.name}-{name}", rows, what)
     markdown = report["markdown"]
-    plot = report["paths"].get("ruler_plot")
-    if plot:
-        publish_plot(f"{cfg.name}-ruler-by-length-plot", plot, "RULER score by context length")
-        # report.md links the PNG beside it; the UI cannot fetch local files, so inline it.
+    for name, (key, title) in REPORT_PLOTS.items():
+        plot = report["paths"].get(name)
+        if not plot:
+            continue
+        publish_plot(f"{cfg.name}-{key}", plot, title)
+        # report.md links its PNGs relative to itself; the UI cannot fetch local files, so
+        # inline them.
         if uri := png_data_uri(plot):
-            markdown = markdown.replace(f"]({Path(plot).name})", f"]({uri})")
+            link = Path(os.path.relpath(plot, cfg.experiment_dir)).as_posix()
+            markdown = markdown.replace(f"]({link})", f"]({uri})")
     runs = {f"run dir ({a.variant_name})": a.run_dir for a in arms}
     runs.update({f"dataset {i}": d for i, d in enumerate(datasets.values())})
     runs["report"] = report["paths"].get("markdown")
@@ -337,7 +357,7 @@ def _publish_report(
         markdown + "\n\n---\n\n"
         + run_summary_markdown(f"full-experiment {cfg.name}", cfg,
                                dataset=next(iter(datasets.values()), None),
-                               code_version=code_version(), outputs=runs),
+                               code_version=code_version(), outputs=runs, arms=arms),
         "Experiment report (paper table shapes) with provenance",
     )  # fmt: skip
 

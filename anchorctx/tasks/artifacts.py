@@ -76,14 +76,27 @@ def data_fingerprint(dataset: str | Path | None) -> dict[str, Any]:
 def run_summary_markdown(
     title: str, cfg: ExperimentConfig, *, dataset: str | Path | None = None,
     outputs: dict[str, Any] | None = None, code_version: str | None = None,
+    arms: list[ExperimentConfig] | None = None,
 ) -> str:  # fmt: skip
-    """The provenance block every flow run publishes: config, revision, versions, seeds, data."""
+    """The provenance block every flow run publishes: config, revision, versions, seeds, data.
+
+    ``arms``: the arms of an experiment-level run, each named with its attention and run dir
+    (one arm's variant would misname the whole experiment).
+    """
     manifest = base_manifest()
     git = manifest["git"]
     packages = {k: v for k, v in manifest["packages"].items() if v}
+    if arms:
+        scope = f"- experiment: `{cfg.name}`, {len(arms)} arms: " + ", ".join(
+            f"`{a.variant_name}` ({a.training.attention}, run dir `{a.run_dir}`)" for a in arms
+        )
+    else:
+        scope = (
+            f"- experiment: `{cfg.name}`, variant: `{cfg.variant_name}`, run dir: `{cfg.run_dir}`"
+        )
     lines = [
         f"# {title}", "",
-        f"- experiment: `{cfg.name}`, variant: `{cfg.variant_name}`, run dir: `{cfg.run_dir}`",
+        scope,
         f"- seed: `{cfg.seed}`, evaluation seed (RULER): `{cfg.evaluation.ruler.seed}`",
         f"- config fingerprint: `{cfg.fingerprint()}`",
         f"- git: `{git.get('commit')}`" + (" (uncommitted changes)" if git.get("dirty") else ""),

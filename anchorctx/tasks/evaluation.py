@@ -47,6 +47,14 @@ def report_task(experiment_dir: str, variants: list[str]) -> dict[str, Any]:
     return write_experiment_report(experiment_dir, variants)
 
 
+@task(name="arm-comparison")
+def arm_comparison_task(cfg: ExperimentConfig, datasets: dict[str, str]) -> dict[str, Any]:
+    """What differs among the arms: loss curves, attention work, the RoPE precision study."""
+    from anchorctx.evaluation.arm_comparison import write_arm_comparison
+
+    return write_arm_comparison(cfg, datasets)
+
+
 def result_exists(checkpoint: str | Path, suite: str) -> bool:
     from anchorctx.evaluation import result_path
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from anchorctx.evaluation.averaging import fmt_stat, length_label
+from anchorctx.evaluation.report import cell_text
 
 # Report table -> (artifact name, description, column label function).
 _REPORT_TABLES = {
@@ -15,10 +16,11 @@ _REPORT_TABLES = {
 
 
 def variant_rows(table: dict[str, Any], label=str) -> list[dict[str, str]]:
-    """``{"columns": [...], "rows": {variant: {column: stats}}}`` as one row per variant."""
+    """``{"columns": [...], "rows": {variant: {column: stats}}}`` as one row per variant,
+    cells at chance (``table["chance"]``, see the report) labelled as in report.md."""
     return [
-        {"variant": variant, **{label(c): fmt_stat(row.get(c)) for c in table["columns"]}}
-        for variant, row in table["rows"].items()
+        {"variant": variant, **{label(c): cell_text(table, variant, c) for c in table["columns"]}}
+        for variant in table["rows"]
     ]
 
 

@@ -1,7 +1,7 @@
 """Training as a child process group, streamed into the Prefect run log.
 
-The task writes the arm's resolved config to ``<run_dir>/config.yaml`` and runs
-``python -m anchorctx train <run_dir>/config.yaml`` (which itself launches torchrun when the
+The task writes the arm's resolved config beside the run directory and runs
+``python -m anchorctx train CONFIG [--resume/--force]`` (which itself launches torchrun when the
 config asks for several processes). See :mod:`anchorctx.tasks.process` for how the process tree
 is killed on cancellation, crash or deadline.
 """
@@ -9,7 +9,6 @@ is killed on cancellation, crash or deadline.
 from __future__ import annotations
 
 import sys
-import time
 from pathlib import Path
 
 from prefect import get_run_logger, task
@@ -21,9 +20,19 @@ from anchorctx.tasks.caching import train_cache_key
 from anchorctx.tasks.process import run_process_group
 
 
-def train_command(config_path: Path, *, resume: bool) -> list[str]:
+def train_command(config_path: Path, *, resume: bool, fresh: bool = False) -> list[str]:
+    """``fresh`` -> ``--force`` (the child moves an earlier run aside, under the run lock);
+    else ``resume`` -> ``--resume``; neither: a run directory holding a run is an error."""
     cmd = [sys.executable, "-m", "anchorctx", "train", str(config_path)]
+    if fresh:
+        return [*cmd, "--force"]
     return [*cmd, "--resume"] if resume else cmd
+
+
+def task_config_path(cfg: ExperimentConfig) -> Path:
+    """Where the task writes the arm's config for the child: beside the run directory, not in
+    it (the child may move an earlier run aside, and writes ``config.yaml`` itself)."""
+    return cfg.experiment_dir / f".{cfg.variant_name}.task-config.yaml"
 
 
 def last_step(metrics_path: Path) -> int:
@@ -38,15 +47,6 @@ def list_checkpoint_paths(run_dir: Path) -> list[str]:
     return [str(p) for p in list_checkpoints(run_dir)] if run_dir.is_dir() else []
 
 
-def move_aside(run_dir: Path) -> Path | None:
-    """Rename an earlier run out of the way (never delete results): ``<run>.old-<time>``."""
-    if not run_dir.exists():
-        return None
-    target = run_dir.with_name(f"{run_dir.name}.old-{time.strftime('%Y%m%d-%H%M%S')}")
-    run_dir.rename(target)
-    return target
-
-
 @task(name="train", cache_key_fn=train_cache_key, persist_result=True, result_serializer="json")
 def train_task(
     cfg: ExperimentConfig,
@@ -59,15 +59,14 @@ def train_task(
 
     ``dataset`` (the packed dataset directory) is part of the cache key: a re-packed dataset
     retrains. With ``resume`` an interrupted run continues from ``<run_dir>/resume`` and a
-    finished one returns at once; ``fresh`` first renames an earlier run directory aside.
+    finished one returns at once; ``fresh`` renames an earlier run directory aside first
+    (``train --force``, done by the child while it holds the run directory's lock).
     """
     logger = get_run_logger()
     run_dir = cfg.run_dir
-    if fresh and (old := move_aside(run_dir)) is not None:
-        logger.warning("earlier run moved aside to %s", old)
-    config_path = run_dir / "config.yaml"
+    config_path = task_config_path(cfg)
     dump_config(cfg, config_path)
-    cmd = train_command(config_path, resume=resume)
+    cmd = train_command(config_path, resume=resume, fresh=fresh)
     logger.info("launching: %s", " ".join(cmd))
     progress = Progress(
         artifact_key("train", cfg.name, cfg.variant_name),

@@ -15,6 +15,10 @@ The child gets its own session (process group) and inherits this process's stdou
 its output (and its progress bar on a terminal) is forwarded as is. On any exception here —
 Ctrl-C, a cancelled orchestration task — the whole group is terminated, then killed.
 All pre-flight checks run here first, so a bad config fails before any GPU is touched.
+
+The run directory's writer lock (:class:`anchorctx.io.WriterLock`) is taken here, before
+anything is written, and held for the whole run: in-process, or passed to the launcher child
+(``pass_fds``) so it stays held while the process group lives. Workers never take it.
 """
 
 from __future__ import annotations
@@ -31,21 +35,32 @@ from anchorctx.training.plan import TrainingError, plan_parallelism, processes_p
 LAUNCH_CONFIG = ".launch-config.yaml"
 
 
-def launch(cfg: ExperimentConfig, *, resume: bool = False) -> int:
-    """Run training in-process or as a launched process group; returns the exit status."""
-    from anchorctx.training.loop import preflight, restart_state, train
+def launch(cfg: ExperimentConfig, *, resume: bool = False, force: bool = False) -> int:
+    """Run training in-process or as a launched process group; returns the exit status.
 
+    ``force`` starts over: an earlier run in the run directory is renamed aside first.
+    """
+    from anchorctx.training import checkpoints as ckpt
+    from anchorctx.training.loop import move_run_aside, preflight, restart_state, run_lock, train
+
+    if resume and force:
+        raise TrainingError("--resume and --force exclude each other: continue, or start over")
     par = plan_parallelism(cfg)
-    pre = preflight(cfg, par)
-    restart_state(cfg, par, resume)
-    if par.world == 1:
-        train(cfg, resume=resume, data_dir=pre.data_dir)
-        return 0
-    cfg_path = cfg.run_dir / LAUNCH_CONFIG
-    dump_config(cfg, cfg_path)
-    nproc = processes_per_node(cfg, par.device)
-    cmd = launcher_command(cfg, nproc, cfg_path, resume, pre.data_dir)
-    return run_process_group(cmd)
+    with run_lock(cfg) as lock:
+        if force and (old := move_run_aside(cfg.run_dir)) is not None:
+            print(f"earlier run moved aside to {old}", flush=True)
+        if note := ckpt.recover_resume(cfg.run_dir):
+            print(note, flush=True)
+        pre = preflight(cfg, par)
+        restart_state(cfg, par, resume)
+        if par.world == 1:
+            train(cfg, resume=resume, data_dir=pre.data_dir, hold_lock=False)
+            return 0
+        cfg_path = cfg.run_dir / LAUNCH_CONFIG
+        dump_config(cfg, cfg_path)
+        nproc = processes_per_node(cfg, par.device)
+        cmd = launcher_command(cfg, nproc, cfg_path, resume, pre.data_dir)
+        return run_process_group(cmd, pass_fds=(lock.fd,))
 
 
 def launcher_command(
@@ -73,10 +88,14 @@ def launcher_command(
             *worker]  # fmt: skip
 
 
-def run_process_group(cmd: list[str], env: dict[str, str] | None = None) -> int:
-    """Run ``cmd`` in a new session; kill its whole process group if we are interrupted."""
+def run_process_group(
+    cmd: list[str], env: dict[str, str] | None = None, pass_fds: tuple[int | None, ...] = ()
+) -> int:
+    """Run ``cmd`` in a new session; kill its whole process group if we are interrupted.
+    ``pass_fds``: descriptors the child inherits (the run lock, so it outlives this process)."""
     print("launching: " + " ".join(cmd), flush=True)
-    proc = subprocess.Popen(cmd, start_new_session=True, env={**os.environ, **(env or {})})
+    proc = subprocess.Popen(cmd, start_new_session=True, env={**os.environ, **(env or {})},
+                            pass_fds=tuple(fd for fd in pass_fds if fd is not None))  # fmt: skip
     try:
         return proc.wait()
     except BaseException:

@@ -26,6 +26,8 @@ DTYPES = {"bfloat16": "bfloat16", "float32": "float32", "float16": "float16"}
 class ModelLoadError(ValueError):
     """The model or tokenizer named in the config cannot be used."""
 
+    exit_code = 2  # the config names it (anchorctx.cli)
+
 
 def load_tokenizer(model_cfg: ModelConfig) -> PreTrainedTokenizerBase:
     from transformers import AutoTokenizer

@@ -7,11 +7,12 @@ Started by :func:`anchorctx.training.launch` through torchrun or DeepSpeed's lau
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+import traceback
 from pathlib import Path
 
-from anchorctx.config import ConfigError, load_config
-from anchorctx.training.plan import TrainingError
+from anchorctx.config import load_config
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -24,10 +25,17 @@ def main(argv: list[str] | None = None) -> int:
     from anchorctx.training.loop import train
 
     try:
-        train(load_config(args.config), resume=args.resume, data_dir=args.data_dir)
-    except (ConfigError, TrainingError) as err:
-        print(f"anchorctx train: {err}", file=sys.stderr)
-        return 2
+        # The launcher (``anchorctx train``) holds the run directory's lock for the group.
+        train(load_config(args.config), resume=args.resume, data_dir=args.data_dir,
+              hold_lock=False)  # fmt: skip
+    except Exception as err:  # one line per rank, like the CLI; traceback with --debug
+        from anchorctx.cli import error_line, exit_code
+
+        if os.environ.get("ANCHORCTX_DEBUG"):
+            traceback.print_exc()
+        rank = os.environ.get("RANK", "?")
+        print(f"anchorctx train (rank {rank}): {error_line(err)}", file=sys.stderr)
+        return exit_code(err)
     return 0
 
 

@@ -67,7 +67,7 @@ def evaluate(args: argparse.Namespace) -> int:
                 print(results_table(result))
     except EvaluationError as err:
         print(f"anchorctx evaluate: {err}", file=sys.stderr)
-        return 2
+        return err.exit_code  # 2: a wrong path or setting; 1: a checkpoint that cannot load
     return 0
 
 

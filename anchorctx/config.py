@@ -372,7 +372,9 @@ def config_from_dict(
         try:
             value = yaml.safe_load(text) if text.strip() else None
         except yaml.YAMLError as err:
-            raise ConfigError(f"override {item!r}: invalid YAML value ({_first_line(err)})") from None
+            raise ConfigError(
+                f"override {item!r}: invalid YAML value ({_first_line(err)})"
+            ) from None
         _set_dotted(raw, key.strip(), value, what=f"override {key.strip()!r}")
     cfg = _validate(raw, source)
     # Every arm's overrides are checked now, not when that arm first runs: a typo in a variant

@@ -92,6 +92,7 @@ def atomic_directory(final: str | Path) -> Iterator[Path]:
     try:
         os.chmod(tmp, dir_mode())  # mkdtemp makes it 0700 whatever the umask says
         yield tmp
+        _apply_umask(tmp)
         if final.exists():
             old = final.with_name(f".{final.name}.old")
             shutil.rmtree(old, ignore_errors=True)
@@ -103,6 +104,22 @@ def atomic_directory(final: str | Path) -> Iterator[Path]:
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+def _apply_umask(root: Path) -> None:
+    """Give everything under ``root`` the read/write bits the umask allows. Some writers
+    (safetensors) create files 0600 regardless of the umask; execute bits are kept."""
+    mask = current_umask()
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in dirnames:
+            _widen(Path(dirpath) / name, 0o777, mask)
+        for name in filenames:
+            _widen(Path(dirpath) / name, 0o666, mask)
+
+
+def _widen(path: Path, allowed: int, mask: int) -> None:
+    if not path.is_symlink():
+        os.chmod(path, ((path.stat().st_mode & 0o777) | allowed) & ~mask)
 
 
 def append_jsonl(path: str | Path, row: dict[str, Any]) -> None:

@@ -134,7 +134,10 @@ def _jsonl_lines(path: Path, fmt: str) -> Iterator[tuple[int, bytes]]:
         if fmt == "jsonl.zst":
             import zstandard
 
-            stream: Any = io.BufferedReader(zstandard.ZstdDecompressor().stream_reader(raw))
+            # read_across_frames: a file of several frames (concatenated streams) is one document
+            # sequence; by default the reader stops silently after the first frame.
+            reader = zstandard.ZstdDecompressor().stream_reader(raw, read_across_frames=True)
+            stream: Any = io.BufferedReader(reader)
         else:
             stream = raw
         yield from enumerate(stream, start=1)
@@ -165,7 +168,9 @@ def check_zstd_stream(path: Path) -> None:
                     chunk = dobj.unused_data if dobj.eof else b""
         except zstandard.ZstdError as err:
             raise StreamDamaged(f"corrupt zstd data after line {lines} ({err})", lines) from None
-    if started and not dobj.eof:
+    if not started:  # a compressor writes a frame even for empty input: this is a cut file
+        raise StreamDamaged("empty file (no zstd frame)", 0)
+    if not dobj.eof:
         raise StreamDamaged(f"truncated zstd stream: it ends inside a frame after line {lines}",
                             lines)  # fmt: skip
 

@@ -188,11 +188,11 @@ class WriterLock:
     launcher covers its whole process group. Use it as a context manager or call
     :meth:`release`; acquiring twice in one process fails like any second writer.
 
-    Shared filesystems: on Linux, ``flock`` on NFSv4 (and NFSv3 with lockd) is turned into a
-    whole-file POSIX lock held by the server, so it excludes writers on other nodes too; an NFS
-    mount with ``nolock`` or ``local_lock=flock``/``all`` (and Lustre mounted with
-    ``localflock``) keeps locks local to one node; a filesystem without lock support (Lustre's
-    default ``noflock``) fails with an error that says so.
+    Shared filesystems (docs/RELIABILITY.md): on Linux, ``flock`` on NFSv4 (and NFSv3 with
+    lockd) becomes a whole-file POSIX lock held by the server, so it excludes writers on other
+    nodes too; an NFS mount with ``nolock`` or ``local_lock=flock``/``all`` (and Lustre mounted
+    with ``localflock``) keeps locks local to one node; where locking is unsupported (Lustre
+    ``noflock``, NFSv3 without lockd) acquiring fails with an error that says so.
     """
 
     def __init__(self, path: str | Path, what: str) -> None:
@@ -224,7 +224,7 @@ class WriterLock:
                 ) from None
             raise LockHeldError(
                 f"cannot lock {self.path} ({os.strerror(err.errno)}): the filesystem does not "
-                "support flock (on Lustre mount with -o flock)"
+                "support flock here (NFS needs lockd, Lustre the flock mount option)"
             ) from None
         info = {"pid": os.getpid(), "host": socket.gethostname(),
                 "since": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),

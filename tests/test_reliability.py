@@ -36,7 +36,13 @@ from anchorctx.evaluation.results import (
     evaluate_checkpoint,
     result_path,
 )
-from anchorctx.io import LockHeldError, WriterLock, atomic_directory, atomic_write_text
+from anchorctx.io import (
+    LockHeldError,
+    WriterLock,
+    atomic_directory,
+    atomic_write_text,
+    file_mode,
+)
 from anchorctx.packing.sources import BadInput, DataError, read_file
 from anchorctx.training import checkpoints as ckpt
 from anchorctx.training.launch import launch
@@ -343,8 +349,13 @@ def _encode(kind) -> bytes:
     return json.dumps(kind).encode()
 
 
+# Derandomized and without an example database: the same examples on every run, no files left.
 @settings(
-    max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+    max_examples=150,
+    deadline=None,
+    derandomize=True,
+    database=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
 )
 @given(
     kinds=st.lists(LINE_KINDS, max_size=25),
@@ -445,6 +456,7 @@ def test_hand_edited_result_is_not_served_from_cache(tmp_path, fake):
     cfg = _eval_cfg(tmp_path, ck)
     out = evaluate_checkpoint(cfg, ck, "fake", progress=False)
     honest = json.loads(out.read_text())
+    assert _mode(out) == file_mode()  # readable per the umask, not 0600
     assert evaluate_checkpoint(cfg, ck, "fake", progress=False) == out and fake.calls == 1
     edited = json.loads(out.read_text())
     edited["scores"]["alpha"]["4096"] = 99.9

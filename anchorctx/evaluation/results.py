@@ -127,11 +127,15 @@ def check_checkpoint(checkpoint: str | Path) -> Path:
         raise EvaluationError(
             f"incomplete checkpoint {ckpt}: no weights (*.safetensors or pytorch_model*.bin)"
         )
+    return ckpt
+
+
+def _check_tokenizer(ckpt: Path) -> None:
+    """Before loading: evaluation needs the checkpoint's own tokenizer."""
     if not any((ckpt / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json")):
         raise EvaluationError(
             f"incomplete checkpoint {ckpt}: no tokenizer (tokenizer.json or tokenizer_config.json)"
         )
-    return ckpt
 
 
 _Signature = tuple[tuple[str, int, int, int], ...]
@@ -428,6 +432,7 @@ def _evaluate(cfg, ckpt, suite, spec, ident, out: Path, samples: Path, force, pr
         append_jsonl(samples, record)
         new += 1
 
+    _check_tokenizer(ckpt)
     model, tokenizer = _cached_model(ckpt, cfg, ident["checkpoint_hash"])
     started = time.time()
     raw = _runner(spec)(model, tokenizer, cfg, done=done, on_sample=on_sample, progress=progress)

@@ -34,6 +34,7 @@ from anchorctx.evaluation.results import (
     Suite,
     eval_dir,
     evaluate_checkpoint,
+    result_is_intact,
     result_path,
 )
 from anchorctx.io import (
@@ -458,9 +459,11 @@ def test_hand_edited_result_is_not_served_from_cache(tmp_path, fake):
     honest = json.loads(out.read_text())
     assert _mode(out) == file_mode()  # readable per the umask, not 0600
     assert evaluate_checkpoint(cfg, ck, "fake", progress=False) == out and fake.calls == 1
+    assert result_is_intact(ck, "fake")
     edited = json.loads(out.read_text())
     edited["scores"]["alpha"]["4096"] = 99.9
     out.write_text(json.dumps(edited))
+    assert not result_is_intact(ck, "fake")  # the orchestration refreshes its cached task
     again = json.loads(evaluate_checkpoint(cfg, ck, "fake", progress=False).read_text())
     assert fake.calls == 2 and again["scores"] == honest["scores"]
     assert again["samples"]["resumed"] == NUM_SAMPLES and again["samples"]["new"] == 0

@@ -293,7 +293,17 @@ def _matches(result: dict[str, Any] | None, ident: dict[str, str], samples: Path
     if result.get("result_sha256") != result_digest(result):
         return False
     recorded = (result.get("samples") or {}).get("sha256")
-    return samples.is_file() and recorded == sha256_file(samples)
+    return samples.is_file() and recorded == sha256_file(samples)  # samples: same directory
+
+
+def result_is_intact(checkpoint: str | Path, suite: str) -> bool:
+    """The result file of ``checkpoint``/``suite`` exists and is exactly what was written (its
+    own digest and its per-sample records' hash match); identity is the caller's to check."""
+    result = load_result(result_path(checkpoint, suite))
+    if result is None or result.get("result_sha256") != result_digest(result):
+        return False
+    samples = samples_path(checkpoint, suite)
+    return samples.is_file() and (result.get("samples") or {}).get("sha256") == sha256_file(samples)
 
 
 def result_digest(result: dict[str, Any]) -> str:

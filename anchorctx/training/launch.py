@@ -47,11 +47,11 @@ def launch(cfg: ExperimentConfig, *, resume: bool = False, force: bool = False) 
         raise TrainingError("--resume and --force exclude each other: continue, or start over")
     par = plan_parallelism(cfg)
     with run_lock(cfg) as lock:
+        pre = preflight(cfg, par)  # first: a bad config moves nothing aside
         if force and (old := move_run_aside(cfg.run_dir)) is not None:
             print(f"earlier run moved aside to {old}", flush=True)
         if note := ckpt.recover_resume(cfg.run_dir):
             print(note, flush=True)
-        pre = preflight(cfg, par)
         restart_state(cfg, par, resume)
         if par.world == 1:
             train(cfg, resume=resume, data_dir=pre.data_dir, hold_lock=False)

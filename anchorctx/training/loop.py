@@ -10,6 +10,7 @@ checkpoints and resume state.
 from __future__ import annotations
 
 import logging
+import os
 import sys
 import time
 from dataclasses import dataclass
@@ -17,7 +18,14 @@ from pathlib import Path
 from typing import Any
 
 from anchorctx.config import ExperimentConfig, dump_config
-from anchorctx.io import append_jsonl, atomic_write_json, atomic_write_text, read_jsonl, sha256_file
+from anchorctx.io import (
+    WriterLock,
+    append_jsonl,
+    atomic_write_json,
+    atomic_write_text,
+    read_jsonl,
+    sha256_file,
+)
 from anchorctx.training import checkpoints as ckpt
 from anchorctx.training.plan import (
     Parallelism,
@@ -79,8 +87,6 @@ def train(
     caller already prepared it (default: ``prepare_data(cfg)`` on rank 0). ``hold_lock``: take
     the run directory's writer lock on rank 0 (a launcher that holds it passes False).
     """
-    import os
-
     from anchorctx.training.engine import init_distributed, shutdown_distributed
 
     lock = None
@@ -99,10 +105,8 @@ def train(
             lock.release()
 
 
-def run_lock(cfg: ExperimentConfig):
+def run_lock(cfg: ExperimentConfig) -> WriterLock:
     """The writer lock of the run directory (``.<variant>.lock`` beside it)."""
-    from anchorctx.io import WriterLock
-
     return WriterLock.beside(cfg.run_dir, f"run directory {cfg.run_dir}")
 
 

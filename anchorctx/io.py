@@ -257,4 +257,19 @@ def _read_holder(fd: int) -> str:
         info = {}
     if not isinstance(info, dict) or "pid" not in info:
         return "holder unknown: it has not written its details yet"
-    return f"pid {info['pid']} on host {info.get('host', '?')} since {info.get('since', '?')}"
+    text = f"pid {info['pid']} on host {info.get('host', '?')} since {info.get('since', '?')}"
+    if info.get("host") == socket.gethostname() and not _alive(info["pid"]):
+        text += "; it has exited, but processes it launched still hold the lock"
+    return text
+
+
+def _alive(pid: object) -> bool:
+    if not isinstance(pid, int):
+        return True  # unknown: do not claim it exited
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # exists, owned by someone else
+    return True

@@ -114,20 +114,36 @@ def test_second_writer_fails_at_once_naming_the_holder(tmp_path, holder):
     WriterLock(path, "test output").acquire().release()  # released on exit
 
 
+LAUNCH = """
+import subprocess, sys
+from anchorctx.io import WriterLock
+lock = WriterLock(sys.argv[1], "run").acquire()
+child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], pass_fds=(lock.fd,),
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+print(child.pid, flush=True)
+"""
+
+
 def test_lock_is_inherited_by_a_launched_child(tmp_path):
-    """The launcher passes its lock to the process group: held while any of it lives."""
-    lock = WriterLock(tmp_path / ".run.lock", "run").acquire()
-    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
-                             pass_fds=(lock.fd,))  # fmt: skip
+    """A launcher passes its lock to the process group: held while any of it lives, even when
+    the launcher itself was killed."""
+    path = tmp_path / ".run.lock"
+    out = subprocess.run([sys.executable, "-c", LAUNCH, str(path)], capture_output=True,
+                         text=True, check=True)  # fmt: skip
+    child = int(out.stdout.strip())
     try:
-        os.close(lock.fd)  # the launcher is gone; its child still holds the lock
-        lock.fd = None
-        with pytest.raises(LockHeldError):
-            WriterLock(tmp_path / ".run.lock", "run").acquire()
+        with pytest.raises(LockHeldError, match="it has exited, but processes it launched"):
+            WriterLock(path, "run").acquire()
     finally:
-        child.kill()
-        child.wait()
-    WriterLock(tmp_path / ".run.lock", "run").acquire().release()
+        os.kill(child, 9)
+    deadline = time.monotonic() + 10
+    while True:  # the child is not ours to wait for: poll until the OS has released the lock
+        try:
+            WriterLock(path, "run").acquire().release()
+            break
+        except LockHeldError:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
 
 
 # --------------------------------------------------------------------- a real tiny training

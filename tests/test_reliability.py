@@ -500,6 +500,17 @@ def test_checkpoint_that_cannot_load_is_named(tmp_path, fake):
         evaluate_checkpoint(cfg, ck, "fake", progress=False)
 
 
+def test_truncated_weights_in_model_path_name_the_path(tmp_path):
+    from anchorctx.config import ModelConfig
+    from anchorctx.training.model import ModelFileError, load_model
+
+    ck = save_tiny_checkpoint(tmp_path / "base", seed=0)
+    _truncate(ck / "model.safetensors", 0.3)
+    with pytest.raises(ModelFileError, match=rf"model.path {ck} \(SafetensorError") as err:
+        load_model(ModelConfig(path=ck), dtype="float32", device="cpu")
+    assert err.value.exit_code == 1  # runtime: the file is bad, not the config
+
+
 def test_evaluation_output_has_one_writer(tmp_path, fake, holder):
     ck = save_tiny_checkpoint(tmp_path / "run" / "checkpoints" / "step-000001", seed=0)
     proc = holder(eval_dir(ck) / ".fake.lock")

@@ -150,8 +150,9 @@ def test_lock_is_inherited_by_a_launched_child(tmp_path):
 def _cfg(tiny_config, packed_demo, name: str, steps: int = 2):
     raw = tiny_config.model_dump(mode="json")
     raw["name"] = name
-    raw["data"]["seq_len"] = 256
-    raw["data"]["output_dir"] = str(packed_demo)  # reuse the session's packed dataset
+    # The session's packed dataset: with the data config unchanged (seq_len included) its
+    # fingerprint matches, so it is reused as is and never rebuilt into this shared directory.
+    raw["data"]["output_dir"] = str(packed_demo)
     raw["training"].update(steps=steps, lr=1e-3, warmup_steps=1)
     return config_from_dict(raw)
 
@@ -160,8 +161,10 @@ def _cfg(tiny_config, packed_demo, name: str, steps: int = 2):
 def trained(tiny_config, packed_demo, torch_extensions):  # noqa: F811
     """A finished 2-step run (checkpoint and resume state at step 2), written under umask 022."""
     cfg = _cfg(tiny_config, packed_demo, "reliable")
+    manifest = (packed_demo / "manifest.json").read_text()
     with umask(0o022):
-        train(cfg, data_dir=packed_demo)
+        train(cfg)  # prepares its data through the config: must find the shared dataset
+    assert (packed_demo / "manifest.json").read_text() == manifest
     return cfg
 
 

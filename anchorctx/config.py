@@ -101,12 +101,28 @@ class SourceConfig(Strict):
 
 
 class UpsampleConfig(Strict):
+    """Length upsampling. ``mixture: upsampled`` is Fu et al. 2024's per-source rule (the
+    paper's data); ``mixture: long_share`` an earlier project rule that uses ``long_share``."""
+
     threshold: int = Field(
-        4096, gt=0, description="Documents longer than this (tokens) are 'long'."
+        4096,
+        gt=0,
+        description="Documents with fewer tokens than this are 'short' (Fu et al.: 4096).",
+    )
+    keep_short: float = Field(
+        0.1, gt=0, le=1,
+        description="upsampled: probability of keeping a short document (--down_sample_ratio 0.1).",
+    )  # fmt: skip
+    shares: Literal["auto", "slimpajama", "corpus"] | dict[str, float] = Field(
+        "auto",
+        description="upsampled: per-source token budget shares. 'slimpajama': the reference's "
+        "SLIMPAJAMA_ORIGINAL_MIX; 'corpus': this corpus' own token shares; 'auto': slimpajama "
+        "when every domain is a SlimPajama source name, else corpus; or explicit shares.",
     )
     long_share: float = Field(
-        0.7, gt=0, lt=1, description="Target share of tokens from long documents, per domain."
-    )
+        0.7, gt=0, lt=1,
+        description="long_share only: target share of tokens from long documents, per domain.",
+    )  # fmt: skip
 
 
 class DemoCorpusConfig(Strict):
@@ -124,9 +140,19 @@ class DataConfig(Strict):
     sources: list[SourceConfig] = Field(default_factory=list)
     seq_len: int = Field(65536, gt=1)
     token_budget: int | None = Field(None, gt=0, description="Tokens to sample; None: all input.")
-    mixture: Literal["original", "upsampled"] | dict[str, float] = "original"
+    mixture: Literal["original", "upsampled", "long_share"] | dict[str, float] = Field(
+        "original",
+        description="'original' (natural shares), 'upsampled' (Fu et al. 2024 per-source "
+        "upsampling, the paper's data), 'long_share' (an earlier project rule), or shares.",
+    )
     upsample: UpsampleConfig = Field(default_factory=UpsampleConfig)
-    separator: str = Field("eos", description="'eos', 'none', or literal text after each document.")
+    separator: str = Field(
+        "none",
+        description="After each document: 'none' (AnchorContext: documents concatenated with no "
+        "separator and no BOS; a row's only anchor is at index 0), 'eos' (the tokenizer's EOS "
+        "token; for tokenizers whose anchor is EOS, e.g. Qwen, the anchor id then recurs inside "
+        "rows), or literal text.",
+    )
     domain_tags: bool = False
     tag_template: str = "{domain}\n"
     interleave_chunks: bool = False
@@ -178,6 +204,11 @@ class TrainingConfig(Strict):
     warmup_steps: int = Field(0, ge=0)
     betas: tuple[float, float] = (0.9, 0.95)
     weight_decay: float = Field(0.1, ge=0)
+    weight_decay_on: Literal["all", "matrices"] = Field(
+        "all",
+        description="Parameters weight_decay applies to: 'all' (AnchorContext's AdamW, the "
+        "paper's code) or 'matrices' (norms and biases undecayed).",
+    )
     grad_clip: float = Field(1.0, ge=0)
     precision: Literal["bf16", "fp32"] = "bf16"
     activation_checkpointing: bool = True
@@ -201,12 +232,36 @@ class RulerConfig(Strict):
     essay_path: Path | None = None
     squad_path: Path | None = None
     hotpotqa_path: Path | None = None
+    english_words_path: Path | None = Field(
+        None,
+        description="RULER's scripts/data/synthetic/json/english_words.json (git LFS): CWE's word "
+        "source beyond the wonderwords lists (needed near 128K; without it such lengths fail).",
+    )
+    nltk_data: Path | None = Field(
+        None,
+        description="Directory in NLTK's data layout holding tokenizers/punkt_tab/english (the "
+        "pretrained English Punkt model RULER splits essays with; `python -m nltk.downloader -d "
+        "DIR punkt_tab`). Default: NLTK's own search path. Missing model: an error.",
+    )
+    fit: Literal["ruler", "tight"] = Field(
+        "ruler",
+        description="Sample length rule. 'ruler': RULER's (an overflowing sample drops whole "
+        "haystack steps; 4K samples are 2.3K-4.1K tokens). 'tight': shrink it to the largest "
+        "size that fits (all samples near the target; a deviation from the reference).",
+    )
 
 
 class LongBenchConfig(Strict):
     data_dir: Path | None = None
     datasets: list[str] | None = Field(None, description="Default: the English datasets.")
-    max_length: int | None = Field(None, description="Prompt token budget; default: model max.")
+    max_length: int | None = Field(
+        None,
+        gt=1,
+        description="LongBench's per-model max_length (config/model2maxlen.json): prompts longer "
+        "than this many tokens (anchor included) keep their first and last int(max_length/2). "
+        "The reference lists 3500 for 4K models, 7500 for 8K, 15500 for 16K, 31500 for 32K. "
+        "Default: that convention (1000*K - 500 for a K*1024-position model).",
+    )
     limit: int | None = Field(None, gt=0, description="Samples per dataset (None: all).")
 
 
@@ -314,7 +369,7 @@ class ExperimentConfig(Strict):
 
     @property
     def run_dir(self) -> Path:
-        """``<run_root>/<experiment>/<variant>/`` (DESIGN.md, run directory contract)."""
+        """``<run_root>/<experiment>/<variant>/`` (docs/ARCHITECTURE.md, run directory contract)."""
         return self.experiment_dir / self.variant_name
 
     def for_variant(self, spec: VariantSpec) -> ExperimentConfig:

@@ -46,6 +46,20 @@ def git_revision(cwd: str | Path | None = None) -> dict[str, Any]:
     return {"commit": rev.stdout.strip(), "dirty": bool(dirty.stdout.strip())}
 
 
+LOCK_FILE = "requirements/common.txt"
+
+
+def lock_file_hash() -> dict[str, Any]:
+    """sha256 of the dependency lock of this package's checkout (scripts/setup.sh installs it);
+    None when the package runs from elsewhere (an installed wheel has no lock beside it)."""
+    import hashlib
+
+    path = Path(__file__).resolve().parent.parent / LOCK_FILE
+    if not path.is_file():
+        return {"file": LOCK_FILE, "sha256": None}
+    return {"file": LOCK_FILE, "sha256": hashlib.sha256(path.read_bytes()).hexdigest()}
+
+
 def gpu_info() -> list[dict[str, Any]]:
     try:
         import torch
@@ -66,6 +80,7 @@ def base_manifest(**extra: Any) -> dict[str, Any]:
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "git": git_revision(),
         "packages": package_versions(),
+        "lock": lock_file_hash(),
         "python": sys.version.split()[0],
         "host": {"name": socket.gethostname(), "platform": platform.platform(),
                  "cpus": os.cpu_count()},

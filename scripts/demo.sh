@@ -17,6 +17,8 @@ HOST=${ANCHORCTX_PREFECT_HOST:-127.0.0.1}
 PORT=${ANCHORCTX_PREFECT_PORT:-4200}
 say() { echo "[demo] $*"; }
 
+# DeepSpeed's ops, compiled once by setup.sh, for every training arm the runner starts.
+export TORCH_EXTENSIONS_DIR=${TORCH_EXTENSIONS_DIR:-$ROOT/.cache/torch_extensions}
 scripts/setup.sh
 PY=$ROOT/.venv/bin/python
 

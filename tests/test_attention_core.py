@@ -1,6 +1,6 @@
 """Layouts, masks and every CPU engine against an independent reference written here.
 
-The reference decides each (query, key) pair with the DESIGN.md table by plain Python loops
+The reference decides each (query, key) pair with the docs/ARCHITECTURE.md table by plain Python loops
 over segments (it never touches ``Layout``), and computes attention in float64.
 """
 
@@ -54,7 +54,7 @@ def _reference_allowed(seg_lens: tuple, seg_doc: tuple | None, variant: str) -> 
 
 
 def reference_allowed(seg_lens, seg_doc, variant) -> torch.Tensor:
-    """Bool [T, T] from the DESIGN.md table, by loops over (query, key) pairs."""
+    """Bool [T, T] from the docs/ARCHITECTURE.md table, by loops over (query, key) pairs."""
     docs = tuple(seg_doc) if seg_doc is not None else None
     return _reference_allowed(tuple(seg_lens), docs, variant).clone()
 

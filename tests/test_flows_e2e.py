@@ -52,7 +52,8 @@ def small_config(tmp: Path) -> dict[str, Any]:
     ev["ruler"].update(lengths=[512], num_samples=1, tasks=["niah_single_1"],
                        essay_path=str(fixtures / "essays.json"),
                        squad_path=str(fixtures / "squad.json"),
-                       hotpotqa_path=str(fixtures / "hotpotqa.json"))  # fmt: skip
+                       hotpotqa_path=str(fixtures / "hotpotqa.json"),
+                       nltk_data=str(fixtures / "nltk_data"))  # fmt: skip
     ev["longbench"].update(data_dir=str(fixtures / "longbench"), limit=1,
                            datasets=["passage_count", "passage_retrieval_en"], max_length=480)  # fmt: skip
     ev["harness"].update(mmlu_dir=str(fixtures / "mmlu"), hellaswag_dir=str(fixtures / "hellaswag"),

@@ -9,6 +9,7 @@ import torch
 
 from anchorctx.evaluation.generation import (
     CheckpointError,
+    DecodeRules,
     encode_prompt,
     generate_greedy,
     load_eval_model,
@@ -75,6 +76,36 @@ def test_stops_at_eos_and_reports_batches(model, tokenizer):
                           progress=False, on_batch=lambda idx, texts: seen.extend(idx))  # fmt: skip
     assert sorted(seen) == [0, 1, 2, 3]
     assert all(len(tokenizer.encode(t, add_special_tokens=False)) == 0 for t in out)
+
+
+def _biased(model, bias: dict[int, float]):
+    """A copy of ``model`` whose logits are the constant ``bias`` at every position."""
+    forced = copy.deepcopy(model)
+    head = torch.nn.Linear(model.config.hidden_size, model.config.vocab_size, bias=True)
+    with torch.no_grad():
+        head.weight.zero_()
+        head.bias.zero_()
+        for token, value in bias.items():
+            head.bias[token] = value
+    forced.lm_head = head.to(torch.float64)
+    return forced
+
+
+def test_decode_rules_samsum(model, tokenizer):
+    # LongBench pred.py for samsum: EOS and "\n" may not come first; "\n" ends generation.
+    eos, nl = tokenizer.eos_token_id, tokenizer.encode("\n", add_special_tokens=False)[-1]
+    word = tokenizer.encode(" the", add_special_tokens=False)[-1]
+    rules = DecodeRules(forbid_first=(eos, nl), stop_token_ids=(nl,))
+    newline_first = _biased(model, {nl: 3.0, word: 2.0, eos: 1.0})
+    plain = generate_greedy(newline_first, tokenizer, PROMPTS[:2], max_new_tokens=6, progress=False)  # fmt: skip
+    assert plain == [tokenizer.decode([nl] * 6)] * 2  # without the rule: newlines to the limit
+    ruled = generate_greedy(newline_first, tokenizer, PROMPTS[:2], max_new_tokens=6,
+                            batch_size=2, progress=False, rules=rules)  # fmt: skip
+    assert ruled == [tokenizer.decode([word, nl])] * 2  # a word first, then stop at the newline
+    eos_first = _biased(model, {eos: 3.0, word: 2.0})
+    out = generate_greedy(eos_first, tokenizer, PROMPTS[:1], max_new_tokens=6, progress=False,
+                          rules=rules)  # fmt: skip
+    assert out == [tokenizer.decode([word])]  # EOS is forbidden only as the first token
 
 
 def test_load_eval_model_roundtrip(model, tokenizer, tmp_path):

@@ -130,3 +130,31 @@ def test_original_mmlu_csv_layout_and_missing_files(tmp_path, setup):
         harness.hellaswag_file(tmp_path)
     with pytest.raises(harness.HarnessDataError, match="not a directory"):
         harness.mmlu_layout(tmp_path / "nope")
+
+
+def test_contexts_start_with_one_anchor(setup):
+    """add_bos_token is set explicitly; every context gets the training anchor exactly once: BOS
+    (identical to stock HFLM with add_bos_token=True) or EOS for a tokenizer without BOS."""
+    import copy
+
+    from lm_eval.models.huggingface import HFLM
+
+    _cfg, model, tok, _ = setup
+    text = "The following are multiple choice questions.\nAnswer:"
+    ours = harness.make_lm(model, tok, 1)
+    stock = HFLM(pretrained=model, tokenizer=tok, batch_size=1, add_bos_token=True)
+    assert ours.add_bos_token is True and ours.prefix_token_id == tok.bos_token_id
+    assert ours.tok_encode(text) == stock.tok_encode(text)
+    assert ours.tok_encode(text)[0] == tok.bos_token_id
+    assert ours.tok_encode(" A", add_special_tokens=False) == tok.encode(" A", add_special_tokens=False)  # fmt: skip
+    no_bos = copy.deepcopy(tok)
+    no_bos.bos_token = None  # Qwen-style: the anchor is EOS
+    qwen_like = harness.make_lm(model, no_bos, 1)
+    ids = qwen_like.tok_encode(text)
+    assert ids[0] == no_bos.eos_token_id and ids.count(no_bos.eos_token_id) == 1
+    assert qwen_like.prefix_token_id == no_bos.eos_token_id
+    import importlib.metadata
+
+    ref = harness.harness_reference(tok)
+    assert ref["lm_eval"] == importlib.metadata.version("lm-eval") and ref["add_bos_token"] is True
+    assert ref["anchor_token_id"] == tok.bos_token_id

@@ -53,3 +53,17 @@ def test_hash_tree_changes_with_content(tmp_path):
     h1 = hash_tree(tmp_path)
     (tmp_path / "a").write_text("2")
     assert hash_tree(tmp_path) != h1
+
+
+def test_manifest_records_the_dependency_lock():
+    """Every run manifest names the lock file's hash, so a result can be traced to the exact
+    package set it was produced with (scripts/setup.sh installs from that lock)."""
+    import hashlib
+    from pathlib import Path
+
+    from anchorctx.manifest import LOCK_FILE, base_manifest
+
+    lock = Path(__file__).resolve().parents[1] / LOCK_FILE
+    recorded = base_manifest()["lock"]
+    assert recorded["file"] == LOCK_FILE
+    assert recorded["sha256"] == hashlib.sha256(lock.read_bytes()).hexdigest()

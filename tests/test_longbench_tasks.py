@@ -60,12 +60,20 @@ def test_prompts_are_the_published_templates():
     )
     assert build_prompt("repobench-p", row).endswith("\nCTXQ?Next line of code:\n")
     assert build_prompt("passage_count", row).endswith("The final answer is: ")
+    # config/dataset2prompt.json at 2e00731: "asconcisely" (no space), twice, as published.
+    assert build_prompt("narrativeqa", row) == (
+        "You are given a story, which can be either a novel or a movie script, and a question. "
+        "Answer the question asconcisely as you can, using a single phrase if possible. Do not "
+        "provide any explanation.\n\nStory: CTX\n\nNow, answer the question based on the story "
+        "asconcisely as you can, using a single phrase if possible. Do not provide any "
+        "explanation.\n\nQuestion: Q?\n\nAnswer:"
+    )
 
 
 def test_truncate_middle_keeps_both_ends():
     ids = list(range(10))
     assert truncate_middle(ids, 4) == [0, 1, 8, 9]
-    assert truncate_middle(ids, 5) == [0, 1, 8, 9]  # int(budget / 2) from each end
+    assert truncate_middle(ids, 5) == [0, 1, 8, 9]  # int(max_length / 2) from each end
     assert truncate_middle(ids, 10) == ids
     with pytest.raises(ValueError):
         truncate_middle(ids, 1)
@@ -103,17 +111,41 @@ def test_fit_prompt_truncates_in_the_middle(demo_corpus):
     same, n, cut = fit_prompt(tok, text, full)
     assert (same, n, cut) == (text, full, False)
     short, n, cut = fit_prompt(tok, text, 101)
-    assert cut and n <= 101 and n >= 95
+    # pred.py: the first and last int(101/2) = 50 ids of the BOS-led prompt, decoded without
+    # special tokens, joined, and encoded again (with BOS).
+    ids = [tok.bos_token_id, *tok.encode(text, add_special_tokens=False)]
+    expected = tok.decode(ids[:50], skip_special_tokens=True) + tok.decode(ids[-50:], skip_special_tokens=True)  # fmt: skip
+    assert cut and short == expected
+    assert n == 1 + len(tok.encode(expected, add_special_tokens=False))
     assert short.startswith("BEGIN here.") and short.endswith("Question: END?")
+    even, _, _ = fit_prompt(tok, text, 100)  # even max_length: 50 each side, not 49 + 50
+    assert even == expected
 
 
 def test_prompt_budget():
-    assert prompt_budget(4096, 512, None) == 3584
-    assert prompt_budget(4096, 512, 3500) == 3500
+    # config/model2maxlen.json: 3500 for 4K models, 7500 for 8K, 15500 for 16K, 31500 for 32K.
+    assert [prompt_budget(k * 1024, 512, None) for k in (4, 8, 16, 32)] == [3500, 7500, 15500, 31500]  # fmt: skip
+    assert prompt_budget(4096, 512, 3000) == 3000
+    with pytest.raises(LongBenchDataError, match=r"below 1K\): set evaluation\.longbench\.max_length"):  # fmt: skip
+        prompt_budget(512, 32, None)
     with pytest.raises(LongBenchDataError, match="max_length=4000"):
         prompt_budget(4096, 512, 4000)
     with pytest.raises(LongBenchDataError, match=r"set evaluation\.longbench\.max_length"):
         prompt_budget(None, 32, None)
+
+
+def test_samsum_decode_rule(demo_corpus):
+    from transformers import AutoTokenizer
+
+    from anchorctx.evaluation.generation import DecodeRules
+    from anchorctx.evaluation.longbench.runner import decode_rules
+
+    tok = AutoTokenizer.from_pretrained(str(demo_corpus.tokenizer_dir))
+    nl = tok.encode("\n", add_special_tokens=False)[-1]
+    assert decode_rules(tok, "samsum") == DecodeRules(
+        forbid_first=(tok.eos_token_id, nl), stop_token_ids=(nl,)
+    )
+    assert all(decode_rules(tok, d) is None for d in ALL_DATASETS if d != "samsum")
 
 
 def test_load_rows_checks_fields_and_ids(tmp_path):

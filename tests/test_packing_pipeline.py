@@ -78,6 +78,7 @@ def check_reconstruction(out: Path, tok, tag_template: str | None = None) -> int
     """Concatenating each document's segments, minus tag and separator, gives its tokens."""
     ds, manifest = load_packed(out)
     pieces = segments_by_document(ds, manifest["anchor_token_id"], manifest["seq_len"])
+    sep = manifest["separator"]["token_ids"]
     complete = 0
     for rec in pq.read_table(out / "documents.parquet").to_pylist():
         if rec["doc"] not in pieces:
@@ -95,28 +96,35 @@ def check_reconstruction(out: Path, tok, tag_template: str | None = None) -> int
         assert all(mask[n_tag:])  # every other token is a training target
         body = ids[n_tag:]
         expected = tok(source_text(rec["file"], rec["line"]), add_special_tokens=False)["input_ids"]
-        if len(body) == rec["taken"] + 1:  # complete: the separator (EOS) closes it
-            assert body[-1] == tok.eos_token_id and body[:-1] == expected[: rec["taken"]]
+        if len(body) == rec["taken"] + len(sep):  # complete: the separator (if any) closes it
+            assert body[len(body) - len(sep) :] == sep
+            assert body[: rec["taken"]] == expected[: rec["taken"]]
             complete += 1
         else:  # only the document cut by the dropped final row
             assert body == expected[: len(body)]
     return complete
 
 
+@pytest.mark.parametrize("separator", ["none", "eos"])
 def test_rows_follow_the_contract_and_reproduce_documents(
-    small_corpus, demo_corpus, tokenizer, tmp_path
+    small_corpus, demo_corpus, tokenizer, tmp_path, separator
 ):
-    cfg = make_cfg(tmp_path, demo_corpus, small_corpus)
+    cfg = make_cfg(tmp_path, demo_corpus, small_corpus, separator=separator)
     out = prepare_data(cfg, progress=False)
     ds, manifest = load_packed(out)
     assert set(ds.column_names) == {"input_ids", "seg_lens", "seg_doc", "seg_domain", "loss_mask"}
     assert manifest["anchor_token_id"] == tokenizer.bos_token_id
     assert manifest["counts"]["rows"] == len(ds) > 10
+    # AnchorContext (the default): no separator, the anchor only at index 0 of each row.
+    sep = [] if separator == "none" else [tokenizer.eos_token_id]
+    assert manifest["separator"] == {"setting": separator, "token_ids": sep}
+    assert all(row["input_ids"].count(tokenizer.bos_token_id) == 1 for row in ds)
     counts = manifest["counts"]
     # No silent loss: every input token is packed except the final partial row's.
     assert counts["text_tokens"] + counts["separator_tokens"] + counts[
         "dropped_final_row_tokens"
-    ] == (counts["input_tokens"] + counts["documents"] + counts["documents_only_in_dropped_row"])
+    ] == (counts["input_tokens"]
+          + len(sep) * (counts["documents"] + counts["documents_only_in_dropped_row"]))  # fmt: skip
     assert check_reconstruction(out, tokenizer) >= counts["input_documents"] - 1
     assert (out / "doc_lengths.png").stat().st_size > 0 and (out / "stats.md").is_file()
     # Idempotent: the same inputs return the existing dataset untouched.
@@ -166,27 +174,93 @@ def test_explicit_mixture_shares_and_unknown_domain_skips(small_corpus, demo_cor
         )
 
 
-def test_upsampled_has_more_long_documents_same_shares(small_corpus, demo_corpus, tmp_path):
+def test_long_share_has_more_long_documents_same_shares(small_corpus, demo_corpus, tmp_path):
     threshold = 1200
     common = {"token_budget": 12000, "upsample": {"threshold": threshold, "long_share": 0.8}}
     manifests, docs = {}, {}
-    for mix in ("original", "upsampled"):
+    for mix in ("original", "long_share"):
         cfg = make_cfg(tmp_path / mix, demo_corpus, small_corpus, mixture=mix, **common)
         out = prepare_data(cfg, progress=False)
         docs[mix] = pq.read_table(out / "documents.parquet").to_pandas()
         manifests[mix] = load_packed(out)[1]
-    up_shares = _packed_shares(manifests["upsampled"])
+    up_shares = _packed_shares(manifests["long_share"])
     for d, share in _packed_shares(manifests["original"]).items():
         assert abs(up_shares[d] - share) < 0.01  # the domain mixture is kept
-    long = {k: v[v.tokens > threshold] for k, v in docs.items()}
+    long = {k: v[v.tokens >= threshold] for k, v in docs.items()}
     long_tokens = {k: long[k].taken.sum() / docs[k].taken.sum() for k in docs}
-    assert long_tokens["upsampled"] > long_tokens["original"]
-    assert len(long["upsampled"]) > len(long["original"])
-    up = docs["upsampled"]
+    assert long_tokens["long_share"] > long_tokens["original"]
+    assert len(long["long_share"]) > len(long["original"])
+    up = docs["long_share"]
     for _, group in up.groupby("domain"):  # long_share per domain where long documents exist
-        is_long = group.tokens > threshold
+        is_long = group.tokens >= threshold
         if is_long.any() and (~is_long).any():
             assert group.taken[is_long].sum() / group.taken.sum() >= 0.79
+
+
+def _fu_reference(lengths, domains, shares, budget, seed, threshold=4096, keep=0.1):
+    """slimpajama_packing.py's per_source loop, step by step, on the same stream and coins."""
+    rng = np.random.default_rng([seed, 3])
+    order, coins = rng.permutation(len(lengths)), rng.random(len(lengths))
+    budgets = {d: budget * s for d, s in shares.items()}
+    tokens = {d: 0 for d in shares}
+    kept = []
+    for i in order:
+        d = domains[i]
+        if tokens[d] > budgets[d]:  # the source's budget is used up
+            continue
+        if lengths[i] < threshold and coins[i] > keep:  # a short document, filtered out
+            continue
+        kept.append(int(i))
+        tokens[d] += int(lengths[i])
+        if all(tokens[s] >= budgets[s] for s in budgets):
+            break
+    return kept
+
+
+def test_upsampled_is_fu_et_al_per_source():
+    from anchorctx.config import DataConfig
+    from anchorctx.packing.mixture import SLIMPAJAMA_ORIGINAL_MIX, plan_documents
+    from anchorctx.packing.sources import BadInput
+    from anchorctx.packing.tokens import DocIndex
+
+    rng = np.random.default_rng(7)
+    names = ["RedPajamaBook", "RedPajamaC4", "RedPajamaCommonCrawl"]
+    n = 600
+    dom = rng.integers(0, 3, n).astype(np.int32)
+    length = np.where(rng.random(n) < 0.3, rng.integers(4096, 20000, n), rng.integers(50, 4096, n))
+    index = DocIndex(offset=np.cumsum(length) - length, length=length.astype(np.int64),
+                     domain=dom, file=np.zeros(n, np.int32), line=np.arange(n), domains=names)  # fmt: skip
+    data = DataConfig(mixture="upsampled", token_budget=2_000_000)
+    plan = plan_documents(data, index, 5, BadInput(skip=False))
+    shares = {d: SLIMPAJAMA_ORIGINAL_MIX[d] for d in names}  # 'auto': SlimPajama source names
+    assert plan.doc.tolist() == _fu_reference(length, [names[c] for c in dom], shares, 2_000_000, 5)
+    assert (plan.take == length[plan.doc]).all() and len(set(plan.doc.tolist())) == plan.doc.size
+    up = plan.upsample
+    assert up["shares_from"] == "slimpajama" and (up["threshold"], up["keep_short"]) == (4096, 0.1)
+    book = up["by_source"]["RedPajamaBook"]  # 4 % of 2M: met before its documents run out
+    assert book["budget"] == round(2_000_000 * SLIMPAJAMA_ORIGINAL_MIX["RedPajamaBook"])
+    assert book["budget_met"] and book["documents_unused"] > 0
+    cc = up["by_source"]["RedPajamaCommonCrawl"]  # 53 % of 2M: runs out of documents
+    is_cc = dom == 2
+    assert not cc["budget_met"] and cc["documents_unused"] == 0
+    assert cc["documents_kept"]["long"] == int((is_cc & (length >= 4096)).sum())  # all long kept
+    short_cc = int((is_cc & (length < 4096)).sum())
+    assert cc["documents_kept"]["short"] + cc["documents_dropped_short"] == short_cc
+    assert 0.03 < cc["documents_kept"]["short"] / short_cc < 0.2  # kept with probability 0.1
+    assert sum(cc["tokens_by_length"].values()) == cc["tokens"]
+
+
+def test_upsampled_pipeline_records_statistics(small_corpus, demo_corpus, tmp_path):
+    cfg = make_cfg(tmp_path, demo_corpus, small_corpus, mixture="upsampled", token_budget=20000,
+                   upsample={"threshold": 1000, "keep_short": 0.5})  # fmt: skip
+    out = prepare_data(cfg, progress=False)
+    _, manifest = load_packed(out)
+    up = manifest["mixture"]["upsample"]
+    assert up["rule"] == "fu2024_per_source" and manifest["counts"]["repeated_documents"] == 0
+    assert set(up["by_source"]) == set(manifest["counts"]["by_domain"])
+    stats = json.loads((out / "stats.json").read_text())
+    assert stats["upsample"] == up and set(stats["tokens_by_length"]) == {"input", "packed"}
+    assert "Length upsampling (Fu et al. 2024" in (out / "stats.md").read_text()
 
 
 def _arrow_bytes(out: Path) -> bytes:
@@ -295,3 +369,13 @@ def test_impossible_seq_len(demo_corpus, tmp_path):
 def test_load_packed_rejects_other_directories(tmp_path):
     with pytest.raises(DataError, match="not a packed dataset"):
         load_packed(tmp_path)
+
+
+def test_anchor_in_content_is_an_error(demo_corpus, tokenizer, tmp_path):
+    """AnchorContext asserts the anchor id never occurs in document content."""
+    src = tmp_path / "docs.jsonl"
+    texts = ["plain words " * 200, f"a document that spells {tokenizer.bos_token} inside " * 20]
+    src.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+    cfg = make_cfg(tmp_path, demo_corpus, [{"path": str(src), "domain": "web"}])
+    with pytest.raises(DataError, match=rf"1 sampled documents contain the anchor token id {tokenizer.bos_token_id} .*docs\.jsonl:2"):  # fmt: skip
+        prepare_data(cfg, progress=False)

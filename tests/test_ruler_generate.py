@@ -84,7 +84,19 @@ def test_budget_filled_and_respected(task, samples, tokenizer):
     for s in samples[task]:
         prompt_tokens = count(s["input"] + s["answer_prefix"])
         assert s["length"] == prompt_tokens + s["max_new_tokens"]
-        assert 0.9 * target <= s["length"] <= target, (task, s["length"])
+        assert s["length"] <= target, (task, s["length"])
+    # Sample 0 sizes the haystack (RULER's probe), so it fills the budget; the others keep that
+    # size unless they overflow, and then drop whole steps (RULER), so they may be much shorter.
+    # FWE grows in steps of max_len // 32 words (~3.3 demo tokens each, ~10 % of 4K) and stops
+    # one step below the budget, so its sample 0 may be a whole step short.
+    fill = 0.8 if task == "fwe" else 0.9
+    assert fill * target <= samples[task][0]["length"], (task, samples[task][0]["length"])
+
+
+@pytest.mark.parametrize("task", ["niah_single_2", "qa_1"])
+def test_tight_fit_fills_every_sample(task, tokenizer, paths):
+    for s in generate(task, LENGTH[task], tokenizer, NUM, fit="tight", **paths):
+        assert 0.9 * LENGTH[task] <= s["length"] <= LENGTH[task], (task, s["length"])
 
 
 @pytest.mark.parametrize("task", TASKS)
@@ -134,7 +146,7 @@ def test_vt_one_shot_and_chain(samples):
     value = re.search(r"assigned the value (\d{5}) in the text above\.$", s["input"]).group(1)
     assert s["answer_prefix"] == (
         " Answer: According to the chain(s) of variable assignment in the text above, 5 variables"
-        f" are assgined the value {value}, they are: "
+        f" are assigned the value {value}, they are: "
     )
     names = s["outputs"]
     assert len(names) == 5 and all(re.fullmatch(r"[A-Z]{5}", n) for n in names)

@@ -106,3 +106,21 @@ def test_deepspeed_import_failure_is_explained(monkeypatch):
     monkeypatch.setitem(sys.modules, "deepspeed", None)
     with pytest.raises(RuntimeError, match="DeepSpeed is required for training"):
         import_deepspeed()
+
+
+@pytest.mark.parametrize("on", ["all", "matrices"])
+def test_weight_decay_groups(tiny_config, on):
+    """AnchorContext decays every parameter by 0.1 (the default); 'matrices' spares 1-D ones."""
+    import torch
+
+    from anchorctx.training.engine import build_optimizer
+
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.LayerNorm(4))
+    cfg = tiny_config.model_copy(deep=True)
+    cfg.training.weight_decay_on = on
+    opt = build_optimizer(model, cfg, "cpu")
+    decay = {id(p): g["weight_decay"] for g in opt.param_groups for p in g["params"]}
+    assert len(decay) == 4  # every parameter is in exactly one group
+    expected = [0.1, 0.1, 0.1, 0.1] if on == "all" else [0.1, 0.0, 0.0, 0.0]
+    assert [decay[id(p)] for p in model.parameters()] == expected
+    assert opt.defaults["betas"] == (0.9, 0.95) and opt.defaults["eps"] == 1e-8

@@ -1,6 +1,6 @@
 """Evaluation: RULER, LongBench, MMLU and HellaSwag on checkpoints; averaging; reports.
 
-Public entry points (DESIGN.md, evaluation results contract)::
+Public entry points (docs/ARCHITECTURE.md, evaluation results contract)::
 
     evaluate_checkpoint(cfg, checkpoint, suite, *, force=False, progress=True) -> Path
     checkpoint_hash(checkpoint) -> str

@@ -11,6 +11,11 @@ the CI suite exercise the exact same readers, this module writes small synthetic
 | ``longbench_dir``| ``longbench/{name}.jsonl``  | THUDM LongBench v1 (one file per dataset)         |
 | ``mmlu_dir``     | ``mmlu/{dev,test}/{subject}.jsonl`` | ``cais/mmlu`` records (see evaluation.harness) |
 | ``hellaswag_dir``| ``hellaswag/validation.jsonl`` | ``Rowan/hellaswag`` records                    |
+| ``nltk_data``    | ``nltk_data/tokenizers/punkt_tab/english/`` | NLTK's ``punkt_tab`` model layout |
+
+The ``nltk_data`` stand-in is a Punkt model with no learnt parameters (no abbreviations): it lets
+the demo split its synthetic essays offline. Real evaluations point ``evaluation.ruler.nltk_data``
+at NLTK's pretrained model (``python -m nltk.downloader -d DIR punkt_tab``).
 
 The text is generated from a small built-in lexicon with a seeded RNG: no copyrighted content,
 identical bytes for identical ``seed``. Answers are planted in the text so a perfect reader
@@ -31,8 +36,8 @@ from anchorctx.io import atomic_directory, read_json
 if TYPE_CHECKING:
     from anchorctx.config import ExperimentConfig
 
-FIXTURES_VERSION = 2
-KEYS = ("essay", "squad", "hotpotqa", "longbench_dir", "mmlu_dir", "hellaswag_dir")
+FIXTURES_VERSION = 3
+KEYS = ("essay", "squad", "hotpotqa", "longbench_dir", "mmlu_dir", "hellaswag_dir", "nltk_data")
 _RELATIVE = {
     "essay": "essays.json",
     "squad": "squad.json",
@@ -40,7 +45,10 @@ _RELATIVE = {
     "longbench_dir": "longbench",
     "mmlu_dir": "mmlu",
     "hellaswag_dir": "hellaswag",
+    "nltk_data": "nltk_data",
 }
+# The four files of an NLTK punkt_tab language model (nltk.tokenize.punkt.load_punkt_params).
+PUNKT_TAB_FILES = ("collocations.tab", "sent_starters.txt", "abbrev_types.txt", "ortho_context.tab")
 MMLU_FIXTURE_SUBJECTS = ("abstract_algebra", "astronomy", "high_school_geography")
 
 # ------------------------------------------------------------------------------------ lexicon
@@ -513,6 +521,17 @@ def _write_all(tmp: Path, seed: int, essay_words: int, longbench_samples: int) -
     _dump_jsonl(
         tmp / _RELATIVE["hellaswag_dir"] / "validation.jsonl", hellaswag_rows(_Writer(seed + 5), 8)
     )
+    write_empty_punkt(tmp / _RELATIVE["nltk_data"])
+
+
+def write_empty_punkt(root: Path) -> Path:
+    """An NLTK data directory whose English punkt_tab model has no learnt parameters (demo and
+    tests only: it splits like an untrained Punkt, not like the pretrained model)."""
+    lang = root / "tokenizers" / "punkt_tab" / "english"
+    lang.mkdir(parents=True, exist_ok=True)
+    for name in PUNKT_TAB_FILES:
+        (lang / name).write_text("")
+    return root
 
 
 def _manifest(seed: int, essay_words: int, longbench_samples: int) -> dict[str, Any]:

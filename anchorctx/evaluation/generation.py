@@ -13,6 +13,7 @@ adds BOS itself can never produce two.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -101,6 +102,34 @@ def _left_pad(rows: list[list[int]], pad_id: int, device) -> tuple[torch.Tensor,
     return ids.to(device), mask.to(device)
 
 
+@dataclass(frozen=True)
+class DecodeRules:
+    """Decoding rules beyond plain greedy-until-EOS, as data a suite passes to the generator.
+
+    ``forbid_first``: token ids that may not be the first generated token. ``stop_token_ids``:
+    token ids that end a row's generation like EOS does (the token is generated, then decoding
+    stops). LongBench's samsum (``pred.py``: ``min_length=context_length + 1`` with
+    ``eos_token_id=[eos, id of "\n"]``) is ``DecodeRules(forbid_first=(eos, nl),
+    stop_token_ids=(nl,))``. Any generation engine must honour both fields.
+    """
+
+    forbid_first: tuple[int, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
+
+
+def _apply_rules(config, rules: DecodeRules | None):
+    """Express ``rules`` with transformers' own mechanisms: ``begin_suppress_tokens`` masks ids
+    at the first generated position only; extra ``eos_token_id`` entries stop a row."""
+    if rules is None:
+        return config
+    if rules.forbid_first:
+        config.begin_suppress_tokens = list(rules.forbid_first)
+    if rules.stop_token_ids:
+        stops = [config.eos_token_id, *rules.stop_token_ids]
+        config.eos_token_id = list(dict.fromkeys(t for t in stops if t is not None))
+    return config
+
+
 def _generation_config(tokenizer: PreTrainedTokenizerBase, max_new_tokens: int):
     from transformers import GenerationConfig
 
@@ -125,15 +154,17 @@ def generate_greedy(
     progress: bool = True,
     desc: str = "generate",
     on_batch: Callable[[list[int], list[str]], None] | None = None,
+    rules: DecodeRules | None = None,
 ) -> list[str]:
     """Greedy continuations of ``prompts`` (decoded, special tokens dropped), in input order.
 
-    Stops at ``max_new_tokens`` or EOS. ``on_batch(indices, texts)`` is called after every batch
+    Stops at ``max_new_tokens`` or EOS (and ``rules.stop_token_ids``; ``rules.forbid_first``
+    are never the first token). ``on_batch(indices, texts)`` is called after every batch
     (indices into ``prompts``), so callers can persist results as they are produced.
     """
     import torch
 
-    config = _generation_config(tokenizer, max_new_tokens)
+    config = _apply_rules(_generation_config(tokenizer, max_new_tokens), rules)
     encoded = [encode_prompt(tokenizer, p) for p in prompts]
     device = next(model.parameters()).device
     out: list[str | None] = [None] * len(prompts)

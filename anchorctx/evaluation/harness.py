@@ -23,6 +23,13 @@ reported under ``not_run``; the average then covers the subjects present (``comp
 ``ctx_a``, ``ctx_b``, ``activity_label``, ``endings``, ``label``) or the original release file
 ``hellaswag_val.jsonl`` (same fields). Metric: ``acc_norm``, zero-shot, validation split.
 
+Anchor/BOS: every context lm-eval scores starts with exactly one anchor token, the token the
+model was trained with at position 0 (BOS, or EOS for tokenizers without BOS such as Qwen's), as
+in RULER and LongBench. ``HFLM`` gets ``add_bos_token=True`` explicitly (its default changed in
+lm-eval 0.4.9.2; for BOS tokenizers this is exactly what the encoding below produces) and
+``prefix_token_id`` = the anchor; :class:`_AnchoredEncoding` prepends the anchor itself so that
+tokenizers without BOS get their EOS anchor too. The lm-eval version is recorded in results.
+
 Resume: MMLU records one sample per subject, HellaSwag one per chunk of documents; finished
 ones (in ``done``) are not evaluated again.
 """
@@ -236,12 +243,54 @@ def _quiet_lm_eval() -> None:
         logging.getLogger(name).setLevel(logging.WARNING)
 
 
+# The lm-eval release the task files, prompts and metrics are taken from (pinned by the lock
+# file); results record the installed version next to it.
+LM_EVAL_VERSION = "0.4.13"
+ADD_BOS_TOKEN = True
+
+
+class _AnchoredEncoding:
+    """Mixin for ``HFLM``: ``tok_encode`` puts exactly one anchor token in front of the text.
+
+    lm-eval encodes context and context+continuation with ``tok_encode`` and splits the two, so
+    one anchor in front of both keeps the split exact. Only an explicit
+    ``add_special_tokens=False`` (lm-eval's continuation-only encoding) gets no anchor.
+    """
+
+    anchor_id: int
+
+    def tok_encode(self, string: str, add_special_tokens: bool | None = None,
+                   left_truncate_len: int | None = None, **kwargs: Any) -> list[int]:  # fmt: skip
+        ids = self.tokenizer.encode(string, add_special_tokens=False)  # type: ignore[attr-defined]
+        if add_special_tokens is not False:
+            ids = [self.anchor_id, *ids]
+        return ids[-left_truncate_len:] if left_truncate_len else ids
+
+
 def make_lm(model: Any, tokenizer: Any, batch_size: int) -> Any:
-    """lm-eval's ``HFLM`` around the already-loaded model (no second copy is loaded)."""
+    """lm-eval's ``HFLM`` around the already-loaded model (no second copy is loaded), with the
+    project's anchor rule for every scored context (see the module docstring)."""
     from lm_eval.models.huggingface import HFLM
 
+    from anchorctx.training.model import anchor_token_id
+
+    class AnchoredHFLM(_AnchoredEncoding, HFLM):
+        anchor_id = anchor_token_id(tokenizer)
+
     _quiet_lm_eval()
-    return HFLM(pretrained=model, tokenizer=tokenizer, batch_size=batch_size)
+    return AnchoredHFLM(pretrained=model, tokenizer=tokenizer, batch_size=batch_size,
+                        add_bos_token=ADD_BOS_TOKEN,
+                        prefix_token_id=anchor_token_id(tokenizer))  # fmt: skip
+
+
+def harness_reference(tokenizer: Any) -> dict[str, Any]:
+    """What results record about lm-eval: its version and how contexts were anchored."""
+    import importlib.metadata
+
+    from anchorctx.training.model import anchor_token_id
+
+    return {"lm_eval": importlib.metadata.version("lm-eval"), "pinned": LM_EVAL_VERSION,
+            "add_bos_token": ADD_BOS_TOKEN, "anchor_token_id": anchor_token_id(tokenizer)}  # fmt: skip
 
 
 def evaluate_docs(
@@ -339,7 +388,7 @@ def run_suite_mmlu(
             on_sample(records[subject])
             bar.update(len(ids))
         bar.close()
-    return _mmlu_summary(records, missing)
+    return {**_mmlu_summary(records, missing), "reference": harness_reference(tokenizer)}
 
 
 def _mmlu_summary(records: dict[str, dict[str, Any]], missing: dict[str, str]) -> dict[str, Any]:
@@ -410,4 +459,5 @@ def run_suite_hellaswag(
     mean = {
         m: round(100 * sum(sum(r[m]) for r in records) / max(1, n), 4) for m in ("acc", "acc_norm")
     }
-    return {"scores": {"hellaswag": mean}, "counts": {"hellaswag": n}, "not_run": {}}
+    return {"scores": {"hellaswag": mean}, "counts": {"hellaswag": n}, "not_run": {},
+            "reference": harness_reference(tokenizer)}  # fmt: skip

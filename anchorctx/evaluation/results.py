@@ -1,6 +1,6 @@
 """Evaluate one checkpoint on one suite: resumable, idempotent, one results JSON per pair.
 
-Layout (DESIGN.md, evaluation results contract), with ``run_dir = checkpoint.parent.parent``::
+Layout (docs/ARCHITECTURE.md, evaluation results contract), with ``run_dir = checkpoint.parent.parent``::
 
     <run_dir>/eval/<key>/<suite>.json            final result (written atomically)
     <run_dir>/eval/<key>/<suite>.samples.jsonl   per-sample records, appended as produced

@@ -1,7 +1,7 @@
 """Data pipeline: sources, mixture sampling, length upsampling, tokenising, packing with the
 anchor token, domain tags, interleaved chunks, statistics, and the synthetic demo corpus.
 
-The packed dataset format is the contract in DESIGN.md: ``datasets.save_to_disk`` rows of exactly
+The packed dataset format is the contract in docs/ARCHITECTURE.md: ``datasets.save_to_disk`` rows of exactly
 ``seq_len`` tokens (``input_ids``, ``seg_lens``, ``seg_doc``, ``seg_domain``, ``loss_mask``) with
 ``manifest.json`` beside them.
 """

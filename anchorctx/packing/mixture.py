@@ -3,20 +3,30 @@
 Mixtures (``data.mixture``):
 - ``original``: each domain keeps its share of the corpus' tokens.
 - ``{domain: ratio}``: explicit shares (normalised); documents of other domains are bad input.
-- ``upsampled``: Fu et al. 2024 per-source length upsampling. Each domain keeps its original
-  token share; within a domain, documents longer than ``upsample.threshold`` tokens supply
-  ``max(upsample.long_share, their original share)`` of its tokens (repeating long documents
-  when a domain has too few), the rest comes from short documents.
+- ``upsampled``: Fu et al. 2024 per-source length upsampling, the paper's data recipe
+  (FranxYao/Long-Context-Data-Engineering ``data_engineering/slimpajama_packing.py
+  --down_sample_mode per_source --down_sample_ratio 0.1``). Documents stream in one seeded random
+  order; each source (domain) has a token budget ``token_budget x share`` (``share``: SlimPajama's
+  original mix, ``SLIMPAJAMA_ORIGINAL_MIX``, for SlimPajama sources; see ``upsample.shares``). A
+  document of a source whose kept tokens already exceed its budget is skipped; otherwise a
+  document shorter than ``upsample.threshold`` (4096) tokens is kept with probability
+  ``upsample.keep_short`` (0.1) and a longer one always. Nothing is repeated or cut, so a
+  source may end one document over its budget, or under it when its documents run out.
+- ``long_share``: an earlier project rule (not the paper's): per domain, documents of at least
+  ``upsample.threshold`` tokens supply ``max(upsample.long_share, their natural share)`` of the
+  domain's tokens, repeating long documents when a domain has too few.
 
-Within a domain documents are drawn in a seeded random order without replacement (long documents
-in fresh permutations per pass when repeated); the last document of each domain is cut to the
-remaining quota, so every domain gets exactly its share of the budget. The output order is a
-seeded shuffle over all domains. Every random draw happens here, from ``seed`` alone, so the
-plan does not depend on the number of tokenisation workers.
+For ``original``, explicit shares and ``long_share`` documents are drawn per domain in a seeded
+random order without replacement (long documents in fresh permutations per pass when repeated);
+the last document of each domain is cut to the remaining quota, so every domain gets exactly its
+share of the budget. The output order is a seeded shuffle over all domains. Every random draw
+happens here, from ``seed`` alone, so the plan does not depend on the number of tokenisation
+workers.
 """
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,6 +46,7 @@ class Plan:
     repeat: np.ndarray  # int32 [M]: 0 for the first use of an input document, k for the k-th repeat
     target_shares: dict[str, float]
     budget: int
+    upsample: dict[str, Any] | None = None  # the upsampled rule's statistics (describe())
 
     def __len__(self) -> int:
         return int(self.doc.shape[0])
@@ -102,8 +113,8 @@ def _plain(docs, lengths, quota, rng) -> tuple[np.ndarray, np.ndarray, np.ndarra
     return d, t, np.zeros(d.size, dtype=np.int32)
 
 
-def _upsampled(docs, lengths, quota, rng, cfg: DataConfig):
-    long = lengths > cfg.upsample.threshold
+def _long_share(docs, lengths, quota, rng, cfg: DataConfig):
+    long = lengths >= cfg.upsample.threshold
     short_d, short_l = docs[~long], lengths[~long]
     long_d, long_l = docs[long], lengths[long]
     if long_d.size == 0:
@@ -131,6 +142,8 @@ def plan_documents(cfg: DataConfig, index: DocIndex, seed: int, bad: BadInput) -
     """Which documents (and how many of their tokens) go into the packed dataset, in order."""
     if len(index) == 0:
         raise DataError("no valid documents in data.sources (see the skipped-input counts)")
+    if cfg.mixture == "upsampled":
+        return plan_per_source(cfg, index, seed)
     shares = target_shares(cfg, index)
     tokens = domain_tokens(index)
     budget = _budget(cfg, shares, tokens)
@@ -140,8 +153,8 @@ def plan_documents(cfg: DataConfig, index: DocIndex, seed: int, bad: BadInput) -
         code = index.domains.index(domain)
         docs = np.flatnonzero(index.domain == code)
         rng = _domain_rng(seed, domain)
-        if cfg.mixture == "upsampled":
-            parts.append(_upsampled(docs, index.length[docs], quota, rng, cfg))
+        if cfg.mixture == "long_share":
+            parts.append(_long_share(docs, index.length[docs], quota, rng, cfg))
         else:
             parts.append(_plain(docs, index.length[docs], min(quota, tokens[domain]), rng))
     doc, take, rep = (np.concatenate([p[i] for p in parts]) for i in range(3))
@@ -157,7 +170,7 @@ def _check_budget(cfg, budget: int, shares, tokens, bad: BadInput) -> int:
             f"token budget {budget} is larger than the corpus ({total} tokens)", budget - total,
         )  # fmt: skip
         return total
-    if cfg.mixture == "upsampled":
+    if cfg.mixture == "long_share":
         return budget
     for domain, quota in _quotas(budget, shares).items():
         if quota > tokens[domain]:
@@ -170,9 +183,114 @@ def _check_budget(cfg, budget: int, shares, tokens, bad: BadInput) -> int:
 
 
 def describe(plan: Plan) -> dict[str, Any]:
-    return {
+    out = {
         "budget": plan.budget,
         "target_shares": {d: round(s, 6) for d, s in plan.target_shares.items()},
         "documents": len(plan),
         "repeated_documents": int((plan.repeat > 0).sum()),
     }
+    if plan.upsample is not None:
+        out["upsample"] = plan.upsample
+    return out
+
+
+# ------------------------------------------------------------- Fu et al. per-source upsampling
+# data_engineering/utils.py of FranxYao/Long-Context-Data-Engineering: the token share of each
+# SlimPajama source (its ``meta.redpajama_set_name``) in the original SlimPajama mix.
+SLIMPAJAMA_ORIGINAL_MIX: dict[str, float] = {
+    "RedPajamaC4": 0.26609933,
+    "RedPajamaCommonCrawl": 0.53374772,
+    "RedPajamaStackExchange": 0.03169647,
+    "RedPajamaWikipedia": 0.03402128,
+    "RedPajamaGithub": 0.05004782,
+    "RedPajamaArXiv": 0.04290379,
+    "RedPajamaBook": 0.0414836,
+}
+# Token-length buckets of the statistics (upper edges; the last bucket is open).
+LENGTH_BUCKETS: tuple[int, ...] = (4096, 8192, 16384, 32768, 65536, 131072)
+
+
+def bucket_names() -> list[str]:
+    edges = [0, *LENGTH_BUCKETS]
+    names = [f"{_k(lo)}-{_k(hi)}" for lo, hi in itertools.pairwise(edges)]
+    return [*names, f">={_k(LENGTH_BUCKETS[-1])}"]
+
+
+def _k(n: int) -> str:
+    return f"{n // 1024}K" if n else "0"
+
+
+def bucket_tokens(lengths: np.ndarray) -> dict[str, int]:
+    """Tokens of documents per length bucket (``[lo, hi)`` token ranges)."""
+    which = np.searchsorted(np.asarray(LENGTH_BUCKETS), lengths, side="right")
+    sums = np.bincount(which, weights=lengths, minlength=len(LENGTH_BUCKETS) + 1)
+    return {name: int(v) for name, v in zip(bucket_names(), sums)}
+
+
+def source_shares(cfg: DataConfig, index: DocIndex) -> tuple[dict[str, float], str]:
+    """Per-source budget shares of the upsampled rule, and where they come from."""
+    choice = cfg.upsample.shares
+    if isinstance(choice, dict):
+        return dict(sorted(choice.items())), "config"
+    slimpajama = all(d in SLIMPAJAMA_ORIGINAL_MIX for d in index.domains)
+    if choice == "slimpajama" or (choice == "auto" and slimpajama):
+        if not slimpajama:
+            unknown = sorted(set(index.domains) - set(SLIMPAJAMA_ORIGINAL_MIX))
+            raise DataError(
+                f"data.upsample.shares=slimpajama but the corpus has non-SlimPajama domains "
+                f"{unknown}; use 'corpus' or explicit shares"
+            )
+        return dict(SLIMPAJAMA_ORIGINAL_MIX), "slimpajama"
+    tokens = domain_tokens(index)
+    total = sum(tokens.values())
+    return {d: tokens[d] / total for d in sorted(tokens)}, "corpus"
+
+
+def plan_per_source(cfg: DataConfig, index: DocIndex, seed: int) -> Plan:
+    """Fu et al.'s ``per_source`` down-sampling of short documents (see the module docstring)."""
+    shares, origin = source_shares(cfg, index)
+    total = int(index.length.sum())
+    # A budget above what the sources can supply is not an error: as in the reference, a
+    # source then simply runs out (``budget_met`` false in the statistics).
+    budget = int(cfg.token_budget) if cfg.token_budget is not None else total
+    up = cfg.upsample
+    rng = np.random.default_rng([seed, 3])
+    order = rng.permutation(len(index))  # the one document stream
+    coins = rng.random(len(index))  # the stream's np.random.random() draw per document
+    picked: list[np.ndarray] = []
+    by_source: dict[str, Any] = {}
+    for code, domain in enumerate(index.domains):
+        stream = order[index.domain[order] == code]
+        lengths = index.length[stream]
+        short = lengths < up.threshold
+        # kept unless short and its coin is above keep_short (``random() > ratio: continue``)
+        passes = ~short | (coins[stream] <= up.keep_short)
+        source_budget = budget * shares.get(domain, 0.0)
+        kept_len = np.where(passes, lengths, 0)
+        before = np.cumsum(kept_len) - kept_len  # tokens kept before each document
+        open_ = before <= source_budget  # the source is closed once it exceeds its budget
+        keep = passes & open_
+        picked.append(stream[keep])
+        by_source[domain] = {
+            "share": round(shares.get(domain, 0.0), 8),
+            "budget": round(source_budget),
+            "tokens": int(lengths[keep].sum()),
+            "budget_met": bool(lengths[keep].sum() >= source_budget),
+            "documents_kept": {
+                "short": int((keep & short).sum()),
+                "long": int((keep & ~short).sum()),
+            },
+            "documents_dropped_short": int((open_ & ~passes).sum()),
+            "documents_unused": int((~open_).sum()),
+            "input_tokens_by_length": bucket_tokens(lengths),
+            "tokens_by_length": bucket_tokens(lengths[keep]),
+        }
+    doc = np.concatenate(picked) if picked else np.zeros(0, dtype=np.int64)
+    if doc.size == 0:
+        raise DataError("data.mixture=upsampled kept no documents: raise data.token_budget")
+    position = np.argsort(order)  # the inverse permutation: stream position of each document
+    doc = doc[np.argsort(position[doc], kind="stable")].astype(np.int64)  # packed in stream order
+    stats = {"rule": "fu2024_per_source", "threshold": up.threshold, "keep_short": up.keep_short,
+             "shares_from": origin, "by_source": by_source}  # fmt: skip
+    return Plan(doc, index.length[doc].astype(np.int64), np.zeros(doc.size, dtype=np.int32),
+                shares, budget, stats)  # fmt: skip

@@ -1,4 +1,4 @@
-"""Packing planned documents into rows of exactly ``seq_len`` tokens (DESIGN.md, packed dataset).
+"""Packing planned documents into rows of exactly ``seq_len`` tokens (docs/ARCHITECTURE.md, packed dataset).
 
 A row is ``[anchor] + segments``: index 0 holds the anchor token and belongs to segment 0. Each
 document is ``[tag] + tokens + [separator]``; tag tokens are masked out of the loss. A document

@@ -115,6 +115,32 @@ def _special_tokens(data: DataConfig, tok: Any, domains: list[str]) -> tuple[dic
     return tags, sep
 
 
+# Tokens scanned at a time when looking for the anchor id in content (bounded memory).
+_SCAN_CHUNK = 1 << 26
+
+
+def check_anchor_free(index: DocIndex, tokens: np.ndarray, plan: mixture.Plan, anchor: int,
+                      files: list) -> None:  # fmt: skip
+    """AnchorContext asserts that the anchor id never occurs inside document content: the one
+    anchor of a row must be the token at index 0. A planned document containing it (e.g. its text
+    spells the tokenizer's BOS, or EOS for Qwen) is an error naming the first such document."""
+    hits = [start + np.flatnonzero(tokens[start : start + _SCAN_CHUNK] == anchor)
+            for start in range(0, tokens.shape[0], _SCAN_CHUNK)]  # fmt: skip
+    found = np.concatenate(hits) if hits else np.zeros(0, dtype=np.int64)
+    if found.size == 0:
+        return
+    owner = np.searchsorted(index.offset, found, side="right") - 1  # document of each hit
+    bad = np.intersect1d(owner, plan.doc)
+    if bad.size:
+        first = int(bad[0])
+        where = f"{files[int(index.file[first])][1]}:{int(index.line[first])}"
+        raise DataError(
+            f"{bad.size} sampled documents contain the anchor token id {anchor} in their text "
+            f"(first: {where}); the anchor may only open a row (as AnchorContext asserts): "
+            "remove the special-token text from the corpus"
+        )
+
+
 def _check_seq_len(seq_len: int, tags: dict[str, np.ndarray], sep: np.ndarray) -> None:
     overhead = 1 + max((t.size for t in tags.values()), default=0) + sep.size
     if seq_len <= overhead:
@@ -192,7 +218,7 @@ def _documents_table(index: DocIndex, plan: mixture.Plan, emitted: np.ndarray, f
     pq.write_table(table, path)
 
 
-def _manifest(cfg, tok_info, anchor, fingerprint, inputs, plan, packer, index, bad) -> dict:
+def _manifest(cfg, tok_info, anchor, fingerprint, inputs, plan, packer, index, bad, sep) -> dict:
     st = packer.stats
     return base_manifest(
         schema_version=SCHEMA_VERSION,
@@ -218,6 +244,7 @@ def _manifest(cfg, tok_info, anchor, fingerprint, inputs, plan, packer, index, b
             "documents_only_in_dropped_row": int((~packer.emitted).sum()),
         },
         mixture=mixture.describe(plan),
+        separator={"setting": cfg.data.separator, "token_ids": [int(t) for t in sep]},
         skipped=bad.as_dict(),
         inputs=inputs,
     )
@@ -284,8 +311,9 @@ def _build(cfg, tok, tok_info, files, inputs, fingerprint, bad, work, out, progr
     tags, sep = _special_tokens(cfg.data, tok, index.domains)
     _check_seq_len(cfg.data.seq_len, tags, sep)
     plan = mixture.plan_documents(cfg.data, index, cfg.seed, bad)
+    check_anchor_free(index, store.view(), plan, anchor, files)
     packer = _pack(cfg, index, store, plan, tags, sep, anchor, work / "rows.arrow", progress)
-    manifest = _manifest(cfg, tok_info, anchor, fingerprint, inputs, plan, packer, index, bad)
+    manifest = _manifest(cfg, tok_info, anchor, fingerprint, inputs, plan, packer, index, bad, sep)
     summary = stats.compute(index, plan, packer.stats, packer.emitted)
     with atomic_directory(out) as tmp:
         _save(datasets, work / "rows.arrow", tmp, progress)

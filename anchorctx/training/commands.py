@@ -17,10 +17,27 @@ def train_arguments(parser: argparse.ArgumentParser) -> None:
         help="Start over: rename an earlier run in the run directory aside (<run>.old-<time>). "
         "Without --resume or --force, a run directory holding an earlier run is an error.",
     )  # fmt: skip
+    nodes = parser.add_argument_group(
+        "several nodes, the same command on each (Slurm, Kubernetes; no ssh)",
+        "With training.nnodes > 1 every node runs `anchorctx train CONFIG` with its own "
+        "--node-rank and node 0's address; under Slurm both come from SLURM_NODEID and "
+        "SLURM_JOB_NODELIST, elsewhere from NODE_RANK/MASTER_ADDR (torchrun's convention). "
+        "The port is training.master_port (default 29500). run_root must be shared.",
+    )
+    nodes.add_argument(
+        "--node-rank",
+        type=int,
+        default=None,
+        metavar="R",
+        help="This node's rank, 0..training.nnodes-1 (node 0 writes the outputs).",
+    )
+    nodes.add_argument("--master-addr", default=None, metavar="HOST",
+                       help="Address of node 0, reachable from every node.")  # fmt: skip
 
 
 def train(args: argparse.Namespace) -> int:
     from anchorctx.training.launch import launch
 
     # Errors (config, data, busy or corrupt run directory) become one line in anchorctx.cli.
-    return launch(args.cfg, resume=args.resume, force=args.force)
+    return launch(args.cfg, resume=args.resume, force=args.force, node_rank=args.node_rank,
+                  master_addr=args.master_addr)  # fmt: skip

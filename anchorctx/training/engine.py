@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 import socket
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -28,7 +29,43 @@ if TYPE_CHECKING:
     from anchorctx.training.plan import Parallelism
 
 
+# DeepSpeed JIT-compiles C++ ops into TORCH_EXTENSIONS_DIR the first time a process needs them
+# (on CPU: its shared-memory comm op, ~40-140 s on two cores, at every process-group start). One
+# cache for every arm and run: the environment's TORCH_EXTENSIONS_DIR when set (scripts/*.sh set
+# it to the checkout's .cache/torch_extensions), else ~/.cache/anchorctx/torch_extensions. Child
+# processes (torchrun, the flow's training tasks) inherit it through the environment.
+EXTENSIONS_ENV = "TORCH_EXTENSIONS_DIR"
+
+
+def ops_cache_dir() -> str:
+    """Where DeepSpeed's JIT-built ops live; set in the environment for this process and its
+    children before DeepSpeed is imported."""
+    default = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return os.environ.setdefault(EXTENSIONS_ENV, str(default / "anchorctx" / "torch_extensions"))
+
+
+def prebuild_ops() -> float:
+    """Build (or find already built) the DeepSpeed ops a CPU run needs; returns seconds spent.
+
+    Called once by scripts/setup.sh, so no training process waits for a compiler (several
+    processes starting at once would otherwise all wait on the first one's build). Nothing to
+    build on CUDA machines: there DeepSpeed's NCCL path needs no JIT op.
+    """
+    import time
+
+    import torch
+
+    start = time.monotonic()
+    if not torch.cuda.is_available():
+        # Through the very call a training process makes: the op's compiler flags are part of
+        # its build key, and a direct builder.load() computes them differently (a rebuild).
+        init_distributed("cpu")
+        shutdown_distributed()
+    return time.monotonic() - start
+
+
 def import_deepspeed():
+    ops_cache_dir()
     try:
         import deepspeed
     except Exception as err:  # ImportError, or a broken CUDA/op build at import time
@@ -109,16 +146,19 @@ def deepspeed_config(cfg: ExperimentConfig, par: Parallelism) -> dict[str, Any]:
 
 
 def build_optimizer(model: torch.nn.Module, cfg: ExperimentConfig, device: str):
-    """AdamW; weight decay on matrices only (norms and biases are not decayed)."""
+    """AdamW with ``training.weight_decay`` on every parameter (``weight_decay_on: all``, the
+    paper's code) or on matrices only (``matrices``: norms and biases are not decayed)."""
     import torch
 
     t = cfg.training
-    decay = [p for p in model.parameters() if p.requires_grad and p.ndim >= 2]
-    no_decay = [p for p in model.parameters() if p.requires_grad and p.ndim < 2]
-    groups = [
-        {"params": decay, "weight_decay": t.weight_decay},
-        {"params": no_decay, "weight_decay": 0.0},
-    ]
+    params = [p for p in model.parameters() if p.requires_grad]
+    if t.weight_decay_on == "all":
+        groups = [{"params": params, "weight_decay": t.weight_decay}]
+    else:
+        groups = [
+            {"params": [p for p in params if p.ndim >= 2], "weight_decay": t.weight_decay},
+            {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0},
+        ]
     fused = {"fused": True} if device == "cuda" else {}
     return torch.optim.AdamW(groups, lr=t.lr, betas=tuple(t.betas), eps=1e-8, **fused)
 
@@ -152,10 +192,12 @@ def register_sequence_parallel(model, par: Parallelism, seq_len: int):
     )
 
 
-def build_engine(model, cfg: ExperimentConfig, par: Parallelism, mpu):
-    """``deepspeed.initialize`` with our optimizer and schedule; returns the engine."""
+def build_engine(model, cfg: ExperimentConfig, par: Parallelism, mpu, optimizer=None):
+    """``deepspeed.initialize`` with our optimizer (or the given one: the exactness tests step
+    with plain SGD, whose update is proportional to the gradient) and schedule."""
     deepspeed = import_deepspeed()
-    optimizer = build_optimizer(model, cfg, par.device)
+    if optimizer is None:
+        optimizer = build_optimizer(model, cfg, par.device)
     scheduler = build_scheduler(optimizer, cfg.training.warmup_steps)
     engine, _, _, _ = deepspeed.initialize(
         model=model, optimizer=optimizer, lr_scheduler=scheduler,

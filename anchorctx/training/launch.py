@@ -5,11 +5,14 @@
   ``python -m anchorctx.training.worker`` as a child. On CPU, ``training.sequence_parallel=2``
   alone starts two gloo processes (``nproc`` defaults to the SP size on CPU, to the visible GPU
   count on GPU).
-- Several nodes: set ``training.hostfile`` (DeepSpeed's format, one ``host slots=N`` line per
-  node), ``training.nnodes`` and ``training.nproc``; ``anchorctx train`` then runs DeepSpeed's
-  launcher (``deepspeed --hostfile ...``), which starts the workers over passwordless ssh. Every
-  node must see the same ``run_root`` (a shared filesystem: checkpoints and resume state are
-  written there) and the same environment.
+- Several nodes, two conventions. (a) The same command on every node (Slurm, Kubernetes; no
+  ssh): ``training.nnodes`` > 1, this node's rank and node 0's address from ``--node-rank`` /
+  ``--master-addr`` or the scheduler's environment (:mod:`anchorctx.training.nodes`); each node
+  runs torchrun with a static rendezvous. Only node 0 prepares the data; the others wait for it
+  inside the job. (b) ``training.hostfile`` (DeepSpeed's format, one ``host slots=N`` line per
+  node): ``anchorctx train`` on the first host runs DeepSpeed's launcher, which starts the workers
+  over passwordless ssh. Either way every node must see the same ``run_root`` (checked at start:
+  checkpoints and resume state are written there) and the same environment.
 
 The child gets its own session (process group) and inherits this process's stdout/stderr, so
 its output (and its progress bar on a terminal) is forwarded as is. On any exception here —
@@ -18,7 +21,8 @@ All pre-flight checks run here first, so a bad config fails before any GPU is to
 
 The run directory's writer lock (:class:`anchorctx.io.WriterLock`) is taken here, before
 anything is written, and held for the whole run: in-process, or passed to the launcher child
-(``pass_fds``) so it stays held while the process group lives. Workers never take it.
+(``pass_fds``) so it stays held while the process group lives. Workers never take it; in a
+multi-node job only node 0 (or the host that runs DeepSpeed's launcher) holds it.
 """
 
 from __future__ import annotations
@@ -30,15 +34,26 @@ import sys
 from pathlib import Path
 
 from anchorctx.config import ExperimentConfig, dump_config
-from anchorctx.training.plan import TrainingError, plan_parallelism, processes_per_node
+from anchorctx.training.nodes import NodeSpec, rendezvous_args, resolve_nodes
+from anchorctx.training.plan import (
+    Parallelism,
+    TrainingError,
+    plan_parallelism,
+    processes_per_node,
+)
 
 LAUNCH_CONFIG = ".launch-config.yaml"
 
 
-def launch(cfg: ExperimentConfig, *, resume: bool = False, force: bool = False) -> int:
+def launch(
+    cfg: ExperimentConfig, *, resume: bool = False, force: bool = False,
+    node_rank: int | None = None, master_addr: str | None = None,
+) -> int:  # fmt: skip
     """Run training in-process or as a launched process group; returns the exit status.
 
     ``force`` starts over: an earlier run in the run directory is renamed aside first.
+    ``node_rank``/``master_addr``: this node's place in a multi-node job started on every node
+    (default: from the scheduler's environment, see :mod:`anchorctx.training.nodes`).
     """
     from anchorctx.training import checkpoints as ckpt
     from anchorctx.training.loop import move_run_aside, preflight, restart_state, run_lock, train
@@ -46,6 +61,17 @@ def launch(cfg: ExperimentConfig, *, resume: bool = False, force: bool = False) 
     if resume and force:
         raise TrainingError("--resume and --force exclude each other: continue, or start over")
     par = plan_parallelism(cfg)
+    nodes = None
+    if cfg.training.nnodes > 1 and cfg.training.hostfile is None:
+        nodes = resolve_nodes(cfg.training.nnodes, node_rank=node_rank, master_addr=master_addr,
+                              master_port=cfg.training.master_port)  # fmt: skip
+    elif node_rank is not None or master_addr is not None:
+        raise TrainingError("--node-rank/--master-addr need training.nnodes > 1 (and no hostfile)")
+    if nodes is not None and nodes.node_rank != 0:
+        # Node 0 alone writes the run directory: it holds the lock, moves an earlier run aside,
+        # recovers and checks the resume state and prepares the data; this node's workers check
+        # the restart state inside the job, after node 0 is done (loop.train).
+        return _launch_group(cfg, par, resume, None, nodes, lock_fd=None)
     with run_lock(cfg) as lock:
         pre = preflight(cfg, par)  # first: a bad config moves nothing aside
         if force and (old := move_run_aside(cfg.run_dir)) is not None:
@@ -56,33 +82,52 @@ def launch(cfg: ExperimentConfig, *, resume: bool = False, force: bool = False) 
         if par.world == 1:
             train(cfg, resume=resume, data_dir=pre.data_dir, hold_lock=False)
             return 0
+        return _launch_group(cfg, par, resume, pre.data_dir, nodes, lock_fd=lock.fd)
+
+
+def _launch_group(
+    cfg: ExperimentConfig, par: Parallelism, resume: bool, data_dir: Path | None,
+    nodes: NodeSpec | None,
+    lock_fd: int | None,
+) -> int:  # fmt: skip
+    """Start the launcher child (passing it the run lock, so the group keeps it held)."""
+    nproc = processes_per_node(cfg, par.device)
+    if nodes is None:
         cfg_path = cfg.run_dir / LAUNCH_CONFIG
-        dump_config(cfg, cfg_path)
-        nproc = processes_per_node(cfg, par.device)
-        cmd = launcher_command(cfg, nproc, cfg_path, resume, pre.data_dir)
-        return run_process_group(cmd, pass_fds=(lock.fd,))
+    else:  # beside the run directory: node 0 may move an earlier run aside (--force) meanwhile
+        cfg_path = (
+            cfg.run_dir.parent / f".{cfg.run_dir.name}.launch-config-node{nodes.node_rank}.yaml"
+        )
+    dump_config(cfg, cfg_path)
+    cmd = launcher_command(cfg, nproc, cfg_path, resume, data_dir, nodes)
+    code = run_process_group(cmd, pass_fds=(lock_fd,))
+    if code != 0 and nodes is not None:
+        print(f"anchorctx train: node {nodes.node_rank} of {nodes.nnodes}: the distributed job "
+              f"failed (exit {code}); if a node died, start every node again with --resume",
+              file=sys.stderr, flush=True)  # fmt: skip
+    return code
 
 
 def launcher_command(
-    cfg: ExperimentConfig, nproc: int, cfg_path: Path, resume: bool, data_dir: Path
-) -> list[str]:
+    cfg: ExperimentConfig, nproc: int, cfg_path: Path, resume: bool, data_dir: Path | None,
+    nodes: NodeSpec | None = None,
+) -> list[str]:  # fmt: skip
     t = cfg.training
     from anchorctx.training.engine import free_port
 
-    port = str(t.master_port or free_port())
-    worker = ["-m", "anchorctx.training.worker", str(cfg_path), "--data-dir", str(data_dir),
+    worker = ["-m", "anchorctx.training.worker", str(cfg_path),
+              *(["--data-dir", str(data_dir)] if data_dir is not None else []),
               *(["--resume"] if resume else [])]  # fmt: skip
+    if nodes is not None:
+        return [sys.executable, "-m", "torch.distributed.run", *rendezvous_args(nodes, nproc),
+                *worker]  # fmt: skip
+    port = str(t.master_port or free_port())
     if t.hostfile is not None:
         if not Path(t.hostfile).is_file():
             raise TrainingError(f"training.hostfile not found: {t.hostfile}")
         return ["deepspeed", "--hostfile", str(t.hostfile), "--num_nodes", str(t.nnodes),
                 "--num_gpus", str(nproc), "--master_port", port, "--module",
                 *worker[1:]]  # fmt: skip
-    if t.nnodes > 1:
-        raise TrainingError(
-            f"training.nnodes={t.nnodes} needs training.hostfile (DeepSpeed hostfile format: "
-            "one 'hostname slots=N' line per node)"
-        )
     return [sys.executable, "-m", "torch.distributed.run", "--nnodes=1",
             f"--nproc-per-node={nproc}", "--master-addr=127.0.0.1", f"--master-port={port}",
             *worker]  # fmt: skip

@@ -97,6 +97,10 @@ def train(
         rank, world, local_rank = init_distributed(par.device)
         try:
             par = plan_parallelism(cfg, world=world)
+            if cfg.training.nnodes > 1:
+                from anchorctx.training.nodes import check_shared_run_dir
+
+                check_shared_run_dir(cfg.run_dir, rank, world)
             return _train(cfg, par, rank, local_rank, resume, data_dir)
         finally:
             shutdown_distributed()
@@ -342,6 +346,8 @@ def _prepare_run_dir(cfg, par: Parallelism, pre: Preflight, state) -> None:
         data={"dir": str(pre.data_dir), "fingerprint": pre.manifest.get("fingerprint"),
               "manifest_sha256": sha256_file(pre.data_dir / "manifest.json")},
         parallel=par.to_dict(), resumed_from=state["step"] if state else None,
+        optimizer={"weight_decay": cfg.training.weight_decay,
+                   "weight_decay_on": cfg.training.weight_decay_on},
     ))  # fmt: skip
 
 

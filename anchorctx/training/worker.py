@@ -22,6 +22,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--data-dir", type=Path, default=None, help="Prepared packed dataset.")
     parser.add_argument("--local_rank", type=int, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    import torch.distributed as dist
+
     from anchorctx.training.loop import train
 
     try:
@@ -34,9 +36,24 @@ def main(argv: list[str] | None = None) -> int:
         if os.environ.get("ANCHORCTX_DEBUG"):
             traceback.print_exc()
         rank = os.environ.get("RANK", "?")
+        if isinstance(err, dist.DistError | RuntimeError) and _lost_peer(err):
+            first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+            print(f"anchorctx train: rank {rank} lost contact with the other processes ({first}); "
+                  "another node or process has failed", file=sys.stderr)  # fmt: skip
+            return 1
         print(f"anchorctx train (rank {rank}): {error_line(err)}", file=sys.stderr)
         return exit_code(err)
     return 0
+
+
+def _lost_peer(err: BaseException) -> bool:
+    """A collective failed because a peer went away (its process or node died)."""
+    import torch.distributed as dist
+
+    text = str(err).lower()
+    return isinstance(err, dist.DistError) or any(
+        s in text for s in ("connection closed", "connection reset", "broken pipe", "timed out")
+    )
 
 
 if __name__ == "__main__":

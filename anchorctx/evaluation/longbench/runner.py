@@ -5,11 +5,12 @@ decode greedily (one anchor/BOS in front, :func:`anchorctx.evaluation.generation
 cut to the first line where LongBench does, score with the dataset's metric (max over answers),
 and report ``100 x mean``; categories are the unweighted means of their datasets.
 
-Like LongBench's ``pred.py``, the truncated prompt is decoded back to text (first half + last
-half) and then encoded with the anchor in front. One documented difference: for samsum,
-``pred.py`` also stops generation at a newline and forbids an empty first token; here samsum
-decodes up to its 128 tokens and the first-line cut (which LongBench applies as well) keeps the
-first line after leading newlines.
+As LongBench's ``pred.py`` (THUDM/LongBench, revision in ``tasks.LONGBENCH_REVISION``): the
+prompt is tokenised with its leading special token (here the anchor: BOS, or EOS for tokenizers
+without BOS); when that is longer than ``max_length`` (``model2maxlen``: a fixed number per
+model, ``evaluation.longbench.max_length``), its first and last ``int(max_length/2)`` tokens are
+decoded back to text (special tokens dropped) and that text is encoded again with the anchor.
+samsum forbids EOS and "\n" as the first token and stops at "\n" (``DecodeRules``).
 
 A dataset whose file is absent is reported under ``not_run`` and never replaced.
 """
@@ -24,10 +25,14 @@ from typing import TYPE_CHECKING, Any
 from anchorctx.evaluation.longbench.tasks import (
     DATASET2MAXLEN,
     ENGLISH_DATASETS,
+    LONGBENCH_REPOSITORY,
+    LONGBENCH_REVISION,
+    SAMSUM_RULE_DATASETS,
     build_prompt,
     category_scores,
     check_datasets,
     dataset_score,
+    default_max_length,
     score_sample,
     truncate_middle,
 )
@@ -75,16 +80,19 @@ def sample_keys(dataset: str, rows: list[dict[str, Any]]) -> list[str]:
 
 # -------------------------------------------------------------------------------- prompts
 def prompt_budget(model_max: int | None, max_new_tokens: int, max_length: int | None) -> int:
-    """Prompt tokens allowed, anchor included (LongBench's ``max_length`` counts the BOS).
-
-    Default: whatever the model's position limit leaves after the generated tokens.
-    """
+    """LongBench's ``max_length`` for this model: the configured value, else the
+    ``model2maxlen`` convention for the model's position limit; checked against that limit."""
     if max_length is None:
         if model_max is None:
             raise LongBenchDataError(
                 "the model config has no max_position_embeddings: set evaluation.longbench.max_length"
             )
-        return model_max - max_new_tokens
+        if model_max < 1024:
+            raise LongBenchDataError(
+                f"max_position_embeddings={model_max} has no model2maxlen default (below 1K): "
+                "set evaluation.longbench.max_length"
+            )
+        max_length = default_max_length(model_max)
     if model_max is not None and max_length + max_new_tokens > model_max:
         raise LongBenchDataError(
             f"evaluation.longbench.max_length={max_length} plus {max_new_tokens} new tokens exceeds "
@@ -94,27 +102,37 @@ def prompt_budget(model_max: int | None, max_new_tokens: int, max_length: int | 
     return max_length
 
 
-def fit_prompt(tokenizer: Any, text: str, budget: int) -> tuple[str, int, bool]:
-    """(prompt text, its token count with the anchor, truncated?) within ``budget`` tokens.
+def fit_prompt(tokenizer: Any, text: str, max_length: int) -> tuple[str, int, bool]:
+    """(prompt text, its token count with the anchor, truncated?) as ``pred.py`` builds it.
 
-    Decoding a cut and encoding it again can merge tokens differently at the seam; the loop
-    tightens the cut until the re-encoded prompt fits (one pass in practice).
+    The anchored ids stand for ``pred.py``'s ``tokenizer(prompt)`` (BOS first). Over
+    ``max_length``: decode the first and the last ``int(max_length/2)`` ids, skipping special
+    tokens, and join the two texts. Re-encoding can merge tokens at the seam, so the final count
+    may differ from ``max_length`` by a token or two, exactly as in the reference.
     """
-    ids = tokenizer.encode(text, add_special_tokens=False)
-    if len(ids) + 1 <= budget:
-        return text, len(ids) + 1, False
-    room = budget - 1  # the anchor takes one
-    for _ in range(8):
-        kept = truncate_middle(ids, room)
-        half = len(kept) // 2
-        cut = tokenizer.decode(kept[:half], skip_special_tokens=True) + tokenizer.decode(
-            kept[half:], skip_special_tokens=True
-        )
-        n = len(tokenizer.encode(cut, add_special_tokens=False)) + 1
-        if n <= budget:
-            return cut, n, True
-        room -= n - budget
-    raise LongBenchDataError(f"could not fit a prompt into {budget} tokens")
+    from anchorctx.evaluation.generation import encode_prompt
+
+    ids = encode_prompt(tokenizer, text)
+    if len(ids) <= max_length:
+        return text, len(ids), False
+    kept = truncate_middle(ids, max_length)
+    half = len(kept) // 2
+    cut = tokenizer.decode(kept[:half], skip_special_tokens=True) + tokenizer.decode(
+        kept[half:], skip_special_tokens=True
+    )
+    return cut, len(encode_prompt(tokenizer, cut)), True
+
+
+def decode_rules(tokenizer: Any, dataset: str):
+    """``pred.py``'s samsum rule as data for the generator; None for every other dataset."""
+    from anchorctx.evaluation.generation import DecodeRules
+
+    if dataset not in SAMSUM_RULE_DATASETS:
+        return None
+    newline = tokenizer.encode("\n", add_special_tokens=False)[-1]
+    eos = tokenizer.eos_token_id
+    forbid = (newline,) if eos is None else (eos, newline)
+    return DecodeRules(forbid_first=forbid, stop_token_ids=(newline,))
 
 
 # ---------------------------------------------------------------------------------- suite
@@ -162,7 +180,7 @@ def _run_dataset(
     generate_greedy(
         model, tokenizer, [f[0] for f in fitted], max_new_tokens=max_new,
         batch_size=cfg.evaluation.batch_size, progress=progress, desc=f"longbench/{dataset}",
-        on_batch=on_batch,
+        on_batch=on_batch, rules=decode_rules(tokenizer, dataset),
     )  # fmt: skip
     return produced
 
@@ -208,4 +226,5 @@ def run_suite(
         "categories": category_scores(scores),
         "counts": counts,
         "not_run": not_run,
+        "reference": {"repository": LONGBENCH_REPOSITORY, "revision": LONGBENCH_REVISION},
     }

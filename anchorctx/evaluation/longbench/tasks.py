@@ -16,9 +16,15 @@ from typing import Any
 
 from anchorctx.evaluation.longbench import metrics as M
 
-# From THUDM/LongBench config/dataset2prompt.json (exact strings).
+# The THUDM/LongBench commit the prompts, lengths, metrics and truncation follow (recorded in
+# every results file).
+LONGBENCH_REPOSITORY = "THUDM/LongBench"
+LONGBENCH_REVISION = "2e00731f8d0bff23dc4325161044d0ed8af94c1e"
+
+# From THUDM/LongBench config/dataset2prompt.json (exact strings, typos included: narrativeqa's
+# "asconcisely" is what every published narrativeqa number was measured with).
 DATASET2PROMPT: dict[str, str] = {
-    "narrativeqa": "You are given a story, which can be either a novel or a movie script, and a question. Answer the question as concisely as you can, using a single phrase if possible. Do not provide any explanation.\n\nStory: {context}\n\nNow, answer the question based on the story as concisely as you can, using a single phrase if possible. Do not provide any explanation.\n\nQuestion: {input}\n\nAnswer:",
+    "narrativeqa": "You are given a story, which can be either a novel or a movie script, and a question. Answer the question asconcisely as you can, using a single phrase if possible. Do not provide any explanation.\n\nStory: {context}\n\nNow, answer the question based on the story asconcisely as you can, using a single phrase if possible. Do not provide any explanation.\n\nQuestion: {input}\n\nAnswer:",
     "qasper": 'You are given a scientific article and a question. Answer the question as concisely as you can, using a single phrase or sentence if possible. If the question cannot be answered based on the information in the article, write "unanswerable". If the question is a yes/no question, answer "yes", "no", or "unanswerable". Do not provide any explanation.\n\nArticle: {context}\n\n Answer the question based on the above article as concisely as you can, using a single phrase or sentence if possible. If the question cannot be answered based on the information in the article, write "unanswerable". If the question is a yes/no question, answer "yes", "no", or "unanswerable". Do not provide any explanation.\n\nQuestion: {input}\n\nAnswer:',
     "multifieldqa_en": "Read the following text and answer briefly.\n\n{context}\n\nNow, answer the following question based on the above text, only give me the answer and do not output any other words.\n\nQuestion: {input}\nAnswer:",
     "multifieldqa_zh": "阅读以下文字并用中文简短回答：\n\n{context}\n\n现在请基于上面的文章回答下面的问题，只告诉我答案，不要输出任何其他字词。\n\n问题：{input}\n回答：",
@@ -96,18 +102,32 @@ def build_prompt(dataset: str, row: dict[str, Any]) -> str:
     return DATASET2PROMPT[dataset].format(**row)
 
 
-def truncate_middle(ids: Sequence[int], budget: int) -> list[int]:
-    """Keep the first and the last half of ``budget`` tokens when ``ids`` is longer.
+def truncate_middle(ids: Sequence[int], max_length: int) -> list[int]:
+    """``ids`` when it has at most ``max_length`` tokens, else its first and last
+    ``int(max_length/2)`` tokens (``pred.py``; an odd ``max_length`` keeps one token fewer).
 
-    LongBench (``pred.py``) keeps ``int(max_length/2)`` tokens from each end: instructions sit
-    at both ends of every template, so the middle of the context is what goes.
+    Instructions sit at both ends of every template, so the middle of the context is what goes.
     """
-    if budget < 2:
-        raise ValueError(f"prompt token budget must be at least 2, got {budget}")
-    if len(ids) <= budget:
+    if max_length < 2:
+        raise ValueError(f"LongBench max_length must be at least 2, got {max_length}")
+    if len(ids) <= max_length:
         return list(ids)
-    half = budget // 2
+    half = int(max_length / 2)
     return [*ids[:half], *ids[len(ids) - half :]]
+
+
+def default_max_length(max_position_embeddings: int) -> int:
+    """LongBench's ``config/model2maxlen.json`` convention: a model of ``k``K positions gets
+    ``1000k - 500`` prompt tokens (4K: 3500, 8K: 7500, 16K: 15500, 32K: 31500, as listed there
+    for every model); the same rule continues to 64K (63500) and 128K (127500)."""
+    k = max_position_embeddings // 1024
+    if k < 1:
+        raise ValueError(f"max_position_embeddings={max_position_embeddings} is below 1K")
+    return 1000 * k - 500
+
+
+# ``pred.py`` stops samsum at a newline and forbids EOS or a newline as the first token.
+SAMSUM_RULE_DATASETS = frozenset({"samsum"})
 
 
 def postprocess(dataset: str, prediction: str) -> str:

@@ -2,7 +2,8 @@
 
 Every string here must match the original character for character: a changed space in a
 template changes the tokens the model sees and makes scores incomparable with published ones.
-Each constant names the file of NVIDIA/RULER it comes from.
+Each constant names the file of NVIDIA/RULER it comes from; all of them follow one revision,
+:data:`RULER_REVISION`, which every results file records.
 """
 
 from __future__ import annotations
@@ -11,6 +12,12 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import numpy as np
+
+# The NVIDIA/RULER commit these constants and the sample construction follow. Its templates
+# are the 2025 ones (newline-joined VT haystack, randomised one-shot example, the "assigned"
+# spelling fixed on 2025-05-13, CWE's english_words.json fallback).
+RULER_REPOSITORY = "NVIDIA/RULER"
+RULER_REVISION = "c3f5e3b4f87f97e048793bb510a3a6b19a46bf3a"
 
 # ------------------------------------------------------------------------------ templates
 # scripts/data/synthetic/constants.py, TASKS["niah"]
@@ -24,15 +31,16 @@ NIAH_ANSWER_PREFIX = (
     " The special magic {type_needle_v} for {query} mentioned in the provided text are"
 )
 
-# scripts/data/synthetic/constants.py, TASKS["variable_tracking"] ("assgined" [sic] is in the
-# original and is kept: it is part of the prompt every published number was measured with).
+# scripts/data/synthetic/constants.py, TASKS["variable_tracking"]. Revisions before 2025-05-13
+# spelled "assgined" in the answer prefix, with an older haystack and one-shot format; this is
+# the current revision's prefix, consistent with the haystack and one-shot format used here.
 VT_TEMPLATE = (
     "Memorize and track the chain(s) of variable assignment hidden in the following text.\n\n"
     "{context}\nQuestion: Find all variables that are assigned the value {query} in the text above."
 )
 VT_ANSWER_PREFIX = (
     " Answer: According to the chain(s) of variable assignment in the text above, {num_v} "
-    "variables are assgined the value {query}, they are: "
+    "variables are assigned the value {query}, they are: "
 )
 
 # scripts/data/synthetic/constants.py, TASKS["common_words_extraction"]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -19,12 +20,19 @@ DATA_KEYS = {
     "essay": "essay_path",
     "squad": "squad_path",
     "hotpotqa": "hotpotqa_path",
+    "english_words": "english_words_path",
 }
 DATA_DESCRIPTIONS = {
     "essay": "the Paul Graham essays JSON ({'text': ...}) of RULER's download_paulgraham_essay.py",
     "squad": "the SQuAD v2.0 dev set JSON (dev-v2.0.json)",
     "hotpotqa": "the HotpotQA dev distractor JSON (hotpot_dev_distractor_v1.json)",
+    "english_words": (
+        "more distinct words than wonderwords has, i.e. RULER's "
+        "scripts/data/synthetic/json/english_words.json (a git-LFS file of that repository)"
+    ),
 }
+# Not a data file: the directory holding NLTK's punkt_tab model (see punkt_splitter).
+SPLITTER_KEY = "nltk_data"
 
 
 class MissingDataError(FileNotFoundError):
@@ -60,31 +68,46 @@ def essay_words(path: Path) -> tuple[str, ...]:
     return words
 
 
-@lru_cache(maxsize=1)
-def _punkt():
-    """NLTK's English Punkt model when its data is installed, else an untrained Punkt splitter.
+PUNKT_RESOURCE = "tokenizers/punkt_tab/english/"
 
-    RULER splits essays with ``nltk.sent_tokenize`` (the pretrained English Punkt model). The
-    untrained splitter differs only at abbreviations it has not learnt ("Mr.", "e.g."), which moves
-    a needle by a sentence at most; the data is used whenever ``nltk.download('punkt_tab')`` ran.
-    """
-    import nltk
-    from nltk.tokenize.punkt import PunktSentenceTokenizer
 
-    try:
-        nltk.data.find("tokenizers/punkt_tab/english/")
-        from nltk.tokenize import sent_tokenize
-
-        return lambda text: sent_tokenize(text)
-    except LookupError:
-        return PunktSentenceTokenizer().tokenize
+class MissingSplitterError(LookupError):
+    """NLTK's pretrained English Punkt model (``punkt_tab``), RULER's sentence splitter, is absent."""
 
 
 @lru_cache(maxsize=4)
-def _essay_split(path: Path) -> tuple[tuple[str, ...], np.ndarray]:
+def punkt_splitter(nltk_data: Path | None = None) -> Callable[[str], list[str]]:
+    """``nltk.sent_tokenize`` with the pretrained English Punkt model, as niah.py splits essays.
+
+    The model (NLTK resource ``punkt_tab``, not on PyPI) is looked up in ``nltk_data`` (a
+    directory in NLTK's data layout, ``evaluation.ruler.nltk_data``) or else on NLTK's own search
+    path. An untrained Punkt splits differently at abbreviations ("Mr.", "e.g."), which moves
+    needles, so a missing model is an error, never a silent fallback.
+    """
+    import nltk
+    from nltk.tokenize.punkt import PunktSentenceTokenizer, load_punkt_params
+
+    if nltk_data is not None and str(nltk_data) not in nltk.data.path:
+        # NLTK reads model files only below a directory of nltk.data.path (its path sandbox);
+        # appending there is NLTK's documented way to add a data directory.
+        nltk.data.path.append(str(nltk_data))
+    try:
+        found = nltk.data.find(PUNKT_RESOURCE, paths=[str(nltk_data)] if nltk_data else None)
+    except LookupError:
+        where = f"under {nltk_data}" if nltk_data else "on NLTK's data path"
+        raise MissingSplitterError(
+            f"RULER's essay tasks need NLTK's pretrained English Punkt model ({PUNKT_RESOURCE}), "
+            f"not found {where}: run `python -m nltk.downloader -d DIR punkt_tab` and set "
+            f"evaluation.ruler.nltk_data=DIR (or install it on NLTK's default path)"
+        ) from None
+    return PunktSentenceTokenizer(load_punkt_params(found)).tokenize
+
+
+@lru_cache(maxsize=4)
+def _essay_split(path: Path, nltk_data: Path | None) -> tuple[tuple[str, ...], np.ndarray]:
     """Sentences of the whole essay text and the cumulative word count at each sentence end."""
     words = essay_words(path)
-    sents = tuple(_punkt()(" ".join(words).strip()))
+    sents = tuple(punkt_splitter(nltk_data)(" ".join(words).strip()))
     ends = np.cumsum([len(s.split(" ")) for s in sents])
     if int(ends[-1]) != len(words):  # the splitter dropped or merged whitespace: no shortcut
         raise ValueError(f"{path}: sentence split does not preserve the essay's words")
@@ -92,14 +115,14 @@ def _essay_split(path: Path) -> tuple[tuple[str, ...], np.ndarray]:
 
 
 @lru_cache(maxsize=64)
-def essay_sentences(path: Path, num_words: int) -> tuple[str, ...]:
+def essay_sentences(path: Path, num_words: int, nltk_data: Path | None = None) -> tuple[str, ...]:
     """Sentences of the first ``num_words`` essay words (the essay repeats when it is shorter).
 
     niah.py sentence-splits ``" ".join(words[:num_words])``. Splitting the whole essay once and
     cutting at ``num_words`` gives the same sentences (the cut one becomes the last, partial
     sentence) without re-running the splitter for every candidate size of the length search.
     """
-    sents, ends = _essay_split(path)
+    sents, ends = _essay_split(path, nltk_data)
     total = int(ends[-1])
     full, rest = divmod(num_words, total)
     out = list(sents) * full
@@ -121,6 +144,16 @@ def wonderwords_lists() -> tuple[tuple[str, ...], tuple[str, ...], tuple[str, ..
         return tuple(sorted(set(random_word._get_words_from_text_file(name))))
 
     return load("nounlist.txt"), load("adjectivelist.txt"), load("verblist.txt")
+
+
+@lru_cache(maxsize=2)
+def english_words(path: Path) -> tuple[str, ...]:
+    """common_words_extraction.py's fallback list: the *values* of english_words.json, in file
+    order (the original samples from them without sorting or deduplicating)."""
+    data = json.loads(path.read_text(encoding="utf-8"))
+    if not isinstance(data, dict) or not all(isinstance(v, str) for v in data.values()):
+        raise ValueError(f"{path}: expected a JSON object whose values are words")
+    return tuple(data.values())
 
 
 # ----------------------------------------------------------------------------- QA datasets

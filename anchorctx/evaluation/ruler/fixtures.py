@@ -80,12 +80,15 @@ def write_hotpotqa(path: Path, questions: int = 30) -> Path:
 
 
 def write_ruler_fixtures(out: str | Path) -> dict[str, Path]:
-    """Write the three files under ``out``; returns ``{essay_path, squad_path, hotpotqa_path}``
-    (the ``evaluation.ruler`` config keys)."""
+    """Write the three files under ``out`` and a parameter-free Punkt model; returns
+    ``{essay_path, squad_path, hotpotqa_path, nltk_data}`` (``evaluation.ruler`` config keys)."""
+    from anchorctx.evaluation.fixtures import write_empty_punkt
+
     root = Path(out)
     root.mkdir(parents=True, exist_ok=True)
     return {
         "essay_path": write_essay(root / "PaulGrahamEssays.json"),
         "squad_path": write_squad(root / "squad.json"),
         "hotpotqa_path": write_hotpotqa(root / "hotpotqa.json"),
+        "nltk_data": write_empty_punkt(root / "nltk_data"),
     }

@@ -1,28 +1,39 @@
 """RULER sample generation at a target length, for any Hugging Face tokenizer.
 
 The length budget is RULER's: the prompt (task input plus answer prefix) plus the task's
-maximum new tokens fits in the target length, counting tokens without BOS. The haystack size
-is found once per (task, length) with a doubling-then-bisecting search on a probe sample;
-every sample is then checked and, in the rare case it is longer (its needles or documents
-tokenise longer), shrunk with the same search on its own content.
+maximum new tokens fits in the target length, counting tokens without BOS.
+
+Default (``fit="ruler"``), as NVIDIA/RULER does it: the haystack size is the largest that fits
+on one probe sample (RULER bisects; here an interpolating search finds the same largest fitting
+size with fewer tokenisations), and a sample that then overflows drops a *whole step* of
+haystack (500 essay words, 25 noise lines, 10 documents, ...) until it fits. So samples at 4K
+are 2.3K-4.1K tokens long. FWE has its own rule (freq_words_extraction.py): its word count grows
+from ``max_len // 6`` in steps of ``max_len // 32`` while the prompt stays below ``max_len``,
+then steps back once; overflowing samples drop whole steps.
+
+``fit="tight"`` (an option, off by default) instead shrinks an overflowing sample to the largest
+size that fits: samples come out within a few tokens of the target (3.96K-4.10K at 4K), at the
+price of lengths that differ from the reference's.
 """
 
 from __future__ import annotations
 
 import random
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from tqdm.auto import tqdm
 
 from anchorctx.evaluation.ruler import constants as C
 from anchorctx.evaluation.ruler import tasks as T
-from anchorctx.evaluation.ruler.data import DATA_KEYS
+from anchorctx.evaluation.ruler.data import DATA_KEYS, SPLITTER_KEY
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
 _SEARCH_INDEX = 0  # RULER sizes the haystack on sample 0 (qa.py: generate_input_output(0, ...))
+Fit = Literal["ruler", "tight"]
+FITS: tuple[str, ...] = ("ruler", "tight")
 
 
 def token_counter(tokenizer: PreTrainedTokenizerBase) -> Callable[[str], int]:
@@ -40,7 +51,7 @@ def make_builder(task: str, length: int, seed: int, paths: dict, count) -> T.Bui
     if spec.family == "vt":
         return T.VTBuilder(spec.args, length, seed, count)
     if spec.family == "cwe":
-        return T.CWEBuilder(spec.args, length, seed)
+        return T.CWEBuilder(spec.args, length, seed, paths)
     if spec.family == "fwe":
         return T.FWEBuilder(spec.args, length, seed)
     return T.QABuilder(task, spec.args, length, seed, paths)
@@ -54,8 +65,11 @@ def sample_rng(seed: int, task: str, length: int, index: int) -> random.Random:
 class _Fitter:
     """Builds samples of one (task, length) and keeps each inside the token budget."""
 
-    def __init__(self, task: str, length: int, tokenizer, seed: int, paths: dict):
-        self.task, self.length, self.seed = task, length, seed
+    def __init__(self, task: str, length: int, tokenizer, seed: int, paths: dict,
+                 fit: Fit = "ruler"):  # fmt: skip
+        if fit not in FITS:
+            raise ValueError(f"unknown RULER fit {fit!r}; expected one of {FITS}")
+        self.task, self.length, self.seed, self.fit = task, length, seed, fit
         self.spec = C.task_spec(task)
         self.count = token_counter(tokenizer)
         self.budget = length - self.spec.max_new_tokens
@@ -63,7 +77,10 @@ class _Fitter:
             raise ValueError(f"length {length} leaves no room for {task}'s "
                              f"{self.spec.max_new_tokens} new tokens")  # fmt: skip
         self.builder = make_builder(task, length, seed, paths, self.count)
-        self.size = self._search(_SEARCH_INDEX)
+        if self.spec.family == "fwe" and fit == "ruler":
+            self.size = self._fwe_size(_SEARCH_INDEX)
+        else:
+            self.size = self._search(_SEARCH_INDEX)
 
     def _sample(self, size: int, index: int) -> T.Sample:
         return self.builder.build(size, index, sample_rng(self.seed, self.task, self.length, index))
@@ -86,6 +103,15 @@ class _Fitter:
             )
         return size
 
+    def _fwe_size(self, index: int) -> int:
+        """freq_words_extraction.py: from ``max_len // 6`` words, add a step while the prompt is
+        under the budget (strictly), then take one step back."""
+        b = self.builder
+        size = b.start
+        while self._tokens(size, index) < self.budget:
+            size += b.step
+        return size - b.step
+
     def _guess(self, index: int) -> int:
         """Haystack units that should fill the budget: tokens per unit from two probes (the
         difference cancels the fixed template and one-shot example)."""
@@ -101,8 +127,19 @@ class _Fitter:
     def sample(self, index: int) -> dict[str, Any]:
         s = self._sample(self.size, index)
         n_tokens = self.count(s.prompt)
-        if n_tokens > self.budget:  # this sample's content tokenises longer: shrink it alone
+        if n_tokens > self.budget and self.fit == "tight":  # shrink to the largest that fits
             s = self._sample(self._search(index, cap=self.size), index)
+            n_tokens = self.count(s.prompt)
+        size = self.size
+        while n_tokens > self.budget:  # RULER: drop whole steps until the sample fits
+            size -= self.builder.step
+            if size < self.builder.min_size:
+                raise ValueError(
+                    f"RULER {self.task} sample {index} does not fit {self.budget} prompt tokens "
+                    f"even after dropping its haystack in steps of {self.builder.step}; "
+                    f"evaluate {self.task} at a longer length"
+                )
+            s = self._sample(size, index)
             n_tokens = self.count(s.prompt)
         return {"index": index, "task": self.task, "input": s.input,
                 "answer_prefix": s.answer_prefix, "outputs": list(s.outputs),
@@ -111,10 +148,11 @@ class _Fitter:
 
 
 def _check_paths(paths: dict) -> None:
-    unknown = set(paths) - set(DATA_KEYS.values())
+    known = {*DATA_KEYS.values(), SPLITTER_KEY}
+    unknown = set(paths) - known
     if unknown:
         raise TypeError(f"unknown RULER data argument(s) {sorted(unknown)}; "
-                        f"expected {sorted(DATA_KEYS.values())}")  # fmt: skip
+                        f"expected {sorted(known)}")  # fmt: skip
 
 
 def num_available(task: str, num_samples: int, **data_paths) -> int:
@@ -134,6 +172,7 @@ def generate(
     *,
     indices: Iterable[int] | None = None,
     progress: bool = False,
+    fit: Fit = "ruler",
     **data_paths,
 ) -> list[dict[str, Any]]:
     """RULER samples of ``task`` at ``length`` tokens.
@@ -143,10 +182,12 @@ def generate(
     ``max_new_tokens``, never above ``length``), ``max_new_tokens``, ``index``, ``task``.
     ``indices`` generates a subset (each sample is independent of the others); QA tasks give at
     most one sample per question in their file. Data files come as ``essay_path``,
-    ``squad_path``, ``hotpotqa_path``; a needed one that is absent raises ``MissingDataError``.
+    ``squad_path``, ``hotpotqa_path``, ``english_words_path`` (CWE beyond wonderwords); a needed
+    one that is absent raises ``MissingDataError``. ``nltk_data`` names a directory holding
+    NLTK's ``punkt_tab`` model. ``fit``: "ruler" (default, RULER's whole-step rule) or "tight".
     """
     _check_paths(data_paths)
-    fitter = _Fitter(task, length, tokenizer, seed, data_paths)
+    fitter = _Fitter(task, length, tokenizer, seed, data_paths, fit)
     available = min(num_samples, fitter.builder.max_samples or num_samples)
     wanted = list(range(available)) if indices is None else [i for i in indices if i < available]
     bar = tqdm(wanted, desc=f"ruler {task} @ {length}", unit="sample", disable=not progress)

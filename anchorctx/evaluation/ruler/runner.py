@@ -58,6 +58,8 @@ def data_paths(cfg: ExperimentConfig) -> dict[str, Any]:
         "essay_path": r.essay_path,
         "squad_path": r.squad_path,
         "hotpotqa_path": r.hotpotqa_path,
+        "english_words_path": r.english_words_path,
+        "nltk_data": r.nltk_data,
     }
 
 
@@ -107,12 +109,16 @@ def run_suite(
             records[rec["key"]] = rec
             on_sample(rec)
 
-        samples = generate(task, length, tokenizer, r.num_samples, r.seed, indices=pending, **paths)
+        samples = generate(task, length, tokenizer, r.num_samples, r.seed, indices=pending,
+                           fit=r.fit, **paths)  # fmt: skip
         # Samples of one (task, length) share their length to within a few tokens: batching
         # them wastes almost nothing on padding.
         _predict(model, tokenizer, samples, cfg.evaluation.batch_size, bar, emit)
     bar.close()
-    return _summarise(plan, records, not_run, r.num_samples, paths)
+    summary = _summarise(plan, records, not_run, r.num_samples, paths)
+    summary["reference"] = {"repository": C.RULER_REPOSITORY, "revision": C.RULER_REVISION,
+                            "fit": r.fit}  # fmt: skip
+    return summary
 
 
 def _plan(tasks, lengths, num_samples, paths, done):
@@ -132,12 +138,17 @@ def _plan(tasks, lengths, num_samples, paths, done):
 
 
 def _probe_data(task: str, paths: dict) -> None:
-    """Raise MissingDataError now (not mid-suite) when the task's data file is absent."""
-    from anchorctx.evaluation.ruler.data import resolve_path
+    """Raise MissingDataError now (not mid-suite) when the task's data file is absent, and
+    MissingSplitterError (which stops the suite) when an essay task has no sentence model."""
+    from pathlib import Path
+
+    from anchorctx.evaluation.ruler.data import SPLITTER_KEY, punkt_splitter, resolve_path
 
     spec = C.task_spec(task)
     if spec.family == "niah" and spec.args["type_haystack"] == "essay":
         resolve_path(task, "essay", paths)
+        nltk_data = paths.get(SPLITTER_KEY)
+        punkt_splitter(Path(nltk_data) if nltk_data is not None else None)
     elif spec.family == "qa":
         resolve_path(task, spec.args["dataset"], paths)
 

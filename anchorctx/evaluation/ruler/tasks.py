@@ -41,7 +41,13 @@ class Builder:
     min_size: int = 1
     max_size: int | None = None
     max_samples: int | None = None  # QA: the number of questions in the file
-    probe: int = 10  # first size tried when estimating tokens per unit (RULER's ``incremental``)
+    # RULER's ``incremental``: the first size tried when estimating tokens per unit, and the
+    # step by which a sample that overflows the budget is shrunk (a whole step at a time).
+    probe: int = 10
+
+    @property
+    def step(self) -> int:
+        return self.probe
 
     def build(self, size: int, index: int, rng: random.Random) -> Sample:
         raise NotImplementedError
@@ -58,6 +64,10 @@ class NiahBuilder(Builder):
         self.seed = seed
         self.kind = args["type_haystack"]
         self.essay = D.resolve_path(task, "essay", paths) if self.kind == "essay" else None
+        nltk_data = paths.get(D.SPLITTER_KEY)
+        self.nltk_data = Path(nltk_data) if nltk_data is not None else None
+        if self.essay is not None:
+            D.punkt_splitter(self.nltk_data)  # a missing sentence model fails here, not mid-run
         nouns, adjs, _ = D.wonderwords_lists()
         self.nouns, self.adjs = nouns, adjs
         # niah.py: incremental 500 words (essay), 25 sentences (noise/needle), 5 below 4K.
@@ -92,7 +102,7 @@ class NiahBuilder(Builder):
 
     def _essay_context(self, size: int, needles: list[str], rng: random.Random) -> str:
         assert self.essay is not None
-        sents = D.essay_sentences(self.essay, size)
+        sents = D.essay_sentences(self.essay, size, self.nltk_data)
         depths = sorted(int(len(sents) * (d / 100)) for d in rng.sample(C.DEPTHS, len(needles)))
         cuts = [0, *depths, len(sents)]
         parts: list[str] = []
@@ -211,7 +221,7 @@ class CWEBuilder(Builder):
     """scripts/data/synthetic/common_words_extraction.py: a numbered word list where 10 words
     appear 30 times and the rest 3 times (6 and 1 below 4K), after a one-shot example."""
 
-    def __init__(self, args: dict, length: int, seed: int):
+    def __init__(self, args: dict, length: int, seed: int, paths: dict | None = None):
         nouns, adjs, verbs = D.wonderwords_lists()
         words = sorted(set(nouns + adjs + verbs))
         random.Random(seed).shuffle(words)
@@ -220,13 +230,27 @@ class CWEBuilder(Builder):
             self.example_shape, self.shape = (20, 3, 1), (6, 1)
         else:
             self.example_shape, self.shape = (40, 10, 3), (args["freq_cw"], args["freq_ucw"])
-        self.min_size, self.max_size, self.probe = self.num_cw, len(words), 10
-        # Past max_size (about 8.5K words, reached near 128K tokens) the original falls back to
-        # an English word list it ships; here the list stays wonderwords' and the sample is
-        # shorter than the budget.
+        self.min_size, self.probe = self.num_cw, 10
+        # Past the wonderwords list (about 8.2K words, reached near 128K tokens) the original
+        # samples from english_words.json instead; without that file the list is the limit and
+        # asking for more is an error (see _pool), never a silently shorter sample.
+        raw = (paths or {}).get(D.DATA_KEYS["english_words"])
+        self.english_path = Path(raw) if raw is not None else None
+        self.english: tuple[str, ...] | None = None
+        if self.english_path is not None and self.english_path.is_file():
+            self.english = D.english_words(self.english_path)
+        self.max_size = len(self.english) if self.english is not None else None
+
+    def _pool(self, n: int) -> list[str] | tuple[str, ...]:
+        """common_words_extraction.py: wonderwords up to their count, english_words beyond."""
+        if n <= len(self.words):
+            return self.words
+        if self.english is None:
+            raise D.MissingDataError("cwe", "english_words", self.english_path)
+        return self.english
 
     def _example(self, n: int, common: int, uncommon: int, rng) -> tuple[str, list[str]]:
-        chosen = rng.sample(self.words, n)
+        chosen = rng.sample(self._pool(n), n)
         top, rest = chosen[: self.num_cw], chosen[self.num_cw :]
         listed = top * common + rest * uncommon
         random.Random(self.seed).shuffle(listed)
@@ -255,8 +279,13 @@ class FWEBuilder(Builder):
 
     def __init__(self, args: dict, length: int, seed: int):
         self.alpha, self.wordlen, self.seed = args["alpha"], args["coded_wordlen"], seed
-        self.vocab_size = max(length // 50, 4)  # freq_words_extraction.py: vocab_size = L // 50
-        self.probe = max(length // 32, 10)
+        # freq_words_extraction.py: max_len = L - tokens_to_generate; vocab_size = max_len // 50;
+        # the word count grows from max_len // 6 in steps of max_len // 32. (The floor of 4 keeps
+        # three answer words below 250 tokens, where the original has no valid vocabulary.)
+        max_len = length - C.MAX_NEW_TOKENS["fwe"]
+        self.vocab_size = max(max_len // 50, 4)
+        self.start = max(max_len // self.wordlen, 1)
+        self.probe = max(max_len // 32, 1)
         self.zeta = zeta(self.alpha)
 
     def _vocab(self, rng: random.Random) -> list[str]:
@@ -285,7 +314,7 @@ class QABuilder(Builder):
     paragraphs first for SQuAD), shuffled, as "Document i:" blocks. Sample i asks question i."""
 
     def __init__(self, task: str, args: dict, length: int, seed: int, paths: dict):
-        kind = args["dataset"]
+        kind = args["dataset"]  # qa.py: incremental 10 documents
         path: Path = D.resolve_path(task, kind, paths)
         self.qa = D.read_squad(path) if kind == "squad" else D.read_hotpotqa(path)
         self.seed = seed

@@ -1,0 +1,198 @@
+"""Two real hosts on one machine: network namespaces joined by a veth pair, each with its own
+address, each running `anchorctx train` as a cluster scheduler would (the same command on every
+node, no ssh), with sequence parallelism across the two nodes over gloo.
+
+- the 2-node run equals a one-process run (losses and final weights, the SP test's tolerance);
+- a killed node makes the other fail fast with a one-line error, and `--resume` on both nodes
+  finishes the run;
+- a node that does not share run_root (a private tmpfs mounted over it) fails at start-up.
+
+Needs root and iproute2 (`ip netns`); skipped with the reason otherwise.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from distributed import free_port, torch_extensions  # noqa: F401  (fixture)
+from safetensors.torch import load_file
+
+from anchorctx.io import read_jsonl
+
+RTOL = 1e-5  # as tests/test_training_sp.py: fp32 reduction-order noise, with a 100x margin
+SUBNET = "10.231.7"  # the test's own hosts: .1 (node 0) and .2 (node 1)
+pytestmark = pytest.mark.distributed
+
+
+def _ip(*args: str) -> None:
+    subprocess.run(["ip", *args], check=True, capture_output=True, timeout=30)
+
+
+def _namespaces_unavailable() -> str | None:
+    if os.geteuid() != 0:
+        return "network namespaces need root"
+    if shutil.which("ip") is None or shutil.which("unshare") is None:
+        return "iproute2 (ip) and util-linux (unshare) are needed"
+    probe = f"actx-probe-{os.getpid()}"
+    try:
+        _ip("netns", "add", probe)
+        _ip("netns", "del", probe)
+    except (subprocess.CalledProcessError, OSError) as err:
+        return f"cannot create network namespaces here: {err}"
+    return None
+
+
+@pytest.fixture(scope="module")
+def hosts():
+    """Two hosts: (namespace, address, interface) each, joined by a veth pair."""
+    if reason := _namespaces_unavailable():
+        pytest.skip(reason)
+    tag = f"{os.getpid() % 100000}"
+    nodes = [(f"actx{tag}n{i}", f"{SUBNET}.{i + 1}", f"ax{tag}v{i}") for i in range(2)]
+    for ns, _, _ in nodes:
+        _ip("netns", "add", ns)
+    try:
+        _ip("link", "add", nodes[0][2], "type", "veth", "peer", "name", nodes[1][2])
+        for ns, addr, dev in nodes:
+            _ip("link", "set", dev, "netns", ns)
+            _ip("-n", ns, "addr", "add", f"{addr}/24", "dev", dev)
+            _ip("-n", ns, "link", "set", dev, "up")
+            _ip("-n", ns, "link", "set", "lo", "up")
+        yield nodes
+    finally:
+        for ns, _, _ in nodes:
+            subprocess.run(["ip", "netns", "del", ns], capture_output=True, timeout=30)
+
+
+def _start_node(hosts, rank: int, config: Path, log: Path, *extra: str,
+                private_dir: Path | None = None) -> subprocess.Popen:  # fmt: skip
+    """`anchorctx train` inside node ``rank``'s namespace (optionally with ``private_dir``
+    replaced by an empty tmpfs only this node sees: a run_root that is not shared)."""
+    ns, _, dev = hosts[rank]
+    cmd = [sys.executable, "-m", "anchorctx", "train", str(config), "--node-rank", str(rank),
+           "--master-addr", hosts[0][1], *extra]  # fmt: skip
+    if private_dir is not None:
+        mount = f'mount -t tmpfs anchorctx-private {private_dir} && exec "$@"'
+        cmd = ["unshare", "--mount", "--propagation", "private", "sh", "-c", mount, "sh", *cmd]
+    env = {**os.environ, "GLOO_SOCKET_IFNAME": dev, "OMP_NUM_THREADS": "1",
+           "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}  # fmt: skip
+    return subprocess.Popen(["ip", "netns", "exec", ns, *cmd], env=env, stdout=log.open("w"),
+                            stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+
+
+def _kill_tree(pid: int) -> None:
+    """SIGKILL a process and all its descendants (torchrun runs in a session of its own)."""
+    import psutil
+
+    root = psutil.Process(pid)
+    for proc in [root, *root.children(recursive=True)]:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            proc.kill()
+
+
+def _finish(procs: list[subprocess.Popen], timeout: float = 300) -> list[int]:
+    deadline = time.monotonic() + timeout
+    codes = []
+    for p in procs:
+        try:
+            codes.append(p.wait(timeout=max(1.0, deadline - time.monotonic())))
+        except subprocess.TimeoutExpired:
+            for q in procs:
+                _kill_tree(q.pid)
+            raise
+    return codes
+
+
+def _config(tiny_config, packed_demo, tmp_path: Path, name: str, steps: int, **training) -> Path:
+    cfg = tiny_config.model_copy(update={
+        "name": name, "run_root": tmp_path / "runs",
+        "data": tiny_config.data.model_copy(update={"output_dir": packed_demo}),
+        "training": tiny_config.training.model_copy(update={
+            "steps": steps, "attention": "anchor", **training}),
+    })  # fmt: skip
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(cfg.to_yaml())
+    return path
+
+
+def _two_node(tiny_config, packed_demo, tmp_path, name, steps, **training) -> Path:
+    return _config(tiny_config, packed_demo, tmp_path, name, steps, nnodes=2, nproc=1,
+                   sequence_parallel=2, master_port=free_port(), **training)  # fmt: skip
+
+
+def test_two_nodes_train_like_one_process(hosts, tiny_config, packed_demo, tmp_path,
+                                          torch_extensions):  # noqa: F811  # fmt: skip
+    from anchorctx.cli import main
+
+    one = _config(tiny_config, packed_demo, tmp_path, "one", steps=4)
+    assert main(["train", str(one)]) == 0
+    two = _two_node(tiny_config, packed_demo, tmp_path, "two", steps=4)
+    logs = [tmp_path / f"node{r}.log" for r in range(2)]
+    codes = _finish([_start_node(hosts, r, two, logs[r]) for r in range(2)])
+    assert codes == [0, 0], "\n".join(log.read_text()[-3000:] for log in logs)
+
+    run_one, run_two = (tmp_path / "runs" / n / "anchor" for n in ("one", "two"))
+    manifest = (run_two / "manifest.json").read_text()
+    assert '"sp": 2' in manifest and '"world": 2' in manifest
+    loss_one = [r["loss"] for r in read_jsonl(run_one / "metrics.jsonl")]
+    loss_two = [r["loss"] for r in read_jsonl(run_two / "metrics.jsonl")]
+    assert len(loss_two) == 4  # rank 0 alone wrote the metrics: one line per step
+    assert loss_two == pytest.approx(loss_one, rel=RTOL)
+    a = load_file(run_one / "checkpoints" / "step-000004" / "model.safetensors")
+    b = load_file(run_two / "checkpoints" / "step-000004" / "model.safetensors")
+    for name, ref in a.items():
+        rel = torch.linalg.vector_norm(b[name] - ref) / torch.linalg.vector_norm(ref)
+        assert rel <= RTOL, f"{name}: {rel:.2e}"
+
+
+def test_a_killed_node_fails_the_other_and_the_run_resumes(hosts, tiny_config, packed_demo,
+                                                            tmp_path, torch_extensions):  # noqa: F811  # fmt: skip
+    steps = 40
+    save = tiny_config.training.save.model_copy(update={"every": 1000, "resume_every": 2})
+    config = _two_node(tiny_config, packed_demo, tmp_path, "kill", steps=steps, save=save)
+    run_dir = tmp_path / "runs" / "kill" / "anchor"
+    logs = [tmp_path / f"node{r}.log" for r in range(2)]
+    procs = [_start_node(hosts, r, config, logs[r]) for r in range(2)]
+    deadline = time.monotonic() + 240
+    metrics = run_dir / "metrics.jsonl"
+    while not (metrics.is_file() and len(read_jsonl(metrics)) >= 3):
+        assert time.monotonic() < deadline, logs[0].read_text()[-3000:]
+        assert procs[0].poll() is None, logs[0].read_text()[-3000:]
+        time.sleep(0.2)
+    _kill_tree(procs[1].pid)  # node 1 dies: its launcher, torchrun and worker at once
+    killed_at = time.monotonic()
+    code = _finish([procs[0]], timeout=120)[0]
+    assert code != 0
+    assert time.monotonic() - killed_at < 120
+    out = logs[0].read_text()
+    assert "anchorctx train: node 0 of 2: the distributed job failed" in out, out[-3000:]
+    done = len(read_jsonl(metrics))
+    assert done < steps, "the run finished before the node was killed: nothing was tested"
+
+    logs = [tmp_path / f"resume{r}.log" for r in range(2)]
+    codes = _finish([_start_node(hosts, r, config, logs[r], "--resume") for r in range(2)])
+    assert codes == [0, 0], "\n".join(log.read_text()[-3000:] for log in logs)
+    records = read_jsonl(metrics)
+    assert [r["step"] for r in records] == list(range(1, steps + 1))
+    assert (run_dir / "checkpoints" / f"step-{steps:06d}").is_dir()
+
+
+def test_a_node_without_the_shared_run_root_fails_at_start(hosts, tiny_config, packed_demo,
+                                                           tmp_path, torch_extensions):  # noqa: F811  # fmt: skip
+    config = _two_node(tiny_config, packed_demo, tmp_path, "private", steps=2)
+    (tmp_path / "runs").mkdir(exist_ok=True)
+    logs = [tmp_path / f"node{r}.log" for r in range(2)]
+    procs = [_start_node(hosts, 0, config, logs[0]),
+             _start_node(hosts, 1, config, logs[1], private_dir=tmp_path / "runs")]  # fmt: skip
+    codes = _finish(procs, timeout=240)
+    assert all(c != 0 for c in codes)
+    for log in logs:
+        assert "run_root is not shared: rank 1" in log.read_text(), log.read_text()[-3000:]

@@ -1,28 +1,32 @@
-"""RULER evaluation throughput on one GPU: prefill and generation at 32K/64K/128K.
+"""Evaluation generation throughput on one GPU: Hugging Face ``generate`` vs the static engine.
 
-A Llama-2-7B-shaped model (hidden 4096, 32 heads, MLP 11008, vocab 32000) with fewer layers and
-random weights, run through the same path as evaluation (transformers' stock SDPA attention,
-KV-cached greedy ``generate``), on random token ids. Measures per sample: prefill time, full
-generation time with RULER's NIAH budget of 128 new tokens, peak GPU memory; then extrapolates
-to the 32-layer model and prices a full evaluation (13 tasks × 6 lengths × 500 samples × 5
-checkpoints) in GPU-hours.
+A Llama-2-7B-shaped model (32 layers, hidden 4096, 32 heads MHA, MLP 11008, vocab 32000) with
+random bf16 weights, on random token ids, at each length (prompt = length - 128 tokens, RULER's
+largest answer budget). Per length:
 
-    python bench/eval_throughput.py --out eval_throughput.json        # about 1-2 minutes on H100/H200
+- ``hf``: prefill = one ``model(...)`` forward over the prompt (``logits_to_keep=1``); decode
+  ms/token = (``generate`` of ``--hf-new`` tokens - prefill) / (tokens - 1), batch 1 (the path
+  evaluation used before the static engine);
+- ``static`` (:mod:`anchorctx.models.decoding`): prefill of one row; decode ms/token = mean of
+  timed CUDA-graph replays of the decode step at batch 1 and at the largest batch the memory
+  budget gives for that length (the same rule generation uses: 60% of free memory for the KV cache,
+  at most ``--max-rows`` rows);
+- token agreement: greedy tokens of both engines on the same prompt (bf16 rounding differs
+  between the paths, so a random model's near-tied logits may diverge after a while);
+- HBM floor of one decode step: (weights read + KV cache bytes of the batch) / bandwidth, at
+  4.3 TB/s (H200 spec) and at the bandwidth measured here with a device-to-device copy.
 
-Assumptions of the extrapolation (also written to the JSON):
-- time per sample scales linearly with depth (every layer is the same; embedding and the
-  last-position LM head are negligible next to 32 layers of 32K-128K prefill);
-- prefill time at 4K-16K comes from a fit t(L) = a·L + b·L² to the measured lengths, decode
-  time per token from a fit c + d·L (KV-cache reads grow with L);
-- batch size 1 and every task generating its full max new tokens (upper bound: base models
-  often stop earlier at EOS, and short lengths can batch);
-- sample construction (tokenisation, on CPU) overlaps with GPU work and is not counted.
+Projection: GPU-hours of the paper's RULER protocol for one arm (13 tasks × 6 lengths 4K-128K ×
+500 samples × the last 5 checkpoints), each sample costing its prefill plus its task's full
+answer budget of decode steps (an upper bound: models often stop earlier at EOS), at the batch
+size measured; for ``hf`` at batch 1.
+
+    python bench/eval_throughput.py --out eval_throughput.json   # ~5 minutes on one H200
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 from datetime import datetime, timezone
 from pathlib import Path
@@ -32,153 +36,224 @@ import torch
 # RULER max new tokens per task (scripts/data/synthetic/constants.py), 13 tasks.
 TASK_NEW_TOKENS = [128] * 8 + [30, 120, 50, 32, 32]
 RULER_LENGTHS = [4096, 8192, 16384, 32768, 65536, 131072]
+RULER_SAMPLES = 500
+LAST_CHECKPOINTS = 5
+SPEC_BANDWIDTH = 4.3e12  # H200 HBM3e, bytes/s (H100 SXM: 3.35e12)
 
 
 def build_model(args: argparse.Namespace):
     from transformers import AutoModelForCausalLM, LlamaConfig
 
     config = LlamaConfig(
-        hidden_size=args.hidden, intermediate_size=args.intermediate,
-        num_hidden_layers=args.layers, num_attention_heads=args.heads,
-        num_key_value_heads=args.kv_heads, vocab_size=args.vocab,
+        hidden_size=4096, intermediate_size=11008, num_hidden_layers=args.layers,
+        num_attention_heads=32, num_key_value_heads=32, vocab_size=32000,
         max_position_embeddings=max(args.lengths), rope_theta=1e7, use_cache=True,
     )  # fmt: skip
     torch.manual_seed(0)
-    dtype = getattr(torch, args.dtype)
-    model = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation="sdpa")
-    return model.to(args.device).eval()
+    with torch.device(args.device):
+        model = AutoModelForCausalLM.from_config(
+            config, dtype=torch.bfloat16, attn_implementation="sdpa"
+        )
+    return model.eval()
 
 
-def _sync(device: str) -> None:
-    if device.startswith("cuda"):
-        torch.cuda.synchronize()
+def _sync() -> None:
+    torch.cuda.synchronize()
 
 
-def _timed(fn, device: str) -> float:
-    _sync(device)
+def _timed(fn) -> float:
+    _sync()
     start = time.perf_counter()
     fn()
-    _sync(device)
+    _sync()
     return time.perf_counter() - start
 
 
-def measure(model, length: int, args: argparse.Namespace) -> dict:
-    """One RULER-sized sample: prompt of length - new_tokens tokens, then new_tokens greedy."""
+def measure_bandwidth() -> float:
+    """Bytes/s of a 4 GiB device-to-device copy (read + write), best of 3."""
+    src = torch.empty(2**31, dtype=torch.bfloat16, device="cuda")
+    dst = torch.empty_like(src)
+    best = min(_timed(lambda: dst.copy_(src)) for _ in range(4))
+    return 2 * 2**32 / best
+
+
+def weight_bytes_read(model) -> int:
+    """Bytes a decode step reads: every parameter but the input embedding (a few rows)."""
+    emb = model.model.embed_tokens.weight
+    total = sum(p.numel() * p.element_size() for p in model.parameters())
+    return total - emb.numel() * emb.element_size()
+
+
+def measure_hf(model, ids: torch.Tensor, new: int) -> dict:
     from transformers import GenerationConfig
 
-    prompt_len = length - args.new_tokens
-    ids = torch.randint(3, args.vocab, (1, prompt_len), device=args.device)  # [1, T]
-    ids[0, 0] = 1  # the anchor / BOS
-    gen = GenerationConfig(max_new_tokens=args.new_tokens, min_new_tokens=args.new_tokens,
-                           do_sample=False, use_cache=True, pad_token_id=0, eos_token_id=2)  # fmt: skip
+    gen = GenerationConfig(max_new_tokens=new, do_sample=False, num_beams=1, temperature=None,
+                           top_p=None, top_k=None, eos_token_id=None, pad_token_id=0,
+                           use_cache=True)  # fmt: skip
     with torch.inference_mode():
-        prefill = min(_timed(lambda: model(input_ids=ids, use_cache=True, logits_to_keep=1),
-                             args.device) for _ in range(args.repeats))  # fmt: skip
-        if args.device.startswith("cuda"):
-            torch.cuda.empty_cache()
-            torch.cuda.reset_peak_memory_stats()
-        total = _timed(lambda: model.generate(input_ids=ids, generation_config=gen), args.device)
-    peak = torch.cuda.max_memory_allocated() if args.device.startswith("cuda") else 0
-    decode = max(total - prefill, 0.0)
-    return {"length": length, "prompt_tokens": prompt_len, "prefill_s": prefill,
-            "generate_s": total, "decode_ms_per_token": 1e3 * decode / args.new_tokens,
-            "prefill_samples_per_s": 1 / prefill, "samples_per_s": 1 / total,
-            "peak_gib": peak / 2**30}  # fmt: skip
+        prefill = _timed(lambda: model(input_ids=ids, use_cache=True, logits_to_keep=1))
+        torch.cuda.empty_cache()
+        out = {}
+        total = _timed(lambda: out.setdefault("seq", model.generate(input_ids=ids, generation_config=gen)))  # fmt: skip
+    tokens = out["seq"][0, ids.shape[1] :].tolist()
+    torch.cuda.empty_cache()
+    return {"prefill_s": prefill, "decode_ms": 1e3 * (total - prefill) / (new - 1),
+            "generate_s": total, "tokens": tokens}  # fmt: skip
 
 
-def _fit(xs: list[float], ys: list[float], basis) -> list[float]:
-    """Least squares on a two-term basis with non-negative coefficients (time never shrinks with
-    length): when the joint fit gives a negative term, refit with the other term alone."""
+def time_replays(decoder, batch, width: int, lengths: list[int], steps: int) -> float:
+    """ms per decode step: ``steps`` graph replays from the state right after prefill."""
+    b = batch
+    b.mask.zero_()
+    for r, n in enumerate(lengths):
+        b.mask[r, 0, 0, width - n : width] = True
+    b.done.zero_()
+    b.pos.copy_(torch.tensor(lengths, device=b.pos.device)[:, None])
+    b.cache.slot.fill_(width)
+    b.step.fill_(1)
+    if b.graph is None:
+        decoder._capture(b)
+    b.graph.replay()  # warm
+    b.cache.slot.fill_(width)
+    b.step.fill_(1)
+    _sync()
+    start = time.perf_counter()
+    for _ in range(steps):
+        b.graph.replay()
+    _sync()
+    return 1e3 * (time.perf_counter() - start) / steps
 
-    def solve(cols: list[int]) -> list[float]:
-        a = torch.tensor([[basis(x)[c] for c in cols] for x in xs], dtype=torch.float64)
-        b = torch.tensor(ys, dtype=torch.float64).unsqueeze(1)
-        sol = torch.linalg.lstsq(a, b).solution.squeeze(1).tolist()
-        out = [0.0, 0.0]
-        for c, v in zip(cols, sol):
-            out[c] = v
-        return out
 
-    coef = solve([0, 1])
-    if min(coef) >= 0:
-        return coef
-    return solve([0]) if coef[1] < 0 else solve([1])
+def measure_static(model, decoder, ids: list[int], rows: int, steps: int) -> dict:
+    from anchorctx.models.decoding import SLOT_ROUND, StopRules, _round_up
+
+    n = len(ids)
+    new = steps + 1
+    with torch.inference_mode():
+        start = time.perf_counter()
+        tokens = decoder.generate([ids], max_new_tokens=new, pad_id=0, stop=StopRules())[0]
+        _sync()
+        first_call = time.perf_counter() - start  # prefill + capture + decode
+        b = decoder._batch
+        prefill = _timed(lambda: decoder._prefill(b.cache, 0, 0, ids, ()))
+        ms1 = time_replays(decoder, b, n, [n], steps)
+        msb = None
+        if rows > 1:
+            decoder.release()
+            slots = _round_up(n + new - 1, SLOT_ROUND)
+            bb = decoder._buffers(rows, slots, new, [], 0)
+            msb = time_replays(decoder, bb, n, [n] * rows, steps)
+        decoder.release()
+    return {"prefill_s": prefill, "decode_ms_b1": ms1, "decode_ms_batch": msb,
+            "first_call_s": first_call, "tokens": tokens}  # fmt: skip
 
 
-def extrapolate(rows: list[dict], args: argparse.Namespace) -> dict:
-    """Per-sample seconds of the full-depth model at every RULER length, and the GPU-hours."""
-    scale = args.full_layers / args.layers
-    xs = [r["prompt_tokens"] for r in rows]
-    pa, pb = _fit(xs, [r["prefill_s"] * scale for r in rows], lambda x: [x, x * x])
-    dc, dd = _fit(xs, [r["decode_ms_per_token"] * scale / 1e3 for r in rows], lambda x: [1.0, x])
-    per_length = {}
+def agreement(a: list[int], b: list[int]) -> dict:
+    n = min(len(a), len(b))
+    same = sum(x == y for x, y in zip(a[:n], b[:n]))
+    prefix = next((i for i in range(n) if a[i] != b[i]), n)
+    return {"compared": n, "equal": same, "equal_prefix": prefix}
+
+
+def project(rows: list[dict], engine: str) -> dict:
+    """Seconds per RULER sample at each length and GPU-hours of the protocol for one arm."""
+    by_len = {r["length"]: r for r in rows}
+    per_len = {}
     for n in RULER_LENGTHS:
-        seconds = sum(pa * (n - k) + pb * (n - k) ** 2 + k * (dc + dd * n) for k in TASK_NEW_TOKENS)
-        per_length[str(n)] = seconds / len(TASK_NEW_TOKENS)  # mean seconds per sample
-    samples = args.samples * args.checkpoints * len(TASK_NEW_TOKENS)
-    hours = sum(per_length.values()) * samples / 3600
-    return {"seconds_per_sample_7b": per_length, "gpu_hours_full_eval": hours,
-            "full_eval": f"{len(TASK_NEW_TOKENS)} tasks x {len(RULER_LENGTHS)} lengths x "
-                         f"{args.samples} samples x {args.checkpoints} checkpoints",
-            "assumptions": __doc__.split("Assumptions of the extrapolation")[1].strip()}  # fmt: skip
-
-
-def kv_cache_gib(args: argparse.Namespace, layers: int, length: int) -> float:
-    head_dim = args.hidden // args.heads
-    bytes_per = torch.finfo(getattr(torch, args.dtype)).bits // 8
-    return 2 * layers * length * args.kv_heads * head_dim * bytes_per / 2**30
-
-
-def print_table(rows: list[dict], est: dict, args: argparse.Namespace) -> None:
-    print(f"\nRULER evaluation throughput, {args.layers}-layer Llama-7B shape, {args.dtype}, "
-          f"{args.device_name}")  # fmt: skip
-    head = f"{'length':>8} {'prefill s':>10} {'prefill smp/s':>13} {'gen s (+128)':>12} " \
-           f"{'decode ms/tok':>13} {'samples/s':>9} {'peak GiB':>9} {'7B KV GiB':>9}"  # fmt: skip
-    print(head)
-    for r in rows:
-        print(f"{r['length']:>8} {r['prefill_s']:>10.3f} {r['prefill_samples_per_s']:>13.2f} "
-              f"{r['generate_s']:>12.3f} {r['decode_ms_per_token']:>13.2f} "
-              f"{r['samples_per_s']:>9.2f} {r['peak_gib']:>9.1f} "
-              f"{kv_cache_gib(args, args.full_layers, r['length']):>9.1f}")  # fmt: skip
-    print(f"\n{args.full_layers}-layer (7B) seconds per sample, mean over the 13 tasks:")
-    print("  " + "  ".join(f"{k}: {v:.2f}" for k, v in est["seconds_per_sample_7b"].items()))
-    print(f"Full evaluation ({est['full_eval']}): {est['gpu_hours_full_eval']:.0f} GPU-hours")
-
-
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--lengths", type=int, nargs="+", default=[32768, 65536, 131072])
-    p.add_argument("--layers", type=int, default=4, help="Depth measured (7B has 32).")
-    p.add_argument("--full-layers", type=int, default=32)
-    p.add_argument("--hidden", type=int, default=4096)
-    p.add_argument("--intermediate", type=int, default=11008)
-    p.add_argument("--heads", type=int, default=32)
-    p.add_argument("--kv-heads", type=int, default=32, help="Llama-2-7B: 32 (no GQA).")
-    p.add_argument("--vocab", type=int, default=32000)
-    p.add_argument("--new-tokens", type=int, default=128, help="RULER NIAH max new tokens.")
-    p.add_argument("--repeats", type=int, default=2, help="Prefill repeats (best is kept).")
-    p.add_argument("--samples", type=int, default=500)
-    p.add_argument("--checkpoints", type=int, default=5)
-    p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
-    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    p.add_argument("--out", type=Path, help="Write the results as JSON here.")
-    return p.parse_args(argv)
+        r = by_len.get(n)
+        if r is None or r[engine] is None:
+            return {"error": f"length {n} not measured for {engine}"}
+        m = r[engine]
+        if engine == "hf":
+            pre, step, batch = m["prefill_s"], m["decode_ms"] / 1e3, 1
+        else:
+            batch = r["rows"]
+            step = (m["decode_ms_batch"] if batch > 1 else m["decode_ms_b1"]) / 1e3
+            pre = m["prefill_s"]
+        per_len[n] = sum(pre + k * step / batch for k in TASK_NEW_TOKENS) / len(TASK_NEW_TOKENS)
+    samples = len(TASK_NEW_TOKENS) * RULER_SAMPLES * LAST_CHECKPOINTS
+    return {"seconds_per_sample": per_len,
+            "gpu_hours_per_arm": sum(per_len.values()) * samples / 3600,
+            "gpu_hours_per_checkpoint": sum(per_len.values()) * samples / LAST_CHECKPOINTS / 3600}  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    if len(args.lengths) < 2:
-        sys.exit("--lengths: give at least two lengths (the extrapolation fits a curve)")
-    args.device_name = (torch.cuda.get_device_name() if args.device.startswith("cuda")
-                        else "cpu")  # fmt: skip
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--lengths", type=int, nargs="+", default=RULER_LENGTHS)
+    p.add_argument("--layers", type=int, default=32)
+    p.add_argument("--hf-new", type=int, default=32, help="Tokens hf generate makes per length.")
+    p.add_argument("--steps", type=int, default=64, help="Timed static decode steps.")
+    p.add_argument("--max-rows", type=int, default=16)
+    p.add_argument("--skip-hf-above", type=int, default=131072)
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--out", type=Path)
+    args = p.parse_args(argv)
+
+    from anchorctx.models.decoding import GreedyDecoder, kv_bytes_per_token, plan_batches
+
+    name = torch.cuda.get_device_name()
+    bandwidth = measure_bandwidth()
+    torch.cuda.empty_cache()  # the copy's 8 GiB
     model = build_model(args)
-    measure(model, min(args.lengths) // 8, args)  # warm-up: kernels, allocator, cuBLAS handles
+    decoder = GreedyDecoder(model)
+    wbytes, kvtok = weight_bytes_read(model), kv_bytes_per_token(model)
+    budget = int(0.6 * decoder.free_bytes()) // kvtok  # the rule generate_greedy uses
+    print(f"{name}: copy bandwidth {bandwidth / 1e12:.2f} TB/s, weights read {wbytes / 1e9:.2f} GB, "
+          f"KV {kvtok / 2**10:.0f} KiB/token, KV budget {budget} tokens", flush=True)  # fmt: skip
+    g = torch.Generator().manual_seed(0)
+    warm = [1, *torch.randint(3, 32000, (1023,), generator=g).tolist()]
+    measure_hf(model, torch.tensor([warm], device=args.device), 4)
+    measure_static(model, decoder, warm, 2, 4)
     rows = []
-    for n in sorted(args.lengths):
-        rows.append(measure(model, n, args))
-        print(f"measured {n}: {rows[-1]['generate_s']:.2f} s", flush=True)
-    est = extrapolate(rows, args)
-    print_table(rows, est, args)
+    for length in sorted(args.lengths):
+        prompt = [1, *torch.randint(3, 32000, (length - 129,), generator=g).tolist()]
+        batch = len(plan_batches([length] * args.max_rows, max_rows=args.max_rows,
+                                 max_tokens=budget)[0])  # fmt: skip
+        row = {"length": length, "prompt_tokens": len(prompt), "rows": batch, "hf": None}
+        if length <= args.skip_hf_above:
+            row["hf"] = measure_hf(model, torch.tensor([prompt], device=args.device), args.hf_new)
+        row["static"] = measure_static(model, decoder, prompt, batch, args.steps)
+        if row["hf"] is not None:
+            row["agreement"] = agreement(row["hf"]["tokens"], row["static"]["tokens"])
+        ctx = length  # cache slots read per row at the end of the answer
+        row["floor_ms_b1"] = 1e3 * (wbytes + kvtok * ctx) / SPEC_BANDWIDTH
+        row["floor_ms_b1_measured_bw"] = 1e3 * (wbytes + kvtok * ctx) / bandwidth
+        row["floor_ms_batch"] = 1e3 * (wbytes + batch * kvtok * ctx) / SPEC_BANDWIDTH
+        rows.append(row)
+        s, h = row["static"], row["hf"]
+        print(f"{length}: hf {h and round(h['decode_ms'], 2)} ms/tok, static "
+              f"{s['decode_ms_b1']:.2f} ms/tok (floor {row['floor_ms_b1']:.2f}), "
+              f"agreement {row.get('agreement')}", flush=True)  # fmt: skip
+
+    print(f"\nEvaluation generation, Llama-7B shape ({args.layers} layers, MHA), bf16, {name}")
+    print("| length | hf prefill s | static prefill s | hf decode ms/tok (b=1) | "
+          "static decode ms/tok (b=1) | HBM floor ms (4.3 TB/s / measured) | static/floor | "
+          "rows | static ms/step (rows) | floor ms (rows) | ms/tok/sample | static samples/s |"
+          " hf samples/s | agree (equal/compared) |")  # fmt: skip
+    print("|---:" * 14 + "|")
+    for r in rows:
+        s, h = r["static"], r["hf"]
+        step_b = s["decode_ms_batch"] if r["rows"] > 1 else s["decode_ms_b1"]
+        sps = r["rows"] / (r["rows"] * s["prefill_s"] + 128 * step_b / 1e3)
+        hsps = 1 / (h["prefill_s"] + 128 * h["decode_ms"] / 1e3) if h else None
+        ag = r.get("agreement")
+        print(f"| {r['length']} | {h['prefill_s']:.3f} | {s['prefill_s']:.3f} | "
+              f"{h['decode_ms']:.1f} | {s['decode_ms_b1']:.2f} | "
+              f"{r['floor_ms_b1']:.2f} / {r['floor_ms_b1_measured_bw']:.2f} | "
+              f"{s['decode_ms_b1'] / r['floor_ms_b1']:.2f}× | {r['rows']} | {step_b:.2f} | "
+              f"{r['floor_ms_batch']:.2f} | {step_b / r['rows']:.2f} | {sps:.3f} | "
+              f"{hsps:.3f} | {ag['equal']}/{ag['compared']} (prefix {ag['equal_prefix']}) |"
+              if h else f"| {r['length']} | – | {s['prefill_s']:.3f} | – | "
+              f"{s['decode_ms_b1']:.2f} | {r['floor_ms_b1']:.2f} | – | {r['rows']} | {step_b:.2f}"
+              f" | {r['floor_ms_batch']:.2f} | {step_b / r['rows']:.2f} | {sps:.3f} | – | – |")  # fmt: skip
+    proj = {e: project(rows, e) for e in ("hf", "static")}
+    for e, v in proj.items():
+        if "error" in v:
+            print(f"{e}: {v['error']}")
+        else:
+            print(f"{e}: RULER protocol (13 tasks × 6 lengths × 500 × 5 checkpoints): "
+                  f"{v['gpu_hours_per_arm']:.1f} GPU-hours per arm, "
+                  f"{v['gpu_hours_per_checkpoint']:.1f} per checkpoint")  # fmt: skip
     if args.out:
         import transformers
 
@@ -186,10 +261,10 @@ def main(argv: list[str] | None = None) -> int:
 
         atomic_write_json(args.out, {
             "benchmark": "eval_throughput", "date": datetime.now(timezone.utc).isoformat(),
-            "device": args.device_name, "torch": torch.__version__,
-            "transformers": transformers.__version__,
+            "device": name, "torch": torch.__version__, "transformers": transformers.__version__,
+            "bandwidth_Bps": bandwidth, "weight_bytes": wbytes, "kv_bytes_per_token": kvtok,
             "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
-            "rows": rows, "estimate": est,
+            "rows": rows, "projection": proj,
         })  # fmt: skip
         print(f"wrote {args.out}")
     return 0

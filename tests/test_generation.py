@@ -9,11 +9,11 @@ import torch
 
 from anchorctx.evaluation.generation import (
     CheckpointError,
-    DecodeRules,
     encode_prompt,
     generate_greedy,
     load_eval_model,
 )
+from anchorctx.models.decoding import StopRules
 
 PROMPTS = [
     "The grass is green. The sky is blue.",
@@ -91,20 +91,22 @@ def _biased(model, bias: dict[int, float]):
     return forced
 
 
-def test_decode_rules_samsum(model, tokenizer):
+@pytest.mark.parametrize("engine", ["hf", "static"])
+def test_decode_rules_samsum(model, tokenizer, engine):
     # LongBench pred.py for samsum: EOS and "\n" may not come first; "\n" ends generation.
     eos, nl = tokenizer.eos_token_id, tokenizer.encode("\n", add_special_tokens=False)[-1]
     word = tokenizer.encode(" the", add_special_tokens=False)[-1]
-    rules = DecodeRules(forbid_first=(eos, nl), stop_token_ids=(nl,))
+    rules = StopRules(stop_token_ids=(nl,), suppress_first=(eos, nl))
     newline_first = _biased(model, {nl: 3.0, word: 2.0, eos: 1.0})
-    plain = generate_greedy(newline_first, tokenizer, PROMPTS[:2], max_new_tokens=6, progress=False)  # fmt: skip
+    plain = generate_greedy(newline_first, tokenizer, PROMPTS[:2], max_new_tokens=6,
+                            progress=False, engine=engine)  # fmt: skip
     assert plain == [tokenizer.decode([nl] * 6)] * 2  # without the rule: newlines to the limit
     ruled = generate_greedy(newline_first, tokenizer, PROMPTS[:2], max_new_tokens=6,
-                            batch_size=2, progress=False, rules=rules)  # fmt: skip
+                            batch_size=2, progress=False, stop=rules, engine=engine)  # fmt: skip
     assert ruled == [tokenizer.decode([word, nl])] * 2  # a word first, then stop at the newline
     eos_first = _biased(model, {eos: 3.0, word: 2.0})
     out = generate_greedy(eos_first, tokenizer, PROMPTS[:1], max_new_tokens=6, progress=False,
-                          rules=rules)  # fmt: skip
+                          stop=rules, engine=engine)  # fmt: skip
     assert out == [tokenizer.decode([word])]  # EOS is forbidden only as the first token
 
 

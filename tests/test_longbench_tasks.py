@@ -137,13 +137,13 @@ def test_prompt_budget():
 def test_samsum_decode_rule(demo_corpus):
     from transformers import AutoTokenizer
 
-    from anchorctx.evaluation.generation import DecodeRules
     from anchorctx.evaluation.longbench.runner import decode_rules
+    from anchorctx.models.decoding import StopRules
 
     tok = AutoTokenizer.from_pretrained(str(demo_corpus.tokenizer_dir))
     nl = tok.encode("\n", add_special_tokens=False)[-1]
-    assert decode_rules(tok, "samsum") == DecodeRules(
-        forbid_first=(tok.eos_token_id, nl), stop_token_ids=(nl,)
+    assert decode_rules(tok, "samsum") == StopRules(
+        stop_token_ids=(nl,), suppress_first=(tok.eos_token_id, nl)
     )
     assert all(decode_rules(tok, d) is None for d in ALL_DATASETS if d != "samsum")
 

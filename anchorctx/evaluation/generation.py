@@ -13,12 +13,12 @@ adds BOS itself can never produce two.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from tqdm.auto import tqdm
 
+from anchorctx.models.decoding import StopRules
 from anchorctx.training.model import anchor_token_id
 
 if TYPE_CHECKING:
@@ -102,46 +102,76 @@ def _left_pad(rows: list[list[int]], pad_id: int, device) -> tuple[torch.Tensor,
     return ids.to(device), mask.to(device)
 
 
-@dataclass(frozen=True)
-class DecodeRules:
-    """Decoding rules beyond plain greedy-until-EOS, as data a suite passes to the generator.
-
-    ``forbid_first``: token ids that may not be the first generated token. ``stop_token_ids``:
-    token ids that end a row's generation like EOS does (the token is generated, then decoding
-    stops). LongBench's samsum (``pred.py``: ``min_length=context_length + 1`` with
-    ``eos_token_id=[eos, id of "\n"]``) is ``DecodeRules(forbid_first=(eos, nl),
-    stop_token_ids=(nl,))``. Any generation engine must honour both fields.
-    """
-
-    forbid_first: tuple[int, ...] = ()
-    stop_token_ids: tuple[int, ...] = ()
-
-
-def _apply_rules(config, rules: DecodeRules | None):
-    """Express ``rules`` with transformers' own mechanisms: ``begin_suppress_tokens`` masks ids
-    at the first generated position only; extra ``eos_token_id`` entries stop a row."""
-    if rules is None:
-        return config
-    if rules.forbid_first:
-        config.begin_suppress_tokens = list(rules.forbid_first)
-    if rules.stop_token_ids:
-        stops = [config.eos_token_id, *rules.stop_token_ids]
-        config.eos_token_id = list(dict.fromkeys(t for t in stops if t is not None))
-    return config
-
-
-def _generation_config(tokenizer: PreTrainedTokenizerBase, max_new_tokens: int):
+def _generation_config(
+    tokenizer: PreTrainedTokenizerBase, max_new_tokens: int, stop: StopRules | None = None
+):
     from transformers import GenerationConfig
 
     eos = tokenizer.eos_token_id
+    stop = stop or StopRules()
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos
     # A fresh config: the checkpoint's generation_config may ask for sampling; evaluation is
     # greedy (temperature/top-p unset so transformers does not warn about unused values).
     return GenerationConfig(
         max_new_tokens=max_new_tokens, do_sample=False, num_beams=1, temperature=None,
-        top_p=None, top_k=None, eos_token_id=eos,
+        top_p=None, top_k=None, eos_token_id=_stop_ids(tokenizer, stop),
         pad_token_id=pad if pad is not None else anchor_token_id(tokenizer), use_cache=True,
+        stop_strings=list(stop.stop_strings) or None,
+        begin_suppress_tokens=list(stop.suppress_first) or None,
     )  # fmt: skip
+
+
+def _stop_ids(tokenizer: PreTrainedTokenizerBase, stop: StopRules) -> list[int]:
+    """EOS and the call's stop tokens: generation ends a row after any of them."""
+    ids = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
+    return sorted(set(ids) | set(stop.stop_token_ids))
+
+
+ENGINES = ("auto", "hf", "static")
+
+
+def _pick_engine(engine: str, model: PreTrainedModel, encoded: list[list[int]], new: int) -> str:
+    """``auto``: the static engine where the model supports it (else Hugging Face generate)."""
+    from anchorctx.models.decoding import unsupported_reason
+
+    if engine not in ENGINES:
+        raise ValueError(f"generation engine {engine!r}: expected one of {', '.join(ENGINES)}")
+    if engine != "auto":
+        return engine
+    longest = max((len(e) for e in encoded), default=0)
+    return "static" if unsupported_reason(model, longest + new) is None else "hf"
+
+
+def _generate_static(model, tokenizer, encoded, *, max_new_tokens, batch_size, stop, bar,
+                     on_batch, deterministic=False) -> list[str]:  # fmt: skip
+    """The static-cache engine over length-bucketed batches (``batch_size`` rows at most, and
+    as many cache slots as fit in free device memory)."""
+    from anchorctx.models.decoding import GreedyDecoder, kv_bytes_per_token, plan_batches
+
+    decoder = GreedyDecoder(model, deterministic=deterministic)
+    free = decoder.free_bytes()
+    # 60% of free memory for the KV cache of a batch; the rest is prefill activations and
+    # allocator slack (the cache of a 7B MHA model is 0.5 MiB per token).
+    budget = None if free is None else int(0.6 * free) // kv_bytes_per_token(model)
+    plan = plan_batches([len(e) + max_new_tokens for e in encoded], max_rows=batch_size,
+                        max_tokens=budget)  # fmt: skip
+    stop = stop or StopRules()
+    rules = StopRules(stop_token_ids=tuple(_stop_ids(tokenizer, stop)),
+                      stop_strings=stop.stop_strings, suppress_first=stop.suppress_first)  # fmt: skip
+    config = _generation_config(tokenizer, max_new_tokens)
+    out: list[str] = [""] * len(encoded)
+    for batch in plan:
+        new = decoder.generate([encoded[i] for i in batch], max_new_tokens=max_new_tokens,
+                               pad_id=config.pad_token_id, stop=rules,
+                               decode=lambda ids: tokenizer.decode(ids))  # fmt: skip
+        texts = tokenizer.batch_decode(new, skip_special_tokens=True)
+        for i, text in zip(batch, texts):
+            out[i] = text
+        if on_batch is not None:
+            on_batch(batch, texts)
+        bar.update(len(batch))
+    decoder.release()
+    return out
 
 
 def generate_greedy(
@@ -154,25 +184,38 @@ def generate_greedy(
     progress: bool = True,
     desc: str = "generate",
     on_batch: Callable[[list[int], list[str]], None] | None = None,
-    rules: DecodeRules | None = None,
+    engine: str = "auto",
+    stop: StopRules | None = None,
+    deterministic: bool = False,
 ) -> list[str]:
     """Greedy continuations of ``prompts`` (decoded, special tokens dropped), in input order.
 
-    Stops at ``max_new_tokens`` or EOS (and ``rules.stop_token_ids``; ``rules.forbid_first``
-    are never the first token). ``on_batch(indices, texts)`` is called after every batch
-    (indices into ``prompts``), so callers can persist results as they are produced.
+    Stops at ``max_new_tokens``, EOS or ``stop``'s rules. ``on_batch(indices, texts)`` is called
+    after every batch (indices into ``prompts``), so callers can persist results as they are
+    produced. ``engine``: ``hf`` (transformers ``generate``, the reference), ``static``
+    (:mod:`anchorctx.models.decoding`: static KV cache, CUDA-graph decode) or ``auto`` (static
+    where the model supports it). Both give the same tokens up to floating-point rounding.
+    ``deterministic``: the static engine's decode uses a run-to-run deterministic attention
+    kernel (slower at long lengths; see :class:`anchorctx.models.decoding.GreedyDecoder`).
     """
     import torch
 
-    config = _apply_rules(_generation_config(tokenizer, max_new_tokens), rules)
     encoded = [encode_prompt(tokenizer, p) for p in prompts]
+    bar = tqdm(total=len(prompts), desc=desc, unit="sample", disable=not progress)
+    if prompts and _pick_engine(engine, model, encoded, max_new_tokens) == "static":
+        texts = _generate_static(model, tokenizer, encoded, max_new_tokens=max_new_tokens,
+                                 batch_size=batch_size, stop=stop, bar=bar, on_batch=on_batch,
+                                 deterministic=deterministic)  # fmt: skip
+        bar.close()
+        return texts
+    config = _generation_config(tokenizer, max_new_tokens, stop)
     device = next(model.parameters()).device
     out: list[str | None] = [None] * len(prompts)
-    bar = tqdm(total=len(prompts), desc=desc, unit="sample", disable=not progress)
     for batch in _batches([len(e) for e in encoded], batch_size):
         ids, mask = _left_pad([encoded[i] for i in batch], config.pad_token_id, device)
         with torch.inference_mode():
-            seqs = model.generate(input_ids=ids, attention_mask=mask, generation_config=config)
+            seqs = model.generate(input_ids=ids, attention_mask=mask, generation_config=config,
+                                  tokenizer=tokenizer if config.stop_strings else None)  # fmt: skip
         new = seqs[:, ids.shape[1] :]  # [B, new tokens]: everything after the (padded) prompt
         texts = tokenizer.batch_decode(new, skip_special_tokens=True)
         for i, text in zip(batch, texts):

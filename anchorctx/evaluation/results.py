@@ -58,7 +58,9 @@ Runner = Callable[..., dict[str, Any]]
 HEADER_KEY = "__header__"
 RESULT_SCHEMA = 1
 # Files of this package whose code cannot change a score: edits to them keep cached results.
-_SCORE_NEUTRAL_SOURCES = frozenset({"__init__.py", "averaging.py", "commands.py", "report.py", "weights.py"})  # fmt: skip
+_SCORE_NEUTRAL_SOURCES = frozenset({"__init__.py", "averaging.py", "commands.py", "report.py", "sharding.py", "weights.py"})  # fmt: skip
+# Code outside this package that produces the predictions (relative to the anchorctx package).
+_SCORE_SOURCES_OUTSIDE = ("models/decoding.py",)
 _WEIGHT_PATTERNS = ("*.safetensors", "pytorch_model*.bin")
 
 
@@ -219,6 +221,8 @@ def code_version() -> str:
         if rel in _SCORE_NEUTRAL_SOURCES:
             continue
         h.update(rel.encode() + b"\0" + path.read_bytes())
+    for rel in _SCORE_SOURCES_OUTSIDE:
+        h.update(rel.encode() + b"\0" + (here.parent / rel).read_bytes())
     return f"{anchorctx.__version__}+{h.hexdigest()[:12]}"
 
 

@@ -28,6 +28,7 @@ from prefect.states import State
 from prefect.task_runners import ThreadPoolTaskRunner
 
 from anchorctx.config import ExperimentConfig
+from anchorctx.flows.sharded import evaluate_sharded
 from anchorctx.tasks.artifacts import (
     Progress,
     artifact_key,
@@ -46,6 +47,7 @@ from anchorctx.tasks.data import (
 )
 from anchorctx.tasks.evaluation import evaluate_task, report_task, result_exists, summarize_task
 from anchorctx.tasks.reporting import report_tables, summary_tables
+from anchorctx.tasks.sharding import visible_gpus
 from anchorctx.tasks.training import list_checkpoint_paths, train_task
 
 # Evaluation tasks running at once in one flow run. One by default: on a single GPU (or two CPU
@@ -183,7 +185,11 @@ def _evaluate_all(
     cfg: ExperimentConfig, checkpoints: list[str], suites: list[str], force: bool
 ) -> list[str]:
     """Map the (checkpoint, suite) pairs onto evaluation tasks; pairs whose result file is
-    missing (or all of them, with ``force``) bypass the cache."""
+    missing (or all of them, with ``force``) bypass the cache. On a host with several GPUs
+    the pairs are sharded over all of them (flows/sharded.py)."""
+    gpus = visible_gpus() if cfg.evaluation.device != "cpu" else []
+    if len(gpus) > 1:
+        return evaluate_sharded(cfg, checkpoints, suites, force, gpus)
     pairs = [(c, s) for c in checkpoints for s in suites]
     stale = [p for p in pairs if force or not result_exists(*p)]
     fresh = [p for p in pairs if p not in stale]

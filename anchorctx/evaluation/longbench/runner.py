@@ -10,7 +10,7 @@ prompt is tokenised with its leading special token (here the anchor: BOS, or EOS
 without BOS); when that is longer than ``max_length`` (``model2maxlen``: a fixed number per
 model, ``evaluation.longbench.max_length``), its first and last ``int(max_length/2)`` tokens are
 decoded back to text (special tokens dropped) and that text is encoded again with the anchor.
-samsum forbids EOS and "\n" as the first token and stops at "\n" (``DecodeRules``).
+samsum forbids EOS and "\n" as the first token and stops at "\n" (``StopRules``).
 
 A dataset whose file is absent is reported under ``not_run`` and never replaced.
 """
@@ -125,14 +125,14 @@ def fit_prompt(tokenizer: Any, text: str, max_length: int) -> tuple[str, int, bo
 
 def decode_rules(tokenizer: Any, dataset: str):
     """``pred.py``'s samsum rule as data for the generator; None for every other dataset."""
-    from anchorctx.evaluation.generation import DecodeRules
+    from anchorctx.models.decoding import StopRules
 
     if dataset not in SAMSUM_RULE_DATASETS:
         return None
     newline = tokenizer.encode("\n", add_special_tokens=False)[-1]
     eos = tokenizer.eos_token_id
     forbid = (newline,) if eos is None else (eos, newline)
-    return DecodeRules(forbid_first=forbid, stop_token_ids=(newline,))
+    return StopRules(stop_token_ids=(newline,), suppress_first=forbid)
 
 
 # ---------------------------------------------------------------------------------- suite
@@ -180,7 +180,7 @@ def _run_dataset(
     generate_greedy(
         model, tokenizer, [f[0] for f in fitted], max_new_tokens=max_new,
         batch_size=cfg.evaluation.batch_size, progress=progress, desc=f"longbench/{dataset}",
-        on_batch=on_batch, rules=decode_rules(tokenizer, dataset),
+        on_batch=on_batch, stop=decode_rules(tokenizer, dataset),
     )  # fmt: skip
     return produced
 

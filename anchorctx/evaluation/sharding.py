@@ -1,0 +1,228 @@
+"""One (checkpoint, suite) evaluation split over several processes, one per GPU.
+
+The unit of work is the group inside which a suite batches its samples: RULER's
+(task, length); every other suite is one unit. A shard owns whole units, so each sample is
+generated in the same batch as without sharding (on identical GPUs) and its record, hence every
+score, does not depend on the sharding.
+
+Files (next to the suite's samples file, see :mod:`anchorctx.evaluation.results`)::
+
+    <suite>.samples.shard-<i>-of-<n>.jsonl   one shard's records (same header as the samples file)
+
+A shard resumes from the samples file and from every shard file of the same identity (so a
+re-run with another number of GPUs loses nothing). :func:`finalize` folds them into the samples
+file, sorted by key, deletes the shard files and runs the ordinary
+:func:`~anchorctx.evaluation.results.evaluate_checkpoint`, which then finds every sample done
+and writes ``<suite>.json``; re-running it is the usual cached no-op.
+
+    python -m anchorctx.evaluation.sharding --config CFG.json --checkpoint DIR --suite ruler \
+        --shard 0 2 --units niah_single_1/4096 qa_1/131072      # one shard (one GPU)
+    python -m anchorctx.evaluation.sharding --config CFG.json --checkpoint DIR --suite ruler \
+        --finalize                                               # merge and write the result
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from anchorctx.io import append_jsonl, atomic_write_text, read_jsonl
+
+if TYPE_CHECKING:
+    from anchorctx.config import ExperimentConfig
+
+WHOLE = "*"  # the unit of a suite that is not split
+
+
+def units(cfg: ExperimentConfig, suite: str) -> dict[str, float]:
+    """The suite's work units and their relative cost."""
+    if suite != "ruler":
+        return {WHOLE: 1.0}
+    from anchorctx.evaluation.ruler.runner import selected_tasks
+
+    r = cfg.evaluation.ruler
+    # Seconds per sample grow like a·L + b·L² (prefill); measured on H200 for the 7B shape,
+    # 128K costs ≈65× 4K, which L·(1 + L/64K) approximates (90×) well enough to balance shards.
+    return {f"{task}/{length}": length * (1 + length / 65536)
+            for task in selected_tasks(r.tasks, r.exclude) for length in r.lengths}  # fmt: skip
+
+
+def unit_of(suite: str, key: str) -> str:
+    """The unit a record key belongs to (RULER keys are ``task/length/index``)."""
+    return key.rsplit("/", 1)[0] if suite == "ruler" else WHOLE
+
+
+def plan_shards(cfg: ExperimentConfig, suite: str, count: int) -> list[list[str]]:
+    """Units split into at most ``count`` shards of about equal cost (longest processing time
+    first; deterministic: ties go to the lower shard and the lexically first unit)."""
+    cost = units(cfg, suite)
+    shards: list[list[str]] = [[] for _ in range(max(1, min(count, len(cost))))]
+    load = [0.0] * len(shards)
+    for unit in sorted(cost, key=lambda u: (-cost[u], u)):
+        i = min(range(len(shards)), key=lambda k: (load[k], k))
+        shards[i].append(unit)
+        load[i] += cost[unit]
+    return shards
+
+
+def shard_path(checkpoint: str | Path, suite: str, index: int, count: int) -> Path:
+    from anchorctx.evaluation.results import samples_path
+
+    main = samples_path(checkpoint, suite)
+    return main.with_name(f"{suite}.samples.shard-{index}-of-{count}.jsonl")
+
+
+def _shard_files(checkpoint: str | Path, suite: str) -> list[Path]:
+    from anchorctx.evaluation.results import samples_path
+
+    main = samples_path(checkpoint, suite)
+    return sorted(main.parent.glob(f"{suite}.samples.shard-*.jsonl"))
+
+
+def _records(cfg: ExperimentConfig, checkpoint: Path, suite: str) -> dict[str, dict[str, Any]]:
+    """Records of this identity from the samples file and every shard file."""
+    from anchorctx.evaluation.results import _identity, _load_done, samples_path
+
+    ident = _identity(cfg, checkpoint, suite)
+    done: dict[str, dict[str, Any]] = {}
+    for path in [samples_path(checkpoint, suite), *_shard_files(checkpoint, suite)]:
+        done.update(_load_done(path, ident) or {})
+    return done
+
+
+def prepare(cfg: ExperimentConfig, checkpoint: str | Path, suite: str, force: bool) -> bool:
+    """Before shards start: False when an up-to-date result exists (nothing to do). Otherwise a
+    samples file of another identity (or, with ``force``, any) is restarted and its shard files
+    and result deleted, so that shards starting together never race to reset it."""
+    from anchorctx.evaluation.results import (
+        _identity,
+        _load_done,
+        _matches,
+        _start_samples,
+        check_checkpoint,
+        load_result,
+        result_path,
+        samples_path,
+    )
+
+    ckpt = check_checkpoint(checkpoint)
+    ident = _identity(cfg, ckpt, suite)
+    if not force and _matches(load_result(result_path(ckpt, suite)), ident):
+        return False
+    samples = samples_path(ckpt, suite)
+    if force or _load_done(samples, ident) is None:
+        samples.parent.mkdir(parents=True, exist_ok=True)
+        _start_samples(samples, ident)
+        for path in _shard_files(ckpt, suite):
+            path.unlink()
+        result_path(ckpt, suite).unlink(missing_ok=True)
+    return True
+
+
+class _OwnedOnly(Mapping):
+    """``done`` as the shard's runner sees it: records of other shards' units count as done,
+    so the runner skips them. Iteration and lookup give only real records (RULER builds its
+    summary from those; the shard's summary is discarded anyway)."""
+
+    def __init__(self, done: dict[str, dict[str, Any]], suite: str, owned: set[str]):
+        self._done, self._suite, self._owned = done, suite, owned
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._done or unit_of(self._suite, str(key)) not in self._owned
+
+    def __getitem__(self, key: str) -> dict[str, Any]:
+        return self._done[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._done)
+
+    def __len__(self) -> int:
+        return len(self._done)
+
+
+def run_shard(cfg: ExperimentConfig, checkpoint: str | Path, suite: str, owned: list[str],
+              index: int, count: int, *, progress: bool = False) -> Path:  # fmt: skip
+    """Generate the records of ``owned`` units not recorded yet; returns the shard file."""
+    from anchorctx.evaluation.results import (
+        HEADER_KEY,
+        _cached_model,
+        _ensure_fixtures,
+        _identity,
+        _runner,
+        check_checkpoint,
+        check_inputs,
+        get_suite,
+    )
+
+    spec = get_suite(suite)
+    ckpt = check_checkpoint(checkpoint)
+    _ensure_fixtures(cfg)
+    check_inputs(cfg, suite)
+    ident = _identity(cfg, ckpt, suite)
+    out = shard_path(ckpt, suite, index, count)
+    if not out.is_file() or (read_jsonl(out)[:1] or [{}])[0].get(HEADER_KEY) != ident:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(out, json.dumps({HEADER_KEY: ident}) + "\n")
+    done = _records(cfg, ckpt, suite)
+    if owned == [WHOLE] or suite != "ruler":
+        view: Mapping[str, dict[str, Any]] = done
+    else:
+        view = _OwnedOnly(done, suite, set(owned))
+    model, tokenizer = _cached_model(ckpt, cfg, ident["checkpoint_hash"])
+    _runner(spec)(model, tokenizer, cfg, done=view, on_sample=lambda rec: append_jsonl(out, rec),
+                  progress=progress)  # fmt: skip
+    return out
+
+
+def merge_shards(cfg: ExperimentConfig, checkpoint: str | Path, suite: str) -> int:
+    """Fold the shard files into the samples file (records sorted by key); returns the count."""
+    from anchorctx.evaluation.results import HEADER_KEY, _identity, check_checkpoint, samples_path
+
+    ckpt = check_checkpoint(checkpoint)
+    ident = _identity(cfg, ckpt, suite)
+    done = _records(cfg, ckpt, suite)
+    lines = [json.dumps({HEADER_KEY: ident})]
+    lines += [json.dumps(done[k], default=str) for k in sorted(done)]
+    atomic_write_text(samples_path(ckpt, suite), "\n".join(lines) + "\n")
+    for path in _shard_files(ckpt, suite):
+        path.unlink()
+    return len(done)
+
+
+def finalize(cfg: ExperimentConfig, checkpoint: str | Path, suite: str, *,
+             progress: bool = False) -> Path:  # fmt: skip
+    """Merge the shards and write ``<suite>.json`` (generating whatever is still missing)."""
+    from anchorctx.evaluation.results import evaluate_checkpoint
+
+    merge_shards(cfg, checkpoint, suite)
+    return evaluate_checkpoint(cfg, checkpoint, suite, progress=progress)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--config", required=True, type=Path, help="ExperimentConfig as JSON.")
+    p.add_argument("--checkpoint", required=True)
+    p.add_argument("--suite", required=True)
+    p.add_argument("--shard", nargs=2, type=int, metavar=("INDEX", "COUNT"))
+    p.add_argument("--units", nargs="*", default=[WHOLE])
+    p.add_argument("--finalize", action="store_true")
+    args = p.parse_args(argv)
+    from anchorctx.config import ExperimentConfig
+
+    cfg = ExperimentConfig.model_validate_json(args.config.read_text())
+    if args.finalize:
+        print(finalize(cfg, args.checkpoint, args.suite))
+    elif args.shard:
+        print(run_shard(cfg, args.checkpoint, args.suite, args.units, *args.shard))
+    else:
+        print("give --shard INDEX COUNT or --finalize", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

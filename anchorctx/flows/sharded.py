@@ -1,0 +1,67 @@
+"""Evaluation over every GPU of the host: (checkpoint × suite × unit) shards, one process per GPU.
+
+Called from a flow. Pairs with an up-to-date result are skipped (the cached re-run); the rest
+are split by :func:`anchorctx.evaluation.sharding.plan_shards` into as many shards as GPUs, all
+shards of all pairs run on a thread pool as wide as the GPU pool (each in a child process on one
+GPU), then each pair's shards are merged and its result written. The records, hence the scores,
+are the same whatever the number of GPUs (see :mod:`anchorctx.evaluation.sharding`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from pathlib import Path
+
+from prefect.task_runners import ThreadPoolTaskRunner
+
+from anchorctx.config import ExperimentConfig
+from anchorctx.evaluation.results import result_path
+from anchorctx.evaluation.sharding import plan_shards, prepare
+from anchorctx.io import atomic_write_text
+from anchorctx.tasks.sharding import evaluate_shard_task, finalize_task, gpu_slots
+
+
+def _config_file(cfg: ExperimentConfig) -> Path:
+    """The config as JSON for the shard processes, named by its content."""
+    text = cfg.model_dump_json(indent=2)
+    digest = hashlib.sha256(text.encode()).hexdigest()[:12]
+    path = cfg.run_dir / "eval" / f"config-{digest}.json"
+    if not path.is_file():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(path, text + "\n")
+    return path
+
+
+def _wait(futures: list, what: str) -> list[str]:
+    for f in futures:
+        f.wait()
+    failed = [f.state.message or str(f.task_run_id) for f in futures if f.state.is_failed()]
+    if failed:
+        raise RuntimeError(f"{len(failed)} of {len(futures)} {what} failed: {failed[:3]}")
+    return [f.result() for f in futures]
+
+
+def evaluate_sharded(cfg: ExperimentConfig, checkpoints: Sequence[str], suites: Sequence[str],
+                     force: bool, gpus: Sequence[str]) -> list[str]:  # fmt: skip
+    """Result paths of every (checkpoint, suite) pair, evaluated over ``gpus``."""
+    pairs = [(str(c), s) for c in checkpoints for s in suites]
+    todo = [(c, s) for c, s in pairs if prepare(cfg, c, s, force)]
+    if todo:
+        config_json = str(_config_file(cfg))
+        slots = gpu_slots(list(gpus))
+        with ThreadPoolTaskRunner(max_workers=len(gpus)) as runner:
+            shards = [
+                runner.submit(evaluate_shard_task, {
+                    "config_json": config_json, "checkpoint": c, "suite": s, "index": i,
+                    "count": len(plan), "units": units, "slots": slots})
+                for c, s in todo
+                for plan in [plan_shards(cfg, s, len(gpus))]
+                for i, units in enumerate(plan)
+            ]  # fmt: skip
+            _wait(shards, "evaluation shards")
+            merges = [runner.submit(finalize_task, {"config_json": config_json, "checkpoint": c,
+                                                    "suite": s, "slots": slots})
+                      for c, s in todo]  # fmt: skip
+            _wait(merges, "evaluation merges")
+    return [str(result_path(c, s)) for c, s in pairs]

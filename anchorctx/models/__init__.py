@@ -1,0 +1,1 @@
+"""Model-level machinery shared by training and evaluation (decoding engines)."""

@@ -1,0 +1,406 @@
+"""Static-cache greedy decoding for Hugging Face decoder-only RoPE models (Llama, Mistral, Qwen2).
+
+Why not ``model.generate``: on a 7B model at 32K its host-side work per token (logits
+processors, stopping criteria, cache bookkeeping, a mask rebuilt every step) costs several times
+the GPU time of the step itself, and ``cache_implementation="static"`` recompiles at every step.
+
+What runs here: the checkpoint's own modules, unchanged (embeddings, rotary embedding with the
+checkpoint's RoPE scaling, decoder layers with their attention function, final norm, LM head),
+so every architecture detail (GQA, qkv bias, tied embeddings) is the model's; only the KV cache
+and the loop are ours.
+
+- KV cache: one static buffer ``[B, H_kv, S, D]`` per layer, sized for the batch. Prompts are
+  right-aligned to a common end slot ``W`` (the longest prompt), so at decode step ``i`` every
+  row writes slot ``W + i``, while each row keeps its own RoPE positions (``len(row) + i``).
+- Prefill runs one row at a time without padding, so SDPA uses its implicit-causal (flash)
+  kernels and no ``[B, T, T]`` mask exists; prompts that would not fit in one pass are prefilled
+  in chunks (later chunks attend the cached earlier ones through a ``[C, end]`` mask).
+- Decode: one step = one token for every row, attention over the whole buffer with a boolean
+  slot mask ``[B, 1, 1, S]``. On CUDA the step, including the argmax, the stop bookkeeping and
+  the counters, is captured once as a CUDA graph and replayed, so a step costs one launch.
+- Rows stop on their stop tokens (the caller puts EOS among them); stop strings are checked on
+  the host every ``sync_every`` steps; the loop exits once every row has stopped.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+
+# Buffer lengths round up to this: batches of similar length then reuse one captured graph, and
+# the mask's row stride stays aligned for SDPA's memory-efficient kernel (it wants multiples of 8).
+SLOT_ROUND = 128
+# Decode steps between host checks ("has every row stopped?", stop strings). A check is one
+# device-to-host copy; every 16 steps it costs well under 1% at 7B scale and wastes at most 15
+# steps after the last row stopped.
+SYNC_EVERY = 16
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
+# RoPE variants that recompute their frequencies from the sequence length inside the forward
+# (a host-side decision per call): not capturable and not position-independent.
+DYNAMIC_ROPE_TYPES = ("dynamic", "longrope")
+
+
+class UnsupportedModelError(ValueError):
+    """The model cannot run through the static engine (architecture or attention variant)."""
+
+
+@dataclass(frozen=True)
+class StopRules:
+    """Per-call stopping and first-token rules.
+
+    ``stop_token_ids``: a row stops after producing one of these (the token is kept).
+    ``stop_strings``: a row stops at the first token whose decoded continuation contains one.
+    ``suppress_first``: tokens that may not be the first generated token.
+    """
+
+    stop_token_ids: tuple[int, ...] = ()
+    stop_strings: tuple[str, ...] = ()
+    suppress_first: tuple[int, ...] = ()
+
+
+def unsupported_reason(model, total_tokens: int) -> str | None:
+    """Why ``model`` cannot decode ``total_tokens`` (prompt + new) here; None when it can."""
+    cfg = model.config
+    base = getattr(model, "model", None)
+    if cfg.model_type not in SUPPORTED_MODEL_TYPES or base is None:
+        return f"model_type {cfg.model_type!r} (static engine: {', '.join(SUPPORTED_MODEL_TYPES)})"
+    if not all(hasattr(base, n) for n in ("embed_tokens", "layers", "norm", "rotary_emb")):
+        return f"{type(base).__name__} lacks embed_tokens/layers/norm/rotary_emb"
+    rope = getattr(cfg, "rope_parameters", None) or getattr(cfg, "rope_scaling", None) or {}
+    rope_type = rope.get("rope_type", rope.get("type", "default"))
+    if rope_type in DYNAMIC_ROPE_TYPES:
+        return f"rope_type {rope_type!r} depends on the sequence length"
+    window = getattr(cfg, "sliding_window", None)
+    if getattr(cfg, "use_sliding_window", True) is False:
+        window = None
+    layer_types = getattr(cfg, "layer_types", None)
+    if layer_types is not None and "sliding_attention" not in layer_types:
+        window = None
+    if window is not None and total_tokens > window:
+        return f"sliding_window {window} < {total_tokens} tokens (the static mask is full causal)"
+    return None
+
+
+def kv_bytes_per_token(model) -> int:
+    """Bytes of K and V cache one token occupies over all layers."""
+    cfg = model.config
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    itemsize = model.model.embed_tokens.weight.element_size()
+    return 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * head_dim * itemsize
+
+
+def plan_batches(
+    lengths: Sequence[int], *, max_rows: int, max_tokens: int | None = None, min_fill: float = 0.75
+) -> list[list[int]]:
+    """Indices grouped longest first into batches for one static cache each.
+
+    A batch holds at most ``max_rows`` rows and ``max_tokens`` cache slots (rows × its longest
+    length), and only rows at least ``min_fill`` of its longest (padding costs decode reads).
+    With a memory-derived ``max_tokens``, 64K-128K prompts end up alone and short ones batch.
+    """
+    order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
+    batches: list[list[int]] = []
+    for i in order:
+        last = batches[-1] if batches else None
+        if last is not None:
+            longest = lengths[last[0]]
+            fits = (
+                len(last) < max_rows
+                and (max_tokens is None or (len(last) + 1) * longest <= max_tokens)
+                and lengths[i] >= min_fill * longest
+            )
+            if fits:
+                last.append(i)
+                continue
+        batches.append([i])
+    return batches
+
+
+def _round_up(n: int, k: int) -> int:
+    return -(-n // k) * k
+
+
+class _StaticKV:
+    """The KV cache the decoder layers write into; they only call ``update``.
+
+    Prefill (``prefill`` set to ``(row, first slot of the row's prompt, first slot of the
+    chunk)``): the chunk's K/V go into that row and the row's cached prefix is returned, so
+    attention sees exactly the prompt so far. Decode (``prefill`` None): every row writes the slot
+    in ``slot`` (a device tensor, so a captured graph reads it at replay) and attention gets the
+    whole buffer, masked by the caller.
+    """
+
+    def __init__(self, model, batch: int, slots: int):
+        cfg = model.config
+        head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        weight = model.model.embed_tokens.weight
+        shape = (batch, cfg.num_key_value_heads, slots, head_dim)  # [B, H_kv, S, D]
+        # Zeros, not empty: masked slots get softmax weight 0, and 0 * NaN garbage would be NaN.
+        self.k = [torch.zeros(shape, dtype=weight.dtype, device=weight.device)
+                  for _ in range(cfg.num_hidden_layers)]  # fmt: skip
+        self.v = [torch.zeros_like(t) for t in self.k]
+        self.slot = torch.zeros(1, dtype=torch.long, device=weight.device)  # [1]
+        self.prefill: tuple[int, int, int] | None = None
+
+    def update(self, key, value, layer_idx, *args, **kwargs):
+        k, v = self.k[layer_idx], self.v[layer_idx]
+        if self.prefill is not None:
+            row, first, start = self.prefill
+            end = start + key.shape[2]
+            k[row, :, start:end] = key[0]  # key: [1, H_kv, chunk, D]
+            v[row, :, start:end] = value[0]
+            return k[row : row + 1, :, first:end], v[row : row + 1, :, first:end]
+        k.index_copy_(2, self.slot, key)  # key: [B, H_kv, 1, D]
+        v.index_copy_(2, self.slot, value)
+        return k, v
+
+
+class _Batch:
+    """Device buffers of one batch shape; a captured graph reads and writes exactly these."""
+
+    def __init__(self, model, batch: int, slots: int, new_tokens: int, stop_ids, pad_id: int):
+        device = model.model.embed_tokens.weight.device
+        self.key = (batch, slots, new_tokens, tuple(stop_ids), pad_id)
+        self.cache = _StaticKV(model, batch, slots)
+        self.mask = torch.zeros(batch, 1, 1, slots, dtype=torch.bool, device=device)
+        self.tok = torch.zeros(batch, 1, dtype=torch.long, device=device)  # [B, 1] fed token
+        self.pos = torch.zeros(batch, 1, dtype=torch.long, device=device)  # [B, 1] its position
+        self.step = torch.ones(1, dtype=torch.long, device=device)  # out column being written
+        self.done = torch.zeros(batch, dtype=torch.bool, device=device)
+        self.out = torch.full((batch, new_tokens), pad_id, dtype=torch.long, device=device)
+        # -1 never matches a token: keeps the comparison shape fixed without stop tokens.
+        self.stop_ids = torch.tensor([*stop_ids, -1], dtype=torch.long, device=device)
+        self.pad = torch.tensor(pad_id, dtype=torch.long, device=device)
+        self.graph = None
+
+    def mutable(self) -> list[torch.Tensor]:
+        return [self.mask, self.tok, self.pos, self.step, self.done, self.out, self.cache.slot]
+
+
+class GreedyDecoder:
+    """Greedy continuations of token-id prompts with a static KV cache (see the module doc).
+
+    ``use_graph``: capture the decode step as a CUDA graph (default: on CUDA). ``prefill_chunk``:
+    prefill at most this many tokens per pass (default: one pass when the activations fit in
+    free memory, else the largest chunk that does; always one pass on CPU).
+
+    ``deterministic``: the masked single-query attention of the decode step is then computed by
+    SDPA's memory-efficient kernel, which gives the same tokens on every run. By default PyTorch
+    picks cuDNN's kernel, 2-4.6× faster there but not run-to-run deterministic (measured on H200,
+    torch 2.11: two runs of the same batch gave different greedy tokens after a few dozen steps
+    on a random 7B-shaped model; docs/PERFORMANCE.md).
+    """
+
+    def __init__(self, model, *, use_graph: bool | None = None, prefill_chunk: int | None = None,
+                 sync_every: int = SYNC_EVERY, deterministic: bool = False):  # fmt: skip
+        self.model = model
+        self.deterministic = deterministic
+        self.device = model.model.embed_tokens.weight.device
+        self.head = model.get_output_embeddings()
+        self.use_graph = (self.device.type == "cuda") if use_graph is None else use_graph
+        self.prefill_chunk = prefill_chunk
+        self.sync_every = sync_every
+        self._batch: _Batch | None = None
+
+    def release(self) -> None:
+        """Free the cached batch buffers and graph."""
+        self._batch = None
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+
+    def free_bytes(self) -> int | None:
+        """Device memory free for caches (counting the buffers held now as free); None on CPU."""
+        if self.device.type != "cuda":
+            return None
+        self.release()
+        return torch.cuda.mem_get_info(self.device)[0]
+
+    # -- model pieces --------------------------------------------------------------------------
+    def _layers(self, ids, pos, mask, cache, cache_position) -> torch.Tensor:
+        """Hidden states after the last decoder layer; ids, pos: [B, T] -> [B, T, hidden]."""
+        base = self.model.model
+        h = base.embed_tokens(ids)
+        rope = base.rotary_emb(h, pos)  # (cos, sin), each [B, T, D]
+        for layer in base.layers[: self.model.config.num_hidden_layers]:
+            h = layer(h, attention_mask=mask, position_ids=pos, past_key_values=cache,
+                      use_cache=True, position_embeddings=rope, cache_position=cache_position)  # fmt: skip
+            if isinstance(h, tuple):  # older transformers return (hidden, ...)
+                h = h[0]
+        return h
+
+    def _logits(self, h_last: torch.Tensor) -> torch.Tensor:
+        """[B, hidden] -> [B, vocab]: the final norm is per position, so the last one suffices."""
+        return self.head(self.model.model.norm(h_last))
+
+    def _chunk(self, n: int) -> int:
+        if self.prefill_chunk:
+            return self.prefill_chunk
+        if self.device.type != "cuda":
+            return n
+        cfg = self.model.config
+        itemsize = self.model.model.embed_tokens.weight.element_size()
+        # Live activations of one layer per token: residual, norm, q/k/v, attention and o_proj
+        # outputs (≈ 6 hidden) and the MLP's gate, up, activation and product (4 intermediate).
+        per_token = itemsize * (6 * cfg.hidden_size + 4 * cfg.intermediate_size)
+        free = torch.cuda.mem_get_info(self.device)[0] * 0.8  # allocator slack, SDPA workspace
+        if n * per_token <= free:
+            return n
+        # A later chunk also holds its [chunk, end] boolean mask: n bytes per query.
+        return max(1024, int(free // (per_token + n)) // 1024 * 1024)
+
+    # -- prefill -------------------------------------------------------------------------------
+    def _prefill(self, cache: _StaticKV, row: int, first_slot: int, ids: Sequence[int],
+                 suppress: Sequence[int]) -> torch.Tensor:  # fmt: skip
+        """Cache one row's prompt at slots [first_slot, first_slot + len); its first new token."""
+        n = len(ids)
+        chunk = self._chunk(n)
+        x = torch.tensor([list(ids)], dtype=torch.long, device=self.device)  # [1, n]
+        for s in range(0, n, chunk):
+            e = min(n, s + chunk)
+            cache.prefill = (row, first_slot, first_slot + s)
+            pos = torch.arange(s, e, device=self.device)[None]  # [1, e - s]
+            slots = pos[0] + first_slot
+            # The first chunk is plain causal (no mask: SDPA's flash path). A later one attends
+            # the cached prefix too: query i (position s + i) sees keys 0..s + i.
+            mask = None
+            if s > 0:
+                mask = torch.ones(e - s, e, dtype=torch.bool, device=self.device).tril(s)
+                mask = mask[None, None]  # [1, 1, e - s, e]
+            h = self._layers(x[:, s:e], pos, mask, cache, slots)
+        cache.prefill = None
+        logits = self._logits(h[:, -1])[0].float()  # [vocab]
+        if suppress:
+            logits[list(suppress)] = float("-inf")
+        return logits.argmax()
+
+    # -- decode --------------------------------------------------------------------------------
+    def _attention(self):
+        """The decode step's SDPA backend: PyTorch's pick, or the deterministic one."""
+        import contextlib
+
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        if not self.deterministic or self.device.type != "cuda":
+            return contextlib.nullcontext()
+        return sdpa_kernel([SDPBackend.EFFICIENT_ATTENTION])
+
+    def _step(self, b: _Batch) -> None:
+        """One token for every row; only in-place device work, so it can be graph-captured."""
+        b.mask.index_fill_(3, b.cache.slot, True)  # the slot written now becomes visible
+        with self._attention():
+            h = self._layers(b.tok, b.pos, b.mask, b.cache, b.cache.slot)  # [B, 1, hidden]
+        nxt = self._logits(h[:, -1]).argmax(-1)  # [B]
+        nxt = torch.where(b.done, b.pad, nxt)
+        b.out.index_copy_(1, b.step, nxt[:, None])
+        b.done |= (nxt[:, None] == b.stop_ids[None]).any(-1)
+        b.tok.copy_(nxt[:, None])
+        b.pos.add_(1)
+        b.cache.slot.add_(1)
+        b.step.add_(1)
+
+    def _capture(self, b: _Batch) -> None:
+        # One eager warm-up on a side stream (cuBLAS handles, kernel selection), its effects on
+        # the counters and mask undone; its K/V write is the same one the first replay makes.
+        saved = [t.clone() for t in b.mutable()]
+        side = torch.cuda.Stream(self.device)
+        side.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(side):
+            self._step(b)
+        torch.cuda.current_stream(self.device).wait_stream(side)
+        for t, s in zip(b.mutable(), saved):
+            t.copy_(s)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            self._step(b)
+        b.graph = graph
+
+    def _buffers(self, batch: int, slots: int, new_tokens: int, stop_ids, pad_id: int) -> _Batch:
+        key = (batch, slots, new_tokens, tuple(stop_ids), pad_id)
+        if self._batch is None or self._batch.key != key:
+            self.release()
+            self._batch = _Batch(self.model, batch, slots, new_tokens, stop_ids, pad_id)
+        return self._batch
+
+    def generate(
+        self,
+        rows: Sequence[Sequence[int]],
+        *,
+        max_new_tokens: int,
+        pad_id: int,
+        stop: StopRules = StopRules(),
+        decode: Callable[[list[int]], str] | None = None,
+    ) -> list[list[int]]:
+        """New tokens per row, up to and including the token that stopped it.
+
+        ``decode`` (token ids -> text) is needed only for ``stop.stop_strings``.
+        """
+        if stop.stop_strings and decode is None:
+            raise ValueError("StopRules.stop_strings needs a decode function")
+        lengths = [len(r) for r in rows]
+        if min(lengths) < 1 or max_new_tokens < 1:
+            raise ValueError("every prompt needs a token and max_new_tokens must be >= 1")
+        width = max(lengths)  # W: the common end slot of the prompts
+        reason = unsupported_reason(self.model, width + max_new_tokens)
+        if reason is not None:
+            raise UnsupportedModelError(f"static decoding: {reason}")
+        # The last new token is never fed back, so it needs no slot.
+        slots = _round_up(width + max_new_tokens - 1, SLOT_ROUND)
+        stop_ids = sorted(set(stop.stop_token_ids))
+        b = self._buffers(len(rows), slots, max_new_tokens, stop_ids, pad_id)
+        with torch.inference_mode():
+            b.mask.zero_()
+            for r, n in enumerate(lengths):
+                b.mask[r, 0, 0, width - n : width] = True
+            firsts = [self._prefill(b.cache, r, width - n, rows[r], stop.suppress_first)
+                      for r, n in enumerate(lengths)]  # fmt: skip
+            first = torch.stack(firsts)  # [B]
+            b.out.fill_(pad_id)
+            b.out[:, 0] = first
+            b.done.copy_((first[:, None] == b.stop_ids[None]).any(-1))
+            b.tok.copy_(first[:, None])
+            b.pos.copy_(torch.tensor(lengths, device=self.device)[:, None])
+            b.cache.slot.fill_(width)
+            b.step.fill_(1)
+            string_stop: dict[int, int] = {}
+            produced = 1
+            while produced < max_new_tokens:
+                if b.graph is None and self.use_graph:
+                    self._capture(b)
+                if b.graph is not None:
+                    b.graph.replay()
+                else:
+                    self._step(b)
+                produced += 1
+                if produced % self.sync_every == 0 or produced == max_new_tokens:
+                    if stop.stop_strings:
+                        self._check_strings(b, produced, stop.stop_strings, decode, string_stop)
+                    if bool(b.done.all()):
+                        break
+            out = b.out[:, :produced].tolist()
+        return [self._truncate(row, set(stop_ids), string_stop.get(r))
+                for r, row in enumerate(out)]  # fmt: skip
+
+    @staticmethod
+    def _check_strings(b: _Batch, produced: int, strings, decode, found: dict[int, int]) -> None:
+        """Mark rows whose text contains a stop string; remember where (tokens kept)."""
+        done = b.done.tolist()
+        tokens = b.out[:, :produced].tolist()
+        for r, row in enumerate(tokens):
+            if done[r] or r in found:
+                continue
+            if any(s in decode(row) for s in strings):
+                # the shortest prefix that already contains a stop string
+                k = next(k for k in range(1, len(row) + 1)
+                         if any(s in decode(row[:k]) for s in strings))  # fmt: skip
+                found[r] = k
+                b.done[r] = True
+
+    @staticmethod
+    def _truncate(row: list[int], stop_ids: set[int], string_end: int | None) -> list[int]:
+        end = len(row) if string_end is None else string_end
+        for i, t in enumerate(row[:end]):
+            if t in stop_ids:
+                return row[: i + 1]
+        return row[:end]

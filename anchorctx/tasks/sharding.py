@@ -1,0 +1,92 @@
+"""Evaluation shards as Prefect tasks: each one a child process pinned to one free GPU.
+
+GPU slots are a per-flow-process pool of device ids: a task takes one, runs its shard with
+``CUDA_VISIBLE_DEVICES`` set to it (so the child sees one GPU as ``cuda:0``) and gives it back.
+The flow runs these tasks on a thread pool as wide as the pool, so every GPU stays busy.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import sys
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+
+from prefect import get_run_logger, task
+from prefect.runtime import task_run
+
+from anchorctx.tasks.process import run_process_group
+
+_POOLS: dict[str, queue.Queue[str]] = {}
+_LOCK = threading.Lock()
+
+
+def visible_gpus() -> list[str]:
+    """Device ids this process may use: ``CUDA_VISIBLE_DEVICES`` if set, else every GPU."""
+    env = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if env is not None:
+        return [d.strip() for d in env.split(",") if d.strip() and d.strip() != "-1"]
+    import torch
+
+    return [str(i) for i in range(torch.cuda.device_count())]
+
+
+def gpu_slots(gpus: Sequence[str]) -> str:
+    """A pool holding ``gpus``; returns its name (task parameters must stay plain data)."""
+    name = ",".join(gpus)
+    with _LOCK:
+        if name not in _POOLS:
+            pool: queue.Queue[str] = queue.Queue()
+            for gpu in gpus:
+                pool.put(gpu)
+            _POOLS[name] = pool
+    return name
+
+
+def shard_command(config_json: str | Path, checkpoint: str, suite: str, *,
+                  shard: tuple[int, int] | None, units: Sequence[str] = ()) -> list[str]:  # fmt: skip
+    cmd = [sys.executable, "-m", "anchorctx.evaluation.sharding", "--config", str(config_json),
+           "--checkpoint", checkpoint, "--suite", suite]  # fmt: skip
+    if shard is None:
+        return [*cmd, "--finalize"]
+    return [*cmd, "--shard", str(shard[0]), str(shard[1]), "--units", *units]
+
+
+def _run_on_gpu(cmd: list[str], slots: str) -> str:
+    """Run ``cmd`` on a free GPU of the pool; its last output line (a path) is the result."""
+    logger = get_run_logger()
+    pool = _POOLS[slots]
+    gpu = pool.get()
+    lines: list[str] = []
+
+    def on_line(line: str) -> None:
+        lines.append(line)
+        logger.info("[gpu %s] %s", gpu, line)
+
+    try:
+        run_process_group(cmd, on_line=on_line, env={"CUDA_VISIBLE_DEVICES": gpu})
+    finally:
+        pool.put(gpu)
+    return lines[-1].strip() if lines else ""
+
+
+def _shard_run_name() -> str:
+    p = task_run.parameters
+    which = f"{p['index']}-of-{p['count']}" if p.get("index") is not None else "merge"
+    return f"evaluate-{p['suite']}-{Path(p['checkpoint']).name}-{which}"
+
+
+@task(name="evaluate-shard", task_run_name=_shard_run_name)
+def evaluate_shard_task(config_json: str, checkpoint: str, suite: str, index: int, count: int,
+                        units: list[str], slots: str) -> str:  # fmt: skip
+    """One shard of one (checkpoint, suite) evaluation; returns its records file."""
+    cmd = shard_command(config_json, checkpoint, suite, shard=(index, count), units=units)
+    return _run_on_gpu(cmd, slots)
+
+
+@task(name="evaluate-merge", task_run_name=_shard_run_name)
+def finalize_task(config_json: str, checkpoint: str, suite: str, slots: str) -> str:
+    """Merge the shards of one evaluation and write its result; returns the result path."""
+    return _run_on_gpu(shard_command(config_json, checkpoint, suite, shard=None), slots)

@@ -1,0 +1,164 @@
+"""Scaling of a sharded RULER evaluation: the same evaluation on 1 GPU and on N GPUs.
+
+A Llama-2-7B-wide checkpoint (random bf16 weights, ``--layers`` deep, the demo tokenizer) is
+evaluated on RULER tasks of the demo fixture data, once as one shard on GPU 0 and once split by
+:func:`anchorctx.evaluation.sharding.plan_shards` into N shard processes, one per GPU (the
+commands the evaluation flow runs, without the Prefect orchestration around them). Wall time
+counts everything a shard process does (start, model load, sample construction, generation);
+the merge that writes the result is timed apart. The records of both runs are compared.
+
+    python bench/eval_sharding.py --gpus 2 --out eval_sharding.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+from anchorctx.config import config_from_dict
+from anchorctx.evaluation import results, sharding
+from anchorctx.io import atomic_write_json, read_jsonl
+
+
+def make_checkpoint(path: Path, tokenizer_dir: Path, args: argparse.Namespace) -> None:
+    import torch
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    tok = AutoTokenizer.from_pretrained(tokenizer_dir)
+    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=args.hidden, intermediate_size=args.intermediate,
+                      num_hidden_layers=args.layers, num_attention_heads=args.heads,
+                      num_key_value_heads=args.heads, max_position_embeddings=max(args.lengths),
+                      rope_theta=1e7, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id)  # fmt: skip
+    torch.manual_seed(0)
+    with torch.device(args.device):
+        model = LlamaForCausalLM(cfg).to(torch.bfloat16)
+    model.save_pretrained(path)
+    tok.save_pretrained(path)
+    (path / "anchorctx.json").write_text(json.dumps({"step": 1}))
+
+
+def linked_copy(src: Path, dst: Path) -> None:
+    """The same checkpoint in another run directory (hard links: no second copy of weights)."""
+    dst.mkdir(parents=True)
+    for f in src.iterdir():
+        os.link(f, dst / f.name)
+
+
+def run_sharded(cfg_json: Path, cfg, ckpt: Path, n: int, gpus: list[str]) -> dict:
+    assert sharding.prepare(cfg, ckpt, "ruler", force=True)
+    plan = sharding.plan_shards(cfg, "ruler", n)
+    start = time.perf_counter()
+    procs = []
+    for i, owned in enumerate(plan):
+        cmd = [sys.executable, "-m", "anchorctx.evaluation.sharding", "--config", str(cfg_json),
+               "--checkpoint", str(ckpt), "--suite", "ruler", "--shard", str(i), str(len(plan)),
+               "--units", *owned]  # fmt: skip
+        env = {**os.environ, "CUDA_VISIBLE_DEVICES": gpus[i]}
+        procs.append(subprocess.Popen(cmd, env=env))
+    codes = [p.wait() for p in procs]
+    wall = time.perf_counter() - start
+    if any(codes):
+        sys.exit(f"shard processes failed: exit codes {codes}")
+    start = time.perf_counter()
+    out = sharding.finalize(cfg, ckpt, "ruler")
+    merge = time.perf_counter() - start
+    records = sorted(read_jsonl(results.samples_path(ckpt, "ruler"))[1:], key=lambda r: r["key"])
+    return {"gpus": n, "shards": plan, "wall_s": wall, "merge_s": merge,
+            "scores": results.load_result(out)["scores"], "records": records}  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--gpus", type=int, default=2)
+    p.add_argument(
+        "--repeat",
+        action="store_true",
+        help="Also run the 1-GPU evaluation a second time (run-to-run determinism).",
+    )
+    p.add_argument("--layers", type=int, default=8)
+    p.add_argument("--hidden", type=int, default=4096)
+    p.add_argument("--intermediate", type=int, default=11008)
+    p.add_argument("--heads", type=int, default=32)
+    p.add_argument("--lengths", type=int, nargs="+", default=[4096, 16384, 32768])
+    p.add_argument("--tasks", nargs="+", default=["niah_single_1", "niah_multikey_2", "vt", "qa_1"])
+    p.add_argument("--samples", type=int, default=16)
+    p.add_argument("--batch-size", type=int, default=16)
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--work", type=Path, default=Path("eval_sharding_work"))
+    p.add_argument("--out", type=Path)
+    args = p.parse_args(argv)
+
+    from anchorctx.evaluation.fixtures import ensure_eval_fixtures
+    from anchorctx.packing.demo import write_demo_corpus
+
+    work = args.work.resolve()
+    corpus = write_demo_corpus(work / "corpus", seed=0, docs_per_domain=12, progress=False)
+    fixtures = work / "eval_data"
+    device = "cuda" if args.device == "cuda" else "cpu"
+    cfgs, ckpts = [], []
+    counts = [1, args.gpus, 1] if args.repeat else [1, args.gpus]
+    for k, n in enumerate(counts):
+        raw = {
+            "name": f"shard{n}", "run_root": str(work / f"runs-{k}-{n}"),
+            "model": {"tiny": {}, "tokenizer": str(corpus.tokenizer_dir), "dtype": "bfloat16"},
+            "evaluation": {
+                "suites": ["ruler"], "demo_fixtures": str(fixtures), "device": device,
+                "dtype": "bfloat16", "batch_size": args.batch_size,
+                "ruler": {"tasks": args.tasks, "lengths": args.lengths,
+                          "num_samples": args.samples, "squad_path": str(fixtures / "squad.json")},
+            },
+        }  # fmt: skip
+        cfgs.append(config_from_dict(raw))
+        ckpts.append(cfgs[-1].run_dir / "checkpoints" / "step-000001")
+    ensure_eval_fixtures(cfgs[0])
+    make_checkpoint(ckpts[0], corpus.tokenizer_dir, args)
+    for other in ckpts[1:]:
+        linked_copy(ckpts[0], other)
+    gpus = [str(i) for i in range(args.gpus)]
+    runs = []
+    for k, (n, cfg, ckpt) in enumerate(zip(counts, cfgs, ckpts)):
+        cfg_json = work / f"config-{k}-{n}.json"
+        cfg_json.write_text(cfg.model_dump_json())
+        runs.append(run_sharded(cfg_json, cfg, ckpt, n, gpus))
+        print(f"{n} GPU(s): {runs[-1]['wall_s']:.1f} s (+ merge {runs[-1]['merge_s']:.1f} s)",
+              flush=True)  # fmt: skip
+    one, many = runs[:2]
+    same = sum(a == b for a, b in zip(one["records"], many["records"]))
+    if args.repeat:
+        again = sum(a == b for a, b in zip(one["records"], runs[2]["records"]))
+        print(f"1 GPU run twice: {again}/{len(one['records'])} records identical")
+    speedup = one["wall_s"] / many["wall_s"]
+    print(f"\nRULER {args.tasks} × {args.lengths} × {args.samples} samples, "
+          f"{args.layers}-layer 7B-wide model, batch ≤ {args.batch_size}")  # fmt: skip
+    print("| GPUs | shards (units) | wall s | merge s | speedup |")
+    print("|---:|---|---:|---:|---:|")
+    for r in runs:
+        sizes = "/".join(str(len(s)) for s in r["shards"])
+        print(f"| {r['gpus']} | {sizes} | {r['wall_s']:.1f} | {r['merge_s']:.1f} | "
+              f"{one['wall_s'] / r['wall_s']:.2f}× |")  # fmt: skip
+    print(f"records identical: {same}/{len(one['records'])}; scores identical: "
+          f"{one['scores'] == many['scores']}; speedup {speedup:.2f}×")  # fmt: skip
+    if args.out:
+        import torch
+
+        atomic_write_json(args.out, {
+            "benchmark": "eval_sharding", "date": datetime.now(timezone.utc).isoformat(),
+            "device": torch.cuda.get_device_name() if device == "cuda" else "cpu",
+            "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+            "runs": [{k: v for k, v in r.items() if k != "records"} for r in runs],
+            "records": len(one["records"]), "records_identical": same, "speedup": speedup,
+        })  # fmt: skip
+        for k, r in enumerate(runs):
+            path = args.out.with_name(f"{args.out.stem}.records-{k}-{r['gpus']}.jsonl")
+            path.write_text("".join(json.dumps(x) + "\n" for x in r["records"]))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,231 @@
+"""Static-cache greedy engine: token-for-token equal to Hugging Face ``generate`` (CPU, float32)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from anchorctx.models.decoding import (
+    GreedyDecoder,
+    StopRules,
+    UnsupportedModelError,
+    plan_batches,
+    unsupported_reason,
+)
+
+VOCAB = 96
+PAD = 0
+LENGTHS = [7, 23, 2, 40, 13, 31]
+NEW = 12
+
+
+def _tiny(kind: str):
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+    # Large init: random logits spread far apart, so float32 rounding differences between the
+    # engines' matmul shapes (batched, padded, chunked) cannot flip a greedy argmax.
+    common = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                  initializer_range=0.3, pad_token_id=PAD, bos_token_id=1, eos_token_id=2)  # fmt: skip
+    torch.manual_seed(0)
+    if kind == "llama":  # GQA, Llama-3 RoPE scaling from the config
+        rope = {"rope_type": "llama3", "rope_theta": 10000.0, "factor": 4.0,
+                "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 32}  # fmt: skip
+        cfg = LlamaConfig(**common, rope_parameters=rope)
+        model = LlamaForCausalLM(cfg)
+    else:  # GQA, qkv bias, tied embeddings
+        cfg = Qwen2Config(**common, tie_word_embeddings=True, rope_parameters={
+            "rope_type": "default", "rope_theta": 1e6})  # fmt: skip
+        model = Qwen2ForCausalLM(cfg)
+        assert model.lm_head.weight is model.model.embed_tokens.weight
+        assert model.model.layers[0].self_attn.q_proj.bias is not None
+    return model.to(torch.float32).eval()
+
+
+@pytest.fixture(scope="module", params=["llama", "qwen2"])
+def model(request):
+    return _tiny(request.param)
+
+
+def _prompts() -> list[list[int]]:
+    g = torch.Generator().manual_seed(1)
+    return [[1, *torch.randint(3, VOCAB, (n - 1,), generator=g).tolist()] for n in LENGTHS]
+
+
+def _hf(model, rows, batch_size, stop_ids=(2,), suppress=()) -> list[list[int]]:
+    """Reference: transformers generate, left-padded batches, cut after the first stop token."""
+    from transformers import GenerationConfig
+
+    config = GenerationConfig(max_new_tokens=NEW, do_sample=False, num_beams=1, temperature=None,
+                              top_p=None, top_k=None, eos_token_id=list(stop_ids),
+                              pad_token_id=PAD, begin_suppress_tokens=list(suppress) or None)  # fmt: skip
+    out = []
+    for i in range(0, len(rows), batch_size):
+        chunk = rows[i : i + batch_size]
+        width = max(len(r) for r in chunk)
+        ids = torch.tensor([[PAD] * (width - len(r)) + r for r in chunk])  # [B, width]
+        mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in chunk])
+        with torch.no_grad():
+            seqs = model.generate(input_ids=ids, attention_mask=mask, generation_config=config)
+        out += [GreedyDecoder._truncate(s, set(stop_ids), None) for s in seqs[:, width:].tolist()]
+    return out
+
+
+def _static(model, rows, batch_size, stop_ids=(2,), suppress=(), **kw) -> list[list[int]]:
+    decoder = GreedyDecoder(model, **kw)
+    rules = StopRules(stop_token_ids=tuple(stop_ids), suppress_first=tuple(suppress))
+    out = []
+    for i in range(0, len(rows), batch_size):
+        out += decoder.generate(
+            rows[i : i + batch_size], max_new_tokens=NEW, pad_id=PAD, stop=rules
+        )
+    return out
+
+
+def test_static_equals_hf_without_stops(model):
+    rows = _prompts()
+    ref = _hf(model, rows, batch_size=1, stop_ids=(VOCAB + 5,))  # a token that never occurs
+    assert all(len(r) == NEW for r in ref)
+    assert len({tuple(r) for r in ref}) > 1  # the prompts lead to different continuations
+    for batch in (1, 3, len(rows)):
+        assert _static(model, rows, batch, stop_ids=(VOCAB + 5,)) == ref
+    assert _hf(model, rows, batch_size=3, stop_ids=(VOCAB + 5,)) == ref  # the reference batched
+
+
+def test_static_equals_hf_with_early_stops(model):
+    rows = _prompts()
+    free = _hf(model, rows, batch_size=1, stop_ids=(VOCAB + 5,))
+    # Stop on tokens the rows produce at different steps: some rows stop early, some never.
+    stops = (free[0][3], free[3][7])
+    ref = _hf(model, rows, batch_size=1, stop_ids=stops)
+    lengths = sorted({len(r) for r in ref})
+    assert len(lengths) > 1 and lengths[0] < NEW
+    for batch in (1, 4, len(rows)):
+        assert _static(model, rows, batch, stop_ids=stops) == ref
+    # Every row stopping at its first token ends the loop at once (and keeps that token).
+    firsts = tuple({r[0] for r in free})
+    assert _static(model, rows, len(rows), stop_ids=firsts) == [[r[0]] for r in free]
+
+
+def test_first_token_suppression_matches_hf(model):
+    rows = _prompts()
+    free = _hf(model, rows, batch_size=1, stop_ids=(VOCAB + 5,))
+    suppress = tuple({r[0] for r in free})
+    ref = _hf(model, rows, batch_size=1, suppress=suppress)
+    assert all(r[0] not in suppress for r in ref)
+    assert _static(model, rows, len(rows), suppress=suppress) == ref
+
+
+def test_chunked_prefill_and_buffer_reuse(model):
+    rows = _prompts()
+    ref = _static(model, rows, len(rows))
+    assert _static(model, rows, len(rows), prefill_chunk=8) == ref
+    # One decoder reused over batches of one shape and of another gives the same tokens.
+    decoder = GreedyDecoder(model)
+    for batch in ([0, 1], [4, 5], [2, 3, 4]):
+        got = decoder.generate([rows[i] for i in batch], max_new_tokens=NEW, pad_id=PAD,
+                               stop=StopRules(stop_token_ids=(2,)))  # fmt: skip
+        assert got == [ref[i] for i in batch]
+
+
+def test_stop_strings_cut_at_the_completing_token(model):
+    rows = _prompts()[:3]
+    free = _static(model, rows, 3, stop_ids=())
+    letters = lambda ids: "".join(chr(65 + t % 26) for t in ids)  # noqa: E731
+    target = letters(free[1][4:6])  # completed by row 1's sixth token
+    got = GreedyDecoder(model, sync_every=4).generate(
+        rows, max_new_tokens=NEW, pad_id=PAD, stop=StopRules(stop_strings=(target,)),
+        decode=letters)  # fmt: skip
+    for mine, full in zip(got, free):
+        text = letters(full)
+        end = next((k for k in range(1, NEW + 1) if target in text[:k]), NEW)
+        assert mine == full[:end]
+    assert len(got[1]) <= 6
+
+
+def test_unsupported_models_are_named():
+    from transformers import LlamaConfig
+
+    model = _tiny("llama")
+    assert unsupported_reason(model, 100) is None
+    model.config.rope_parameters = {"rope_type": "dynamic", "rope_theta": 1e4, "factor": 2.0}
+    with pytest.raises(UnsupportedModelError, match="dynamic"):
+        GreedyDecoder(model).generate([[1, 5]], max_new_tokens=2, pad_id=PAD)
+    gpt2_like = type("M", (), {"config": LlamaConfig(), "model": None})()
+    gpt2_like.config.model_type = "gpt2"
+    assert "gpt2" in unsupported_reason(gpt2_like, 10)
+
+
+def test_plan_batches_buckets_by_length():
+    lengths = [131072, 4000, 4096, 65536, 3900, 1000, 65000]
+    plan = plan_batches(lengths, max_rows=8, max_tokens=140_000)
+    assert sorted(i for b in plan for i in b) == list(range(len(lengths)))
+    assert plan[0] == [0]  # 128K alone
+    assert plan[1] == [3, 6]  # two 64K rows fit 140K slots
+    assert plan[2] == [2, 1, 4] and plan[3] == [5]  # 1000 is under 75% of 4096
+    assert plan_batches(lengths, max_rows=1) == [[i] for i in (0, 3, 6, 2, 1, 4, 5)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kind", ["llama", "qwen2"])
+def test_cuda_graph_decode_equals_eager_and_hf(kind):
+    """On CUDA (float32): the captured decode step gives the eager step's tokens and hf's, with
+    early stops, first-token suppression, stop strings, and one graph replayed over batches."""
+    model = _tiny(kind).cuda()
+    rows = _prompts()
+    free = _hf(model, rows, batch_size=1, stop_ids=(VOCAB + 5,))
+    stops, suppress = (free[0][3], free[3][7]), (free[1][0],)
+    ref = _hf(model, rows, batch_size=1, stop_ids=stops, suppress=suppress)
+    graph = GreedyDecoder(model)
+    assert graph.use_graph
+    rules = StopRules(stop_token_ids=stops, suppress_first=suppress)
+    for batch in ([0, 1, 2], [3, 4, 5], [5, 0, 3]):  # one shape: the graph is captured once
+        got = graph.generate([rows[i] for i in batch], max_new_tokens=NEW, pad_id=PAD, stop=rules)
+        assert got == [ref[i] for i in batch]
+    captured = graph._batch.graph
+    assert captured is not None
+    eager = _static(model, rows, len(rows), stop_ids=stops, suppress=suppress, use_graph=False)
+    assert eager == ref == _static(model, rows, len(rows), stop_ids=stops, suppress=suppress)
+    assert ref == _static(model, rows, len(rows), stop_ids=stops, suppress=suppress,
+                          deterministic=True)  # fmt: skip
+    letters = lambda ids: "".join(chr(65 + t % 26) for t in ids)  # noqa: E731
+    target = letters(free[2][2:5])
+    got = graph.generate(rows, max_new_tokens=NEW, pad_id=PAD,
+                         stop=StopRules(stop_strings=(target,)), decode=letters)  # fmt: skip
+    for mine, full in zip(got, free):
+        end = next((k for k in range(1, NEW + 1) if target in letters(full[:k])), NEW)
+        assert mine == full[:end]
+    assert len(got[2]) <= 5
+
+
+def test_auto_engine_falls_back_where_static_cannot_run():
+    from transformers import MistralConfig, MistralForCausalLM
+
+    from anchorctx.evaluation.generation import _pick_engine
+
+    cfg = MistralConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64,
+                        num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2,
+                        sliding_window=16)  # fmt: skip
+    mistral = MistralForCausalLM(cfg).eval()
+    short, long = [[1, 5, 6]], [[1] * 20]
+    assert _pick_engine("auto", mistral, short, 4) == "static"  # within the window: exact
+    assert _pick_engine("auto", mistral, long, 4) == "hf"
+    assert _pick_engine("static", mistral, long, 4) == "static"  # asked for: it raises later
+    with pytest.raises(UnsupportedModelError, match="sliding_window 16"):
+        GreedyDecoder(mistral).generate(long, max_new_tokens=4, pad_id=PAD)
+    with pytest.raises(ValueError, match="generation engine 'vllm'"):
+        _pick_engine("vllm", mistral, short, 4)
+    assert GreedyDecoder(mistral).generate(short, max_new_tokens=3, pad_id=PAD) == _hf_rows(
+        mistral, short, 3
+    )
+
+
+def _hf_rows(model, rows, new):
+    from transformers import GenerationConfig
+
+    config = GenerationConfig(max_new_tokens=new, do_sample=False, eos_token_id=None,
+                              pad_token_id=PAD)  # fmt: skip
+    with torch.no_grad():
+        return [model.generate(input_ids=torch.tensor([r]), generation_config=config)[0, len(r):]
+                .tolist() for r in rows]  # fmt: skip

@@ -1,0 +1,133 @@
+"""Sharded evaluation: the same records and scores whatever the sharding; resumable; cached."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from anchorctx.config import ExperimentConfig, config_from_dict
+from anchorctx.evaluation import results, sharding
+from anchorctx.io import read_jsonl
+
+
+def save_checkpoint(path: Path, tokenizer_dir: Path, *, seed: int, step: int) -> None:
+    import torch
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    tok = AutoTokenizer.from_pretrained(tokenizer_dir)
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64,
+                      num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
+                      max_position_embeddings=2048, bos_token_id=tok.bos_token_id,
+                      eos_token_id=tok.eos_token_id)  # fmt: skip
+    LlamaForCausalLM(cfg).save_pretrained(path)
+    tok.save_pretrained(path)
+    (path / "anchorctx.json").write_text(json.dumps({"step": step}))
+
+
+def _cfg(
+    tmp_path: Path, demo_corpus, name: str, checkpoint: bool = True
+) -> tuple[ExperimentConfig, Path]:
+    raw = {
+        "name": name, "run_root": str(tmp_path / name),
+        "model": {"tiny": {}, "tokenizer": str(demo_corpus.tokenizer_dir), "dtype": "float32"},
+        "evaluation": {
+            "suites": ["ruler"], "demo_fixtures": str(tmp_path / "eval_data"),
+            "device": "cpu", "dtype": "float32", "batch_size": 2,
+            "ruler": {"tasks": ["niah_single_1", "qa_1"], "lengths": [512, 1024],
+                      "num_samples": 2, "squad_path": str(tmp_path / "eval_data" / "squad.json")},
+        },
+    }  # fmt: skip
+    cfg = config_from_dict(raw)
+    ckpt = cfg.run_dir / "checkpoints" / "step-000010"
+    if checkpoint:
+        save_checkpoint(ckpt, demo_corpus.tokenizer_dir, seed=3, step=10)
+    return cfg, ckpt
+
+
+def _sorted_records(path: Path) -> list[dict]:
+    rows = read_jsonl(path)[1:]
+    return sorted(rows, key=lambda r: r["key"])
+
+
+def test_plan_shards_balances_and_covers(tmp_path, demo_corpus):
+    cfg, _ = _cfg(tmp_path, demo_corpus, "plan", checkpoint=False)
+    cfg = cfg.model_copy(deep=True)
+    cfg.evaluation.ruler.lengths = [4096, 8192, 32768, 131072]
+    plan = sharding.plan_shards(cfg, "ruler", 2)
+    units = sharding.units(cfg, "ruler")
+    assert sorted(u for s in plan for u in s) == sorted(units)
+    loads = [sum(units[u] for u in s) for s in plan]
+    assert max(loads) / min(loads) < 1.2  # two 128K units, one per shard
+    assert sharding.plan_shards(cfg, "longbench", 4) == [[sharding.WHOLE]]
+    assert sharding.unit_of("ruler", "qa_1/4096/17") == "qa_1/4096"
+
+
+def test_sharded_equals_unsharded_and_resumes(tmp_path, demo_corpus):
+    plain_cfg, plain_ckpt = _cfg(tmp_path, demo_corpus, "plain")
+    ref = results.load_result(results.evaluate_checkpoint(plain_cfg, plain_ckpt, "ruler",
+                                                          progress=False))  # fmt: skip
+    ref_records = _sorted_records(results.samples_path(plain_ckpt, "ruler"))
+    assert len(ref_records) == 8
+
+    cfg, ckpt = _cfg(tmp_path, demo_corpus, "sharded")
+    # The config travels to shard processes as JSON.
+    assert ExperimentConfig.model_validate_json(cfg.model_dump_json()) == cfg
+    assert sharding.prepare(cfg, ckpt, "ruler", force=False)
+    # An interrupted first attempt over 3 GPUs did shard 0 only ...
+    three = sharding.plan_shards(cfg, "ruler", 3)
+    first = sharding.run_shard(cfg, ckpt, "ruler", three[0], 0, 3)
+    done_first = {r["key"] for r in read_jsonl(first)[1:]}
+    assert done_first and {sharding.unit_of("ruler", k) for k in done_first} == set(three[0])
+    # ... and the re-run over 2 GPUs keeps those records and generates only the rest.
+    two = sharding.plan_shards(cfg, "ruler", 2)
+    made = set()
+    for i, owned in enumerate(two):
+        rows = read_jsonl(sharding.run_shard(cfg, ckpt, "ruler", owned, i, 2))[1:]
+        made |= {r["key"] for r in rows}
+    assert not made & done_first and len(made | done_first) == 8
+    out = sharding.finalize(cfg, ckpt, "ruler")
+    got = results.load_result(out)
+    assert got["samples"] == {"resumed": 8, "new": 0, "file": "ruler.samples.jsonl"}
+    for field in ("scores", "counts", "not_run", "checkpoint_hash", "evaluation_fingerprint"):
+        assert got[field] == ref[field], field
+    assert _sorted_records(results.samples_path(ckpt, "ruler")) == ref_records
+    assert not sharding._shard_files(ckpt, "ruler")
+    # Cached: nothing to do, and the result is untouched.
+    before = out.read_text()
+    assert not sharding.prepare(cfg, ckpt, "ruler", force=False)
+    assert json.loads(out.read_text()) == json.loads(before)
+    # force restarts from nothing.
+    assert sharding.prepare(cfg, ckpt, "ruler", force=True) and not out.exists()
+    assert read_jsonl(results.samples_path(ckpt, "ruler"))[1:] == []
+
+
+@pytest.mark.slow
+def test_flow_shards_over_gpu_slots_in_child_processes(tmp_path, demo_corpus):
+    """Two GPU slots (the children run on CPU here): child processes, then one merge per pair;
+    the same scores as in-process; the re-run is cached (no child process at all)."""
+    from prefect import flow
+    from prefect.testing.utilities import prefect_test_harness
+
+    from anchorctx.flows.sharded import evaluate_sharded
+
+    plain_cfg, plain_ckpt = _cfg(tmp_path, demo_corpus, "plain")
+    ref = results.load_result(results.evaluate_checkpoint(plain_cfg, plain_ckpt, "ruler",
+                                                          progress=False))  # fmt: skip
+    cfg, ckpt = _cfg(tmp_path, demo_corpus, "flow")
+
+    @flow
+    def run() -> list[str]:
+        return evaluate_sharded(cfg, [str(ckpt)], ["ruler"], False, ["0", "1"])
+
+    with prefect_test_harness(server_startup_timeout=120):
+        (path,) = run()
+        got = results.load_result(path)
+        assert got["scores"] == ref["scores"] and got["samples"]["new"] == 0
+        assert _sorted_records(results.samples_path(ckpt, "ruler")) == _sorted_records(
+            results.samples_path(plain_ckpt, "ruler")
+        )
+        stamp = Path(path).stat().st_mtime_ns
+        assert run() == [path] and Path(path).stat().st_mtime_ns == stamp

@@ -49,6 +49,9 @@ COMMANDS: dict[str, Command] = {
                               "The BF16 RoPE precision study (paper Section 2).", True),
     "serve": Command("anchorctx.flows.commands", "serve",
                      "Serve all Prefect deployments against the configured Prefect API.", False),
+    "run": Command("anchorctx.flows.commands", "run",
+                   "Run a deployment (full-experiment/demo by default), optionally one arm, stage "
+                   "or suite, and follow its progress in the terminal.", False),
 }  # fmt: skip
 
 

@@ -3,7 +3,10 @@
 # orchestrated by a local Prefect server.
 #
 #   scripts/demo.sh          # install if needed, start the server and `anchorctx serve`,
-#                            # run full-experiment/demo, print the results table and the UI address
+#                            # run full-experiment/demo showing its progress, print the results
+#                            # table and the UI address
+#   scripts/demo.sh --arm anchor --stage evaluate --suite ruler --force
+#                            # the same, re-running one arm's stage and suite (see anchorctx run -h)
 #   scripts/stop.sh          # stop the server and the runner
 #
 # Idempotent: a running server and runner are reused; a second run reuses the cached packed data,
@@ -63,8 +66,11 @@ else
 fi
 wait_for 120 "the full-experiment/demo deployment" deployment_ready
 
-say "running full-experiment/demo (watch it at http://$HOST:$PORT/runs)"
-"$ROOT/.venv/bin/prefect" deployment run full-experiment/demo --watch
+# `anchorctx run` starts the flow run, prints its UI link, and follows its logs: stage, arm,
+# step/total, loss and ETA here; every log line is in the UI. Arguments go to it, e.g.
+# `scripts/demo.sh --arm anchor --stage train --force` retrains one arm, the rest stays cached.
+say "running full-experiment/demo $*"
+"$ROOT/.venv/bin/anchorctx" run full-experiment/demo "$@"
 
 EXP_DIR=$("$PY" -c 'from anchorctx.config import load_config; print(load_config("configs/demo.yaml").experiment_dir)')
 echo

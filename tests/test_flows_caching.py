@@ -49,6 +49,9 @@ def test_train_key_depends_on_config_and_dataset_manifest(tiny_config, tmp_path)
     other = tiny_config.model_copy(deep=True)
     other.training.lr = 1e-3
     assert train_cache_key(None, {**params, "cfg": other}) != key
+    tracked = tiny_config.model_copy(deep=True)
+    tracked.tracking.backends = ["tensorboard"]  # where numbers are logged, not what they are
+    assert train_cache_key(None, {**params, "cfg": tracked}) == key
     (ds / "manifest.json").write_text(json.dumps({"fingerprint": "b"}))
     assert train_cache_key(None, params) != key
 

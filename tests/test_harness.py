@@ -158,3 +158,15 @@ def test_contexts_start_with_one_anchor(setup):
     ref = harness.harness_reference(tok)
     assert ref["lm_eval"] == importlib.metadata.version("lm-eval") and ref["add_bos_token"] is True
     assert ref["anchor_token_id"] == tok.bos_token_id
+
+
+def test_uninformative_lm_eval_warnings_are_filtered(setup, caplog):
+    import logging
+
+    cfg, model, tok, _paths = setup
+    with caplog.at_level(logging.WARNING):
+        harness.run_suite_hellaswag(model, tok, cfg, done={}, on_sample=lambda r: None,
+                                    progress=False)  # fmt: skip
+        logging.getLogger("lm_eval.evaluator").warning("a real problem")
+    lm_eval_messages = [r.getMessage() for r in caplog.records if r.name.startswith("lm_eval")]
+    assert lm_eval_messages == ["a real problem"]  # other lm-eval warnings still reach the log

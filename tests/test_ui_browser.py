@@ -12,7 +12,7 @@ import re
 from pathlib import Path
 
 import pytest
-from test_flows_e2e import client_for, served  # noqa: F401  (the shared session fixture)
+from test_flows_e2e import client_for, run_deployment_cli, served  # noqa: F401  (shared session)
 
 CHROMIUM = Path("/usr/bin/chromium")
 
@@ -62,3 +62,40 @@ def test_demo_run_completed_with_artifacts_in_ui(served, page, tmp_path):  # noq
     )
     assert width.json_value() > 100
     page.screenshot(path=str(tmp_path / "ruler-plot-artifact.png"), full_page=True)
+
+
+def test_cached_runs_are_marked_in_ui(served, page, tmp_path):  # noqa: F811
+    """A cache-hit evaluation shows as such: its flow run carries the ``cached`` tag, and each
+    reused task run says "Cached" and is named ``… · cached``."""
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+
+    from anchorctx.tasks.reuse import CACHED_SUFFIX, CACHED_TAG
+
+    # The demo run evaluated the full arm: evaluating its RULER results again reuses them all.
+    # (Through the CLI: playwright's sync API runs an event loop in this thread.)
+    proc, run_id = run_deployment_cli(served.env, "evaluate/default", "variant=full",
+                                      'suites=["ruler"]', cwd=served.tmp)  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    with client_for(served) as client:
+        run = client.read_flow_run(run_id)
+        tasks = client.read_task_runs(
+            flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[run_id]))
+        )
+    evals = [t for t in tasks if t.name.startswith("evaluate-")]
+    assert evals and all(t.state.name == "Cached" for t in evals), [t.name for t in tasks]
+    assert all(t.name.endswith(CACHED_SUFFIX) and CACHED_TAG in t.tags for t in evals), [
+        (t.name, t.tags) for t in evals]  # fmt: skip
+    assert CACHED_TAG in run.tags
+    cached = evals
+
+    page.goto(f"{served.server.ui_url}/v2/runs/flow-run/{run.id}")
+    assert run.name == "evaluate-flowtest-full"  # named after the arm it evaluated
+    page.get_by_text(run.name).first.wait_for()
+    page.get_by_text(CACHED_TAG, exact=True).first.wait_for()  # the flow run's tag
+    page.screenshot(path=str(tmp_path / "cached-flow-run.png"), full_page=True)
+
+    page.goto(f"{served.server.ui_url}/v2/runs/task-run/{cached[0].id}")
+    page.get_by_text(cached[0].name).first.wait_for()  # "evaluate-ruler-step-… · cached"
+    page.get_by_text("Cached", exact=True).first.wait_for()  # the state
+    page.get_by_text(CACHED_TAG, exact=True).first.wait_for()  # the task run's tag
+    page.screenshot(path=str(tmp_path / "cached-task-run.png"), full_page=True)

@@ -53,10 +53,13 @@ def evaluate_arguments(parser: argparse.ArgumentParser) -> None:
 
 def evaluate(args: argparse.Namespace) -> int:
     from anchorctx.evaluation.results import EvaluationError, evaluate_checkpoint, load_result
+    from anchorctx.evaluation.tracking import log_evaluation
+    from anchorctx.tracking import TrackingError, check_backends
 
     cfg = args.cfg
     suites = args.suite or list(cfg.evaluation.suites)
     try:
+        check_backends(cfg)
         checkpoints = _checkpoints(args)
         for ckpt in checkpoints:
             for suite in suites:
@@ -65,7 +68,9 @@ def evaluate(args: argparse.Namespace) -> int:
                 assert result is not None
                 print(f"\n{ckpt.name} · {suite} -> {path}")
                 print(results_table(result))
-    except EvaluationError as err:
+        if not args.checkpoint:  # a run's checkpoints: log its scores to the trackers
+            log_evaluation(cfg, Path(args.run_dir) if args.run_dir else cfg.run_dir)
+    except (EvaluationError, TrackingError) as err:
         print(f"anchorctx evaluate: {err}", file=sys.stderr)
         return err.exit_code  # 2: a wrong path or setting; 1: a checkpoint that cannot load
     return 0
@@ -103,16 +108,25 @@ def report_arguments(parser: argparse.ArgumentParser) -> None:
 def report(args: argparse.Namespace) -> int:
     from anchorctx.evaluation.averaging import summarize_run
     from anchorctx.evaluation.report import write_experiment_report
+    from anchorctx.evaluation.tracking import log_evaluation, log_report
+    from anchorctx.tracking import TrackingError, check_backends
 
     cfg = args.cfg
     last_k = args.last_k or cfg.evaluation.last_k
+    try:
+        check_backends(cfg)
+    except TrackingError as err:
+        print(f"anchorctx report: {err}", file=sys.stderr)
+        return 2
     arms = cfg.arms()
     for arm in arms:
         if (arm.run_dir / "eval").is_dir():
             summarize_run(arm.run_dir, last_k)
+            log_evaluation(arm)
         else:
             print(f"note: {arm.run_dir} has no evaluation results yet", file=sys.stderr)
     out = write_experiment_report(cfg.experiment_dir, [arm.variant_name for arm in arms])
+    log_report(cfg, out)
     print(out["markdown"])
     for name, path in out["paths"].items():
         print(f"{name}: {path}")

@@ -237,10 +237,35 @@ def write_hellaswag_yaml(task_dir: Path, path: Path) -> str:
 
 
 # ------------------------------------------------------------------------------ lm-eval run
+# lm-eval warnings that describe exactly what this module asks for, on every task or model: an
+# explicit num_fewshot (every MMLU subject, HellaSwag), and an already-loaded model passed as
+# ``pretrained`` (single process, by design). (logger, message start) pairs.
+EXPECTED_WARNINGS = (
+    ("lm_eval.evaluator", "Overwriting default num_fewshot of "),
+    ("lm_eval.models.huggingface", "`pretrained` model kwarg is not of type `str`"),
+    ("lm_eval.models.huggingface", "Passed an already-initialized model through `pretrained`"),
+)
+
+
+class _DropExpected(logging.Filter):
+    def __init__(self, prefixes: tuple[str, ...]) -> None:
+        super().__init__()
+        self.prefixes = prefixes
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith(self.prefixes)
+
+
 def _quiet_lm_eval() -> None:
     # lm-eval logs every request batch at INFO; our progress bar is the per-unit one.
     for name in ("lm_eval", "lm-eval"):
         logging.getLogger(name).setLevel(logging.WARNING)
+    # A logger's filters see only records created on that logger, so each gets its own.
+    for name in dict.fromkeys(n for n, _ in EXPECTED_WARNINGS):
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, _DropExpected) for f in logger.filters):
+            prefixes = tuple(m for n, m in EXPECTED_WARNINGS if n == name)
+            logger.addFilter(_DropExpected(prefixes))
 
 
 # The lm-eval release the task files, prompts and metrics are taken from (pinned by the lock

@@ -55,3 +55,100 @@ def serve(args: argparse.Namespace) -> int:
     print(f"anchorctx serve: {len(deployments)} deployments on {url}: {names}", flush=True)
     prefect_serve(*deployments, limit=args.limit or None, print_starting_message=False)
     return 0
+
+
+# ------------------------------------------------------------------------------------- run
+def run_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("deployment", nargs="?", default="full-experiment/demo",
+                        help="<flow>/<deployment> (default: full-experiment/demo).")  # fmt: skip
+    parser.add_argument("--arm", action="append", default=[], metavar="NAME",
+                        help="Run only this arm, a name under the config's variants "
+                             "(repeatable; full-experiment).")  # fmt: skip
+    parser.add_argument("--stage", action="append", default=[], choices=STAGES,
+                        help="Run only this stage (repeatable; full-experiment).")  # fmt: skip
+    parser.add_argument("--suite", action="append", default=[], choices=SUITES,
+                        help="Evaluate only this suite (repeatable).")  # fmt: skip
+    parser.add_argument("--force", action="store_true",
+                        help="Recompute instead of reusing cached results (within --arm, "
+                             "--stage, --suite, --force-stage); the rest stays cached.")  # fmt: skip
+    parser.add_argument("--force-stage", action="append", default=[], choices=STAGES,
+                        help="With --force: recompute only this stage (repeatable; default: "
+                             "every stage that runs).")  # fmt: skip
+    parser.add_argument("--param", action="append", default=[], metavar="KEY=JSON",
+                        help="Any other flow parameter, e.g. --param train_timeout_s=3600.")  # fmt: skip
+    parser.add_argument("--no-follow", action="store_true",
+                        help="Print the flow run's UI link and return at once.")  # fmt: skip
+
+
+STAGES = ("data", "train", "evaluate", "report")
+SUITES = ("ruler", "longbench", "mmlu", "hellaswag")
+
+
+def run_parameters(args: argparse.Namespace) -> dict[str, object]:
+    """The flow parameters the options ask for (only those given: the deployment's defaults,
+    its config included, stay as they are)."""
+    import json
+
+    params: dict[str, object] = {}
+    for key, value in (("arms", args.arm), ("stages", args.stage), ("suites", args.suite),
+                       ("force_stages", args.force_stage)):  # fmt: skip
+        if value:
+            params[key] = list(dict.fromkeys(value))
+    if args.force:
+        params["force"] = True
+    elif args.force_stage:
+        raise ValueError("--force-stage needs --force")
+    for item in args.param:
+        key, sep, text = item.partition("=")
+        if not sep or not key:
+            raise ValueError(f"--param {item!r} must look like KEY=JSON")
+        try:
+            params[key] = json.loads(text)
+        except json.JSONDecodeError:
+            params[key] = text  # a bare string
+    if args.deployment.startswith("full-experiment/"):
+        return params
+    # the stage flows know only force and suites (evaluate); say so instead of a 422
+    extra = sorted(set(params) & {"arms", "stages", "force_stages"})
+    if extra:
+        raise ValueError(f"{', '.join(extra)}: only full-experiment deployments take these")
+    return params
+
+
+def run(args: argparse.Namespace) -> int:
+    url = api_url()
+    if not url:
+        print(f"anchorctx run: {EPHEMERAL_TRAP}", file=sys.stderr)
+        return 2
+    try:
+        params = run_parameters(args)
+    except ValueError as err:
+        print(f"anchorctx run: {err}", file=sys.stderr)
+        return 2
+    from prefect.client.orchestration import get_client
+    from prefect.deployments import run_deployment
+    from prefect.exceptions import ObjectNotFound
+
+    from anchorctx.flows.follow import flow_run_url, follow
+
+    try:
+        flow_run = run_deployment(args.deployment, parameters=params, timeout=0)
+    except ObjectNotFound:
+        print(f"anchorctx run: no deployment {args.deployment!r} on {url} (is `anchorctx serve` "
+              "running? `prefect deployment ls` lists them)", file=sys.stderr)  # fmt: skip
+        return 2
+    link = flow_run_url(flow_run.id) or url
+    shown = ", ".join(f"{k}={v}" for k, v in params.items()) or "deployment defaults"
+    print(f"[run] {args.deployment}: flow run {flow_run.name} ({shown})", flush=True)
+    print(f"[run] UI: {link}", flush=True)
+    if args.no_follow:
+        return 0
+    try:
+        with get_client(sync_client=True) as client:
+            state = follow(client, flow_run.id, out=lambda line: print(line, flush=True))
+    except KeyboardInterrupt:
+        print(f"[run] stopped following; the run goes on: {link} "
+              f"(cancel: prefect flow-run cancel {flow_run.id})", file=sys.stderr)  # fmt: skip
+        return 130
+    print(f"[run] {flow_run.name}: {state.name}. UI: {link}", flush=True)
+    return 0 if state.is_completed() else 1

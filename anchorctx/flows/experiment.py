@@ -19,15 +19,15 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from prefect import flow, get_run_logger, unmapped
 from prefect.futures import as_completed
 from prefect.runtime import flow_run
-from prefect.states import State
 from prefect.task_runners import ThreadPoolTaskRunner
 
 from anchorctx.config import ExperimentConfig
+from anchorctx.evaluation.tracking import log_evaluation, log_report
 from anchorctx.flows.sharded import evaluate_sharded
 from anchorctx.tasks.artifacts import (
     Progress,
@@ -47,6 +47,13 @@ from anchorctx.tasks.data import (
 )
 from anchorctx.tasks.evaluation import evaluate_task, report_task, result_exists, summarize_task
 from anchorctx.tasks.reporting import report_tables, summary_tables
+from anchorctx.tasks.reuse import (
+    CACHED_TAG,
+    mark_cached,
+    tag_flow_run_cached,
+    tagged,
+    will_be_cached,
+)
 from anchorctx.tasks.sharding import visible_gpus
 from anchorctx.tasks.training import list_checkpoint_paths, train_task
 
@@ -58,14 +65,17 @@ EVAL_WORKERS = int(os.environ.get("ANCHORCTX_EVAL_WORKERS", "1"))
 def _run_name(stage: str, per_arm: bool = True) -> str:
     cfg = flow_run.parameters.get("cfg")
     if isinstance(cfg, ExperimentConfig):
-        return f"{stage}-{cfg.name}-{cfg.variant_name}" if per_arm else f"{stage}-{cfg.name}"
+        # evaluate's ``variant`` parameter picks the arm; the name must say which one
+        arm = flow_run.parameters.get("variant") or cfg.variant_name
+        return f"{stage}-{cfg.name}-{arm}" if per_arm else f"{stage}-{cfg.name}"
     if isinstance(cfg, dict):  # parameters before validation
         return f"{stage}-{cfg.get('name', 'experiment')}"
     return stage
 
 
-def _was_cached(state: State) -> bool:
-    return state.name == "Cached"
+Stage = Literal["data", "train", "evaluate", "report"]
+STAGES: tuple[str, ...] = ("data", "train", "evaluate", "report")
+Suite = Literal["ruler", "longbench", "mmlu", "hellaswag"]
 
 
 # --------------------------------------------------------------------------- prepare-data
@@ -73,9 +83,13 @@ def _was_cached(state: State) -> bool:
 def prepare_data_flow(cfg: ExperimentConfig, force: bool = False) -> str:
     """Pack the training data of ``cfg`` (cached by inputs, data config and tokenizer)."""
     ensure_demo_corpus_task(cfg)
-    state = prepare_data_task.with_options(refresh_cache=force)(cfg, force=force, return_state=True)
+    task = tagged(prepare_data_task.with_options(refresh_cache=force), {"cfg": cfg}, force)
+    state = task(cfg, force=force, return_state=True)
     dataset = state.result()
-    if _was_cached(state) and not dataset_exists(dataset):
+    cached = mark_cached(state)
+    if cached and dataset_exists(dataset):
+        tag_flow_run_cached()
+    elif cached:
         get_run_logger().warning("cached dataset %s is gone: packing again", dataset)
         dataset = prepare_data_task.with_options(refresh_cache=True)(cfg, force=True)
     publish_summary(
@@ -106,15 +120,19 @@ def train_flow(
     ``dataset``: an already packed dataset (full-experiment passes it); by default the data is
     prepared first (a cache hit when it exists). ``timeout_s`` kills the training process group
     after that many seconds. ``resume`` continues an interrupted run (a finished one returns at
-    once); ``force`` moves an earlier run directory aside and trains from scratch.
+    once); ``force`` trains from scratch, keeping the earlier run until the new one finishes
+    (a cancelled or failed forced run puts it back).
     """
     if dataset is None or not dataset_exists(dataset):
         dataset = prepare_data_flow(cfg, force=force)
-    state = train_task.with_options(refresh_cache=force)(
-        cfg, dataset, resume=resume, timeout_s=timeout_s, fresh=force, return_state=True
-    )
+    task = tagged(train_task.with_options(refresh_cache=force), {"cfg": cfg, "dataset": dataset},
+                  force)  # fmt: skip
+    state = task(cfg, dataset, resume=resume, timeout_s=timeout_s, fresh=force, return_state=True)
     checkpoints = state.result()
-    if _was_cached(state) and not all(Path(c).is_dir() for c in checkpoints):
+    cached = mark_cached(state)
+    if cached and all(Path(c).is_dir() for c in checkpoints):
+        tag_flow_run_cached()
+    elif cached:
         get_run_logger().warning("cached run's checkpoints are gone from %s: training again",
                                  cfg.run_dir)  # fmt: skip
         checkpoints = train_task.with_options(refresh_cache=True)(cfg, dataset, resume, timeout_s)
@@ -167,6 +185,7 @@ def evaluate_flow(
     ensure_eval_fixtures_task(cfg)
     results = _evaluate_all(cfg, checkpoints, suites, force)
     summary = summarize_task(str(run), cfg.evaluation.last_k)
+    log_evaluation(cfg, run)  # every score per checkpoint and the averages, to the trackers
     for name, rows in summary_tables(summary).items():
         publish_table(f"{cfg.name}-{run.name}-{name}", rows,
                       f"{run}: {name}, mean ± std over the last {cfg.evaluation.last_k} checkpoints")  # fmt: skip
@@ -193,8 +212,12 @@ def _evaluate_all(
     pairs = [(c, s) for c in checkpoints for s in suites]
     stale = [p for p in pairs if force or not result_exists(*p)]
     fresh = [p for p in pairs if p not in stale]
+    reused = [(c, s) for c, s in fresh
+              if will_be_cached(evaluate_task, {"cfg": cfg, "checkpoint": c, "suite": s})]  # fmt: skip
+    fresh = [p for p in fresh if p not in reused]
     futures = []
-    for group, task in ((fresh, evaluate_task),
+    for group, task in ((reused, evaluate_task.with_options(tags={CACHED_TAG})),
+                        (fresh, evaluate_task),
                         (stale, evaluate_task.with_options(refresh_cache=True))):  # fmt: skip
         if group:
             futures += task.map(
@@ -206,10 +229,14 @@ def _evaluate_all(
         f"Evaluating {cfg.name}/{cfg.variant_name}: {len(pairs)} checkpoint × suite pairs",
     )
     failed = []
+    cached = 0
     for done, future in enumerate(as_completed(futures), start=1):
         progress.update(done / len(futures), force=done == len(futures))
         if future.state.is_failed():
             failed.append(future.state.message or str(future.task_run_id))
+        cached += mark_cached(future.state)
+    if futures and cached == len(futures):
+        tag_flow_run_cached()
     if failed:
         raise RuntimeError(f"{len(failed)} of {len(futures)} evaluations failed: {failed[:3]}")
     return [f.result() for f in futures]
@@ -218,25 +245,71 @@ def _evaluate_all(
 # ------------------------------------------------------------------------ full-experiment
 @flow(name="full-experiment", flow_run_name=lambda: _run_name("full-experiment", per_arm=False))
 def full_experiment(
-    cfg: ExperimentConfig, force: bool = False, train_timeout_s: float | None = None
+    cfg: ExperimentConfig,
+    force: bool = False,
+    train_timeout_s: float | None = None,
+    arms: list[str] | None = None,
+    stages: list[Stage] | None = None,
+    suites: list[Suite] | None = None,
+    force_stages: list[Stage] | None = None,
 ) -> dict[str, Any]:
-    """Prepare data, train every arm, evaluate every checkpoint, compare the variants."""
+    """Prepare data, train every arm, evaluate every checkpoint, compare the variants.
+
+    Scope (everything outside it is left as it is, cached results included):
+    ``arms`` runs only these arms (default: all; the report still compares every arm);
+    ``stages`` runs only these stages (default: data, train, evaluate, report; training still
+    resolves its packed dataset, a cache hit when it exists); ``suites`` evaluates only these
+    of each arm's ``evaluation.suites`` (default: all of them). ``force`` recomputes instead of
+    reusing, within that scope, in ``force_stages`` (default: every stage that runs). A forced
+    run that is cancelled or fails leaves the previous results in place.
+    """
     logger = get_run_logger()
-    arms = cfg.arms()
+    all_arms = cfg.arms()
+    selected = select_arms(all_arms, arms)
+    run_stages = check_stages(stages, "stages") or list(STAGES)
+    forced = set(check_stages(force_stages, "force_stages") or run_stages) if force else set()
     ensure_demo_corpus_task(cfg)  # before data keys: they fingerprint the corpus files
     datasets: dict[str, str] = {}
-    for arm in arms:
-        key = data_key(arm)
-        if key not in datasets:
-            datasets[key] = prepare_data_flow(arm, force=force)
-        logger.info("arm %s: dataset %s", arm.variant_name, datasets[key])
-    for arm in arms:
-        train_flow(arm, force=force, timeout_s=train_timeout_s, dataset=datasets[data_key(arm)])
-        evaluate_flow(arm, force=force)
-    variants = [a.variant_name for a in arms]
-    report = report_task(str(cfg.experiment_dir), variants)
-    _publish_report(cfg, arms, report, datasets)
-    return {"experiment_dir": str(cfg.experiment_dir), "report": report["paths"]}
+    if "data" in run_stages or "train" in run_stages:
+        for arm in selected:
+            key = data_key(arm)
+            if key not in datasets:
+                datasets[key] = prepare_data_flow(arm, force="data" in forced)
+            logger.info("arm %s: dataset %s", arm.variant_name, datasets[key])
+    for arm in selected:
+        if "train" in run_stages:
+            train_flow(arm, force="train" in forced, timeout_s=train_timeout_s,
+                       dataset=datasets[data_key(arm)])  # fmt: skip
+        arm_suites = [x for x in arm.evaluation.suites if not suites or x in suites]
+        if "evaluate" in run_stages and arm_suites:
+            evaluate_flow(arm, suites=arm_suites, force="evaluate" in forced)
+    out: dict[str, Any] = {"experiment_dir": str(cfg.experiment_dir)}
+    if "report" in run_stages:
+        report = report_task(str(cfg.experiment_dir), [a.variant_name for a in all_arms])
+        _publish_report(cfg, all_arms, report, datasets)
+        log_report(cfg, report)
+        out["report"] = report["paths"]
+    return out
+
+
+def select_arms(
+    all_arms: list[ExperimentConfig], names: list[str] | None
+) -> list[ExperimentConfig]:
+    """The arms named (in the experiment's order); an unknown name is an error listing them."""
+    if not names:
+        return all_arms
+    known = [a.variant_name for a in all_arms]
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise ValueError(f"arms: {unknown} not in the experiment's arms {known}")
+    return [a for a in all_arms if a.variant_name in names]
+
+
+def check_stages(stages: list[str] | None, key: str) -> list[str]:
+    unknown = [s for s in stages or [] if s not in STAGES]
+    if unknown:
+        raise ValueError(f"{key}: unknown stage(s) {unknown}; stages are {list(STAGES)}")
+    return list(stages or [])
 
 
 def _publish_report(

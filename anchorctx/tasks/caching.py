@@ -83,7 +83,8 @@ def train_cache_key(context: TaskRunContext, parameters: dict[str, Any]) -> str:
     cfg: ExperimentConfig = parameters["cfg"]
     manifest = Path(parameters["dataset"]) / "manifest.json"
     data_hash = hashlib.sha256(manifest.read_bytes()).hexdigest() if manifest.is_file() else None
-    return digest("train", cfg.model_dump(mode="json"), data_hash, code_version())
+    dumped = cfg.model_dump(mode="json", exclude={"tracking"})  # trackers do not change results
+    return digest("train", dumped, data_hash, code_version())
 
 
 def evaluate_cache_key(context: TaskRunContext, parameters: dict[str, Any]) -> str:

@@ -1,14 +1,16 @@
 """Training as a child process group, streamed into the Prefect run log.
 
 The task writes the arm's resolved config beside the run directory and runs
-``python -m anchorctx train CONFIG [--resume/--force]`` (which itself launches torchrun when the
-config asks for several processes). See :mod:`anchorctx.tasks.process` for how the process tree
-is killed on cancellation, crash or deadline.
+``python -m anchorctx train CONFIG [--resume]`` (which itself launches torchrun when the config
+asks for several processes; the child holds the run directory's writer lock). See
+:mod:`anchorctx.tasks.process` for how the process tree is killed on cancellation, crash or
+deadline.
 """
 
 from __future__ import annotations
 
 import sys
+import time
 from pathlib import Path
 
 from prefect import get_run_logger, task
@@ -20,18 +22,16 @@ from anchorctx.tasks.caching import train_cache_key
 from anchorctx.tasks.process import run_process_group
 
 
-def train_command(config_path: Path, *, resume: bool, fresh: bool = False) -> list[str]:
-    """``fresh`` -> ``--force`` (the child moves an earlier run aside, under the run lock);
-    else ``resume`` -> ``--resume``; neither: a run directory holding a run is an error."""
+def train_command(config_path: Path, *, resume: bool) -> list[str]:
+    """``resume`` -> ``--resume``; without it a run directory holding a run is an error (a
+    forced task run has moved the earlier run out of the way first)."""
     cmd = [sys.executable, "-m", "anchorctx", "train", str(config_path)]
-    if fresh:
-        return [*cmd, "--force"]
     return [*cmd, "--resume"] if resume else cmd
 
 
 def task_config_path(cfg: ExperimentConfig) -> Path:
     """Where the task writes the arm's config for the child: beside the run directory, not in
-    it (the child may move an earlier run aside, and writes ``config.yaml`` itself)."""
+    it (an earlier run's ``config.yaml`` stays as it was until the child accepts the restart)."""
     return cfg.experiment_dir / f".{cfg.variant_name}.task-config.yaml"
 
 
@@ -47,6 +47,33 @@ def list_checkpoint_paths(run_dir: Path) -> list[str]:
     return [str(p) for p in list_checkpoints(run_dir)] if run_dir.is_dir() else []
 
 
+def move_aside(run_dir: Path, label: str = "old", source: Path | None = None) -> Path | None:
+    """Rename a run out of the way (never delete results): ``source`` (default: the run
+    directory itself) becomes ``<run>.<label>-<time>``."""
+    source = source or run_dir
+    if not source.exists():
+        return None
+    target = run_dir.with_name(f"{run_dir.name}.{label}-{time.strftime('%Y%m%d-%H%M%S')}")
+    source.rename(target)
+    return target
+
+
+def previous_dir(run_dir: Path) -> Path:
+    """Where a forced run keeps the previous run until it has replaced it."""
+    return run_dir.with_name(f"{run_dir.name}.previous")
+
+
+def restore_previous(run_dir: Path) -> Path | None:
+    """Undo an unfinished forced run: its partial directory goes to ``<run>.failed-<time>``
+    and the previous run comes back. Returns the restored directory (None: nothing to undo)."""
+    previous = previous_dir(run_dir)
+    if not previous.is_dir():
+        return None
+    move_aside(run_dir, "failed")
+    previous.rename(run_dir)
+    return run_dir
+
+
 @task(name="train", cache_key_fn=train_cache_key, persist_result=True, result_serializer="json")
 def train_task(
     cfg: ExperimentConfig,
@@ -59,14 +86,46 @@ def train_task(
 
     ``dataset`` (the packed dataset directory) is part of the cache key: a re-packed dataset
     retrains. With ``resume`` an interrupted run continues from ``<run_dir>/resume`` and a
-    finished one returns at once; ``fresh`` renames an earlier run directory aside first
-    (``train --force``, done by the child while it holds the run directory's lock).
+    finished one returns at once; ``fresh`` trains from scratch while the earlier run directory
+    waits as ``<run>.previous``: renamed ``<run>.old-<time>`` once the new run finishes, put
+    back if it does not.
     """
+    from anchorctx.training.loop import run_lock
+
+    logger = get_run_logger()
+    run_dir = cfg.run_dir
+    # The renames below happen while holding the run directory's lock (released just before
+    # the child takes it): never move a run directory that another process is writing.
+    with run_lock(cfg):
+        if restore_previous(run_dir) is not None:  # a forced run was killed before it undid
+            logger.warning("an unfinished forced run was undone: previous run restored in %s",
+                           run_dir)  # fmt: skip
+        # Forced: the previous run waits beside the new one and comes back if the new one does
+        # not finish (cancelled, crashed, timed out): a forced run never leaves a run without
+        # results.
+        if fresh and run_dir.exists():
+            run_dir.rename(previous_dir(run_dir))
+            logger.info("forced: training from scratch; previous run kept in %s until this one "
+                        "finishes", previous_dir(run_dir))  # fmt: skip
+    if not fresh:
+        return _train(cfg, dataset, resume, timeout_s)
+    try:
+        checkpoints = _train(cfg, dataset, resume, timeout_s)
+    except BaseException:
+        if restore_previous(run_dir) is not None:
+            logger.warning("forced run did not finish: previous run restored in %s", run_dir)
+        raise
+    if (old := move_aside(run_dir, source=previous_dir(run_dir))) is not None:
+        logger.info("previous run moved aside to %s", old)
+    return checkpoints
+
+
+def _train(cfg: ExperimentConfig, dataset: str, resume: bool, timeout_s: float | None) -> list[str]:
     logger = get_run_logger()
     run_dir = cfg.run_dir
     config_path = task_config_path(cfg)
     dump_config(cfg, config_path)
-    cmd = train_command(config_path, resume=resume, fresh=fresh)
+    cmd = train_command(config_path, resume=resume)
     logger.info("launching: %s", " ".join(cmd))
     progress = Progress(
         artifact_key("train", cfg.name, cfg.variant_name),

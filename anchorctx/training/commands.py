@@ -36,8 +36,11 @@ def train_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def train(args: argparse.Namespace) -> int:
+    from anchorctx.tracking import check_backends
     from anchorctx.training.launch import launch
 
-    # Errors (config, data, busy or corrupt run directory) become one line in anchorctx.cli.
+    # Errors (config, data, tracker, busy or corrupt run directory) become one line in
+    # anchorctx.cli, with exit status 2 or 1 (see there).
+    check_backends(args.cfg)  # before any work: a missing tracker package is one line
     return launch(args.cfg, resume=args.resume, force=args.force, node_rank=args.node_rank,
                   master_addr=args.master_addr)  # fmt: skip

@@ -26,6 +26,7 @@ from anchorctx.io import (
     read_jsonl,
     sha256_file,
 )
+from anchorctx.tracking import Tracker, train_metrics
 from anchorctx.training import checkpoints as ckpt
 from anchorctx.training.plan import (
     Parallelism,
@@ -200,22 +201,27 @@ def _loop(cfg, par, pre, engine, plan, scale, device, state) -> dict[str, Any]:
     meter = M.Throughput(t.steps, par.world, M.peak_tflops(par.device, t.precision, t.peak_tflops))
     bar = _progress_bar(rank, start, t.steps)
     loss = None
-    for step in range(start + 1, t.steps + 1):
-        t0 = time.perf_counter()
-        data = plan.step_data(step - 1, device)
-        stats = train_step(engine, data, par.engine, scale)
-        _sync(par.device)
-        dt = time.perf_counter() - t0
-        tokens_seen += data.global_tokens
-        loss = stats.loss
-        flops = M.step_flops(n_matmul, data.global_tokens, data.attention_pairs, text_cfg)
-        row = {"step": step, "loss": round(stats.loss, 6), "grad_norm": stats.grad_norm,
-               "lr": stats.lr, "tokens": data.global_tokens, "tokens_seen": tokens_seen,
-               **meter.record(dt, data.global_tokens, flops),
-               "peak_mem_gib": round(M.peak_memory_gib(par.device), 2)}  # fmt: skip
-        if rank == 0:
-            _report(cfg, row, meter.eta(step), bar)
-        _save(cfg, par, pre, engine, step, tokens_seen, loss)
+    tracker = Tracker(cfg, "train", enabled=rank == 0)  # only rank 0 logs
+    try:
+        for step in range(start + 1, t.steps + 1):
+            t0 = time.perf_counter()
+            data = plan.step_data(step - 1, device)
+            stats = train_step(engine, data, par.engine, scale)
+            _sync(par.device)
+            dt = time.perf_counter() - t0
+            tokens_seen += data.global_tokens
+            loss = stats.loss
+            flops = M.step_flops(n_matmul, data.global_tokens, data.attention_pairs, text_cfg)
+            row = {"step": step, "loss": round(stats.loss, 6), "grad_norm": stats.grad_norm,
+                   "lr": stats.lr, "tokens": data.global_tokens, "tokens_seen": tokens_seen,
+                   **meter.record(dt, data.global_tokens, flops),
+                   "peak_mem_gib": round(M.peak_memory_gib(par.device), 2)}  # fmt: skip
+            if rank == 0:
+                _report(cfg, row, meter.eta(step), bar)
+                tracker.metrics(train_metrics(row), step=step)
+            _save(cfg, par, pre, engine, step, tokens_seen, loss)
+    finally:
+        tracker.close()
     if bar is not None:
         bar.close()
     return _summary(cfg, t.steps, tokens_seen, loss, start)

@@ -1,0 +1,101 @@
+"""What evaluation and the experiment report log to the configured trackers.
+
+- ``log_evaluation``: every score of every checkpoint under ``eval/<suite>/<task>/<key>`` (step =
+  the checkpoint's training step; RULER also ``eval/ruler/average/<length>``, LongBench
+  ``eval/longbench/category/<name>``) and the averages over the last k checkpoints under
+  ``eval_mean/...`` and ``eval_std/...`` at the newest averaged step;
+- ``log_report``: each comparison table (variants × columns, mean ± std), its means as numbers,
+  the RULER plot and report.md, in one ``report`` run per experiment.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from anchorctx.evaluation.averaging import (
+    SUMMARY_JSON,
+    collect_results,
+    fmt_stat,
+    result_step,
+    ruler_average,
+)
+from anchorctx.io import read_json
+from anchorctx.tracking import Tracker
+
+if TYPE_CHECKING:
+    from anchorctx.config import ExperimentConfig
+
+
+def log_evaluation(cfg: ExperimentConfig, run_dir: str | Path | None = None) -> None:
+    """Log every result under ``<run_dir>/eval`` (per checkpoint) and, when
+    ``eval/summary.json`` exists, its averages over the last k checkpoints."""
+    if not cfg.tracking.backends:
+        return
+    run_dir = Path(run_dir) if run_dir else cfg.run_dir
+    grouped = collect_results(run_dir)
+    summary_path = run_dir / "eval" / SUMMARY_JSON
+    summary = read_json(summary_path) if summary_path.is_file() else None
+    # One row per step across suites, logged in step order: W&B drops rows whose step is below
+    # one it has seen. Results of checkpoints without a step (e.g. averaged weights) go to 0.
+    rows: dict[int, dict[str, Any]] = {}
+    for suite, results in grouped.items():
+        for result in results:
+            rows.setdefault(result_step(result) or 0, {}).update(
+                _score_metrics("eval", suite, result)
+            )
+    for suite, s in (summary or {}).get("suites", {}).items():
+        step = max((x for x in s.get("steps", []) if isinstance(x, int)), default=0)
+        for stat in ("mean", "std"):
+            rows.setdefault(step, {}).update(_summary_metrics(f"eval_{stat}", suite, s, stat))
+    with Tracker(cfg, "evaluate", log_dir=run_dir / "tensorboard") as tracker:
+        for step in sorted(rows):
+            tracker.metrics(rows[step], step=step)
+
+
+def _score_metrics(prefix: str, suite: str, result: dict[str, Any]) -> dict[str, Any]:
+    out = {
+        f"{prefix}/{suite}/{task}/{key}": value
+        for task, by_key in result["scores"].items()
+        if isinstance(by_key, dict)
+        for key, value in by_key.items()
+    }
+    if suite == "ruler":
+        out |= {f"{prefix}/ruler/average/{k}": v for k, v in ruler_average(result)[0].items()}
+    out |= {
+        f"{prefix}/{suite}/category/{c}": v for c, v in (result.get("categories") or {}).items()
+    }
+    return out
+
+
+def _summary_metrics(prefix: str, suite: str, s: dict[str, Any], stat: str) -> dict[str, Any]:
+    out = {
+        f"{prefix}/{suite}/{task}/{key}": st[stat]
+        for task, by_key in s.get("scores", {}).items()
+        for key, st in by_key.items()
+    }
+    out |= {f"{prefix}/ruler/average/{k}": st[stat] for k, st in s.get("average", {}).items()}
+    out |= {f"{prefix}/{suite}/category/{c}": st[stat]
+            for c, st in s.get("categories", {}).items()}  # fmt: skip
+    return out
+
+
+def log_report(cfg: ExperimentConfig, report: dict[str, Any]) -> None:
+    """The experiment report (``write_experiment_report``'s return value): each comparison
+    table (variant rows, mean ± std cells), the RULER plot, and report.md."""
+    if not cfg.tracking.backends:
+        return
+    with Tracker(cfg, "report", log_dir=cfg.experiment_dir / "tensorboard") as tracker:
+        for name, table in report["tables"].items():
+            if not table["rows"]:
+                continue
+            columns = [str(c) for c in table["columns"]]
+            rows = [[variant] + [fmt_stat(row.get(c)) for c in columns]
+                    for variant, row in table["rows"].items()]  # fmt: skip
+            tracker.table(f"report/{name}", ["variant", *columns], rows)
+            for variant, row in table["rows"].items():
+                tracker.metrics({f"report/{name}/{variant}/{c}": (row.get(c) or {}).get("mean")
+                                 for c in columns})  # fmt: skip
+        if plot := report["paths"].get("ruler_plot"):
+            tracker.image("report/ruler_by_length", plot)
+        tracker.text("report/markdown", report["markdown"])

@@ -91,6 +91,11 @@ def test_cancelled_forced_training_keeps_the_previous_run(served):  # noqa: F811
     while time.monotonic() < deadline and not _train_children(config_path):
         time.sleep(0.5)
     assert _train_children(config_path), "the forced training never started"
+    # The child writes the new run directory once its pre-flight checks pass: cancel after that,
+    # so there is a partial run to keep aside.
+    while time.monotonic() < deadline and not (anchor.run_dir / "config.yaml").exists():
+        time.sleep(0.5)
+    assert (anchor.run_dir / "config.yaml").exists(), "the forced training never wrote its run"
     time.sleep(3)
     with client_for(served) as client:
         client.set_flow_run_state(run.id, Cancelling(), force=True)

@@ -52,6 +52,8 @@ COMMANDS: dict[str, Command] = {
     "run": Command("anchorctx.flows.commands", "run",
                    "Run a deployment (full-experiment/demo by default), optionally one arm, stage "
                    "or suite, and follow its progress in the terminal.", False),
+    "eval-worker": Command("anchorctx.flows.commands", "eval_worker",
+                           "Run one evaluation worker (one GPU slot) of a Prefect work pool.", False),
 }  # fmt: skip
 
 

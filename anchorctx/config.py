@@ -287,6 +287,14 @@ class EvaluationConfig(Strict):
     batch_size: int = Field(1, gt=0, description="Generation batch size.")
     device: Literal["auto", "cpu", "cuda"] = "auto"
     dtype: Literal["bfloat16", "float32", "float16"] = "bfloat16"
+    work_pool: str | None = Field(
+        None, description="Prefect work pool whose workers (`anchorctx eval-worker POOL`, one per "
+        "GPU, on any number of nodes) run the evaluation shards; None: this host's GPUs."
+    )  # fmt: skip
+    shards: int | None = Field(
+        None, gt=0, description="Shards per (checkpoint, suite) on the work pool. Default: the "
+        "pool's online workers."
+    )  # fmt: skip
 
 
 # ------------------------------------------------------------------------------------ analysis

@@ -36,7 +36,7 @@ def _cfg(
         "evaluation": {
             "suites": ["ruler"], "demo_fixtures": str(tmp_path / "eval_data"),
             "device": "cpu", "dtype": "float32", "batch_size": 2,
-            "ruler": {"tasks": ["niah_single_1", "qa_1"], "lengths": [512, 1024],
+            "ruler": {"tasks": ["niah_single_1", "qa_1"], "lengths": [1024, 2048],
                       "num_samples": 2, "squad_path": str(tmp_path / "eval_data" / "squad.json")},
         },
     }  # fmt: skip

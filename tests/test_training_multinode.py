@@ -12,14 +12,13 @@ Needs root and iproute2 (`ip netns`); skipped with the reason otherwise.
 
 from __future__ import annotations
 
-import contextlib
 import os
-import shutil
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+import netns
 import pytest
 import torch
 from distributed import free_port, torch_extensions  # noqa: F401  (fixture)
@@ -28,48 +27,16 @@ from safetensors.torch import load_file
 from anchorctx.io import read_jsonl
 
 RTOL = 1e-5  # as tests/test_training_sp.py: fp32 reduction-order noise, with a 100x margin
-SUBNET = "10.231.7"  # the test's own hosts: .1 (node 0) and .2 (node 1)
 pytestmark = pytest.mark.distributed
-
-
-def _ip(*args: str) -> None:
-    subprocess.run(["ip", *args], check=True, capture_output=True, timeout=30)
-
-
-def _namespaces_unavailable() -> str | None:
-    if os.geteuid() != 0:
-        return "network namespaces need root"
-    if shutil.which("ip") is None or shutil.which("unshare") is None:
-        return "iproute2 (ip) and util-linux (unshare) are needed"
-    probe = f"actx-probe-{os.getpid()}"
-    try:
-        _ip("netns", "add", probe)
-        _ip("netns", "del", probe)
-    except (subprocess.CalledProcessError, OSError) as err:
-        return f"cannot create network namespaces here: {err}"
-    return None
 
 
 @pytest.fixture(scope="module")
 def hosts():
     """Two hosts: (namespace, address, interface) each, joined by a veth pair."""
-    if reason := _namespaces_unavailable():
+    if reason := netns.unavailable():
         pytest.skip(reason)
-    tag = f"{os.getpid() % 100000}"
-    nodes = [(f"actx{tag}n{i}", f"{SUBNET}.{i + 1}", f"ax{tag}v{i}") for i in range(2)]
-    for ns, _, _ in nodes:
-        _ip("netns", "add", ns)
-    try:
-        _ip("link", "add", nodes[0][2], "type", "veth", "peer", "name", nodes[1][2])
-        for ns, addr, dev in nodes:
-            _ip("link", "set", dev, "netns", ns)
-            _ip("-n", ns, "addr", "add", f"{addr}/24", "dev", dev)
-            _ip("-n", ns, "link", "set", dev, "up")
-            _ip("-n", ns, "link", "set", "lo", "up")
+    with netns.two_hosts() as nodes:
         yield nodes
-    finally:
-        for ns, _, _ in nodes:
-            subprocess.run(["ip", "netns", "del", ns], capture_output=True, timeout=30)
 
 
 def _start_node(hosts, rank: int, config: Path, log: Path, *extra: str,
@@ -88,16 +55,6 @@ def _start_node(hosts, rank: int, config: Path, log: Path, *extra: str,
                             stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
 
 
-def _kill_tree(pid: int) -> None:
-    """SIGKILL a process and all its descendants (torchrun runs in a session of its own)."""
-    import psutil
-
-    root = psutil.Process(pid)
-    for proc in [root, *root.children(recursive=True)]:
-        with contextlib.suppress(psutil.NoSuchProcess):
-            proc.kill()
-
-
 def _finish(procs: list[subprocess.Popen], timeout: float = 300) -> list[int]:
     deadline = time.monotonic() + timeout
     codes = []
@@ -106,7 +63,7 @@ def _finish(procs: list[subprocess.Popen], timeout: float = 300) -> list[int]:
             codes.append(p.wait(timeout=max(1.0, deadline - time.monotonic())))
         except subprocess.TimeoutExpired:
             for q in procs:
-                _kill_tree(q.pid)
+                netns.kill_tree(q.pid)
             raise
     return codes
 
@@ -167,7 +124,7 @@ def test_a_killed_node_fails_the_other_and_the_run_resumes(hosts, tiny_config, p
         assert time.monotonic() < deadline, logs[0].read_text()[-3000:]
         assert procs[0].poll() is None, logs[0].read_text()[-3000:]
         time.sleep(0.2)
-    _kill_tree(procs[1].pid)  # node 1 dies: its launcher, torchrun and worker at once
+    netns.kill_tree(procs[1].pid)  # node 1 dies: its launcher, torchrun and worker at once
     killed_at = time.monotonic()
     code = _finish([procs[0]], timeout=120)[0]
     assert code != 0

@@ -57,6 +57,31 @@ def serve(args: argparse.Namespace) -> int:
     return 0
 
 
+# ------------------------------------------------------------------------------ eval-worker
+def eval_worker_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("pool", help="Work pool name (the config's evaluation.work_pool).")
+    parser.add_argument("--name", default=None,
+                        help="Worker name shown in the UI (default: Prefect's).")  # fmt: skip
+
+
+def eval_worker(args: argparse.Namespace) -> int:
+    """Register the pool's shard deployment, then become one of its workers (one GPU slot)."""
+    import os
+
+    url = api_url()
+    if not url:
+        print(f"anchorctx eval-worker: {EPHEMERAL_TRAP}", file=sys.stderr)
+        return 2
+    from anchorctx.flows.pool import register, worker_command
+
+    register(args.pool)
+    cmd = worker_command(args.pool, args.name)
+    gpu = os.environ.get("CUDA_VISIBLE_DEVICES", "all visible")
+    print(f"anchorctx eval-worker: pool {args.pool!r} on {url}, GPUs: {gpu}", flush=True)
+    os.execv(cmd[0], cmd)  # the worker replaces this process (signals reach it directly)
+    return 0  # not reached
+
+
 # ------------------------------------------------------------------------------------- run
 def run_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("deployment", nargs="?", default="full-experiment/demo",

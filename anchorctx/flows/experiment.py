@@ -206,6 +206,10 @@ def _evaluate_all(
     """Map the (checkpoint, suite) pairs onto evaluation tasks; pairs whose result file is
     missing (or all of them, with ``force``) bypass the cache. On a host with several GPUs
     the pairs are sharded over all of them (flows/sharded.py)."""
+    if cfg.evaluation.work_pool:  # workers on any number of nodes (flows/pool.py)
+        from anchorctx.flows.pool import evaluate_on_pool
+
+        return evaluate_on_pool(cfg, checkpoints, suites, force)
     gpus = visible_gpus() if cfg.evaluation.device != "cpu" else []
     if len(gpus) > 1:
         return evaluate_sharded(cfg, checkpoints, suites, force, gpus)

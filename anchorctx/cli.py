@@ -5,13 +5,20 @@ two functions: ``<name>_arguments(parser)`` adds its options, ``<name>(args) -> 
 Commands that take an experiment config get ``CONFIG`` and ``--set a.b=value`` here, and find the
 validated config in ``args.cfg``. Heavy imports (torch, transformers) happen inside the command,
 so ``anchorctx --help`` stays fast.
+
+Errors: every failure is one line on stderr, ``anchorctx <command>: <what went wrong>``, with
+exit status 2 for a usage or config mistake (fix the command line or the config) and 1 for a
+failure at run time (bad input data, a corrupt file, a busy run directory, a full disk). The
+traceback is printed only with ``anchorctx --debug <command> ...``.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
+import traceback
 from typing import NamedTuple
 
 from anchorctx.config import ConfigError, load_config
@@ -69,6 +76,8 @@ def build_parser() -> argparse.ArgumentParser:
         "training, evaluation and reports. Each command takes an experiment config "
         "(configs/*.yaml) and dotted overrides: --set training.steps=10.",
     )
+    parser.add_argument("--debug", action="store_true",
+                        help="Print the full traceback of an error.")  # fmt: skip
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name, cmd in COMMANDS.items():
         p = sub.add_parser(name, help=cmd.help, description=cmd.help)
@@ -83,20 +92,65 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# Exception class names (anywhere in the MRO) that mean "fix the command line or the config":
+# exit 2. Names, not classes, so this module does not import torch-heavy packages.
+USAGE_ERRORS = frozenset({"ConfigError", "UsageError"})
+
+
+class UsageError(ValueError):
+    """A command-line mistake a command detects itself (e.g. ``--resume`` with ``--force``)."""
+
+
+def exit_code(err: BaseException) -> int:
+    """2 for usage/config errors (the exception or its class says so), 1 for everything else."""
+    code = getattr(err, "exit_code", None)
+    if isinstance(code, int):
+        return code
+    return 2 if any(c.__name__ in USAGE_ERRORS for c in type(err).__mro__) else 1
+
+
+def error_line(err: BaseException) -> str:
+    """One line describing ``err``: our own errors already say what to fix; anything else gets
+    its type (and, for OS errors, the file) so the cause is recognisable."""
+    if isinstance(err, OSError) and err.strerror:
+        where = f": {err.filename}" if err.filename else ""
+        text = f"{err.strerror}{where}"
+        if err.filename2:
+            text += f" -> {err.filename2}"
+    else:
+        text = str(err)
+        own = type(err).__module__.startswith("anchorctx")
+        if not own or not text:
+            text = f"{type(err).__name__}: {text}" if text else type(err).__name__
+    return " ".join(text.split())
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     cmd = COMMANDS[args.command]
+    if args.debug:
+        os.environ["ANCHORCTX_DEBUG"] = "1"  # launched workers print tracebacks too
     try:
         if cmd.takes_config:
             args.cfg = load_config(args.config, args.overrides)
         return int(getattr(importlib.import_module(cmd.module), cmd.function)(args) or 0)
-    except ConfigError as err:
-        print(f"anchorctx {args.command}: config error: {err}", file=sys.stderr)
-        return 2
     except KeyboardInterrupt:
         print(f"anchorctx {args.command}: interrupted", file=sys.stderr)
         return 130
+    except Exception as err:  # the one place that turns any failure into a one-line error
+        if args.debug:
+            traceback.print_exc()
+        prefix = "config error: " if isinstance(err, ConfigError) else ""
+        hint = "" if args.debug else _debug_hint(err)
+        print(f"anchorctx {args.command}: {prefix}{error_line(err)}{hint}", file=sys.stderr)
+        return exit_code(err)
+
+
+def _debug_hint(err: BaseException) -> str:
+    # Errors of our own say what to fix; a foreign one may need its traceback.
+    own = type(err).__module__.startswith("anchorctx") or isinstance(err, OSError)
+    return "" if own else " (run `anchorctx --debug ...` for the traceback)"
 
 
 if __name__ == "__main__":

@@ -445,7 +445,7 @@ class ExperimentConfig(Strict):
         raw = self.model_dump(mode="json")
         raw["variants"] = []
         for key, value in spec.overrides.items():
-            _set_dotted(raw, key, value)
+            _set_dotted(raw, key, value, what=f"variant {spec.name!r} override {key!r}")
         raw["training"]["attention"] = spec.attention
         raw["variant"] = spec.name
         return _validate(raw, source=f"variant {spec.name!r}")
@@ -492,15 +492,30 @@ def config_from_dict(
         if not sep or not key:
             raise ConfigError(f"override {item!r} must look like a.b=value")
         _check_key(key.strip())
-        _set_dotted(raw, key.strip(), yaml.safe_load(text) if text.strip() else None)
-    return _validate(raw, source)
+        try:
+            value = yaml.safe_load(text) if text.strip() else None
+        except yaml.YAMLError as err:
+            raise ConfigError(
+                f"override {item!r}: invalid YAML value ({_first_line(err)})"
+            ) from None
+        _set_dotted(raw, key.strip(), value, what=f"override {key.strip()!r}")
+    cfg = _validate(raw, source)
+    # Every arm's overrides are checked now, not when that arm first runs: a typo in a variant
+    # fails `config`, a single-arm run and the whole experiment alike.
+    for spec in cfg.variants:
+        cfg.for_variant(spec)
+    return cfg
+
+
+def _first_line(err: Exception) -> str:
+    return " ".join(str(err).split())
 
 
 def _validate(raw: dict[str, Any], source: str) -> ExperimentConfig:
     try:
         return ExperimentConfig.model_validate(raw)
     except ValidationError as err:
-        raise ConfigError(f"{source}:\n" + _explain(err)) from None
+        raise ConfigError(f"{source}: " + _explain(err)) from None
 
 
 def _explain(err: ValidationError) -> str:
@@ -508,10 +523,15 @@ def _explain(err: ValidationError) -> str:
     for e in err.errors():
         loc = ".".join(str(p) for p in e["loc"])
         if e["type"] == "extra_forbidden":
-            lines.append("  " + _unknown_key_message(loc))
+            lines.append(_unknown_key_message(loc))
         else:
-            lines.append(f"  {loc or '<root>'}: {e['msg']} (got {e.get('input')!r})")
-    return "\n".join(lines)
+            lines.append(f"{loc or '<root>'}: {e['msg']} (got {_short(e.get('input'))})")
+    return "; ".join(lines)  # one line: CLI errors are single lines
+
+
+def _short(value: Any, limit: int = 120) -> str:
+    text = " ".join(repr(value).split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _model_at(dotted: str) -> tuple[type[BaseModel] | None, str]:
@@ -561,20 +581,33 @@ def _check_key(dotted: str) -> None:
         model = _sub_model(field.annotation)
 
 
-def _set_dotted(raw: dict[str, Any], dotted: str, value: Any) -> None:
+def _set_dotted(raw: dict[str, Any], dotted: str, value: Any, what: str = "") -> None:
     node: Any = raw
     parts = dotted.split(".")
-    for part in parts[:-1]:
+    for i, part in enumerate(parts):
+        last = i == len(parts) - 1
         if isinstance(node, list):
-            node = node[int(part)]
+            index = _list_index(node, part, ".".join(parts[:i]), what or repr(dotted))
+            if last:
+                node[index] = value
+            else:
+                node = node[index]
             continue
+        if last:
+            node[part] = value
+            return
         if not isinstance(node.get(part), dict | list):
             node[part] = {}
         node = node[part]
-    if isinstance(node, list):
-        node[int(parts[-1])] = value
-    else:
-        node[parts[-1]] = value
+
+
+def _list_index(node: list, part: str, where: str, what: str) -> int:
+    if not part.isdigit() or int(part) >= len(node):
+        raise ConfigError(
+            f"{what}: {where} is a list of {len(node)} entr{'y' if len(node) == 1 else 'ies'}; "
+            f"{part!r} is not an index into it (use 0..{len(node) - 1})"
+        )
+    return int(part)
 
 
 def dump_config(cfg: ExperimentConfig, path: Path) -> None:

@@ -40,6 +40,8 @@ PACKAGES = {
 class TrackingError(RuntimeError):
     """A selected tracking backend cannot be used; the message names the package to install."""
 
+    exit_code = 2  # fix the setup or the config (anchorctx.cli)
+
 
 def check_backends(cfg: ExperimentConfig) -> None:
     """Fail fast (before any work) when a selected backend's package is not installed."""

@@ -20,6 +20,7 @@ from anchorctx.evaluation.results import (
     evaluate_checkpoint,
     samples_path,
 )
+from anchorctx.io import sha256_file
 
 NUM_SAMPLES = 10
 
@@ -139,7 +140,8 @@ def test_result_file_contents(cfg, checkpoint, run_dir, fake, loads):
     assert out["evaluation"] == {"dtype": "float32", "batch_size": 1}
     assert out["counts"] == {"alpha": {"4096": 5}, "beta": {"4096": 5}}
     assert out["not_run"] == {"gamma": "no data"}
-    assert out["samples"] == {"resumed": 0, "new": NUM_SAMPLES, "file": "fake.samples.jsonl"}
+    assert out["samples"] == {"resumed": 0, "new": NUM_SAMPLES, "file": "fake.samples.jsonl",
+                              "sha256": sha256_file(samples_path(checkpoint, "fake"))}  # fmt: skip
     assert out["versions"]["torch"] and out["duration_s"] >= 0
     lines = samples_path(checkpoint, "fake").read_text().splitlines()
     assert json.loads(lines[0])["__header__"]["checkpoint_hash"] == out["checkpoint_hash"]

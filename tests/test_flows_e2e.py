@@ -299,7 +299,9 @@ def test_cancelling_training_leaves_no_child_processes(served):
     raw["variant"] = "cancelme"
     raw["training"].update(steps=100_000, save={"every": 50_000, "last": None})
     cfg = ExperimentConfig.model_validate(raw)
-    config_path = (cfg.run_dir / "config.yaml").resolve()
+    from anchorctx.tasks.training import task_config_path
+
+    config_path = task_config_path(cfg).resolve()
     with temporary_settings(updates={PREFECT_API_URL: served.server.api_url}):
         run = run_deployment("train/default", parameters={"cfg": raw}, timeout=0)
     deadline, tree = time.monotonic() + 240, []

@@ -82,13 +82,20 @@ def test_cancelled_forced_training_keeps_the_previous_run(served):  # noqa: F811
     before = sorted(p.name for p in (anchor.run_dir / "checkpoints").iterdir())
     raw = anchor.model_dump(mode="json")
     raw["training"].update(steps=100_000, save={"every": 50_000, "last": None})
-    config_path = (anchor.run_dir / "config.yaml").resolve()
+    from anchorctx.tasks.training import task_config_path
+
+    config_path = task_config_path(anchor).resolve()
     with temporary_settings(updates={PREFECT_API_URL: served.server.api_url}):
         run = run_deployment("train/default", parameters={"cfg": raw, "force": True}, timeout=0)
     deadline = time.monotonic() + 240
     while time.monotonic() < deadline and not _train_children(config_path):
         time.sleep(0.5)
     assert _train_children(config_path), "the forced training never started"
+    # The child writes the new run directory once its pre-flight checks pass: cancel after that,
+    # so there is a partial run to keep aside.
+    while time.monotonic() < deadline and not (anchor.run_dir / "config.yaml").exists():
+        time.sleep(0.5)
+    assert (anchor.run_dir / "config.yaml").exists(), "the forced training never wrote its run"
     time.sleep(3)
     with client_for(served) as client:
         client.set_flow_run_state(run.id, Cancelling(), force=True)

@@ -62,7 +62,7 @@ def test_resume_continues_identically(runs):
 
 def test_unsafe_restarts_are_refused(runs):
     straight, _, _, data = runs
-    with pytest.raises(TrainingError, match="checkpoints of an earlier run"):
+    with pytest.raises(TrainingError, match=r"holds an earlier run.*--resume.*--force"):
         train(straight, data_dir=data)
     changed = straight.model_copy(deep=True)
     changed.training.lr = 5e-4

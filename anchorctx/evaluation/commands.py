@@ -72,7 +72,7 @@ def evaluate(args: argparse.Namespace) -> int:
             log_evaluation(cfg, Path(args.run_dir) if args.run_dir else cfg.run_dir)
     except (EvaluationError, TrackingError) as err:
         print(f"anchorctx evaluate: {err}", file=sys.stderr)
-        return 2
+        return err.exit_code  # 2: a wrong path or setting; 1: a checkpoint that cannot load
     return 0
 
 

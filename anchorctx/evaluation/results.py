@@ -2,15 +2,23 @@
 
 Layout (docs/ARCHITECTURE.md, evaluation results contract), with ``run_dir = checkpoint.parent.parent``::
 
-    <run_dir>/eval/<checkpoint-name>/<suite>.json            final result (written atomically)
-    <run_dir>/eval/<checkpoint-name>/<suite>.samples.jsonl   per-sample records, appended as produced
+    <run_dir>/eval/<key>/<suite>.json            final result (written atomically)
+    <run_dir>/eval/<key>/<suite>.samples.jsonl   per-sample records, appended as produced
+
+The key identifies the checkpoint, not just its folder name: a run's own checkpoints
+(``<run_dir>/checkpoints/step-N``) are keyed ``step-N``; any other checkpoint directory
+``<run_dir>/<folder>/<name>`` (a weight-averaged checkpoint, one passed with ``--checkpoint``)
+is keyed ``<name>@<folder>``, so two checkpoints of one name in different folders never share
+(and overwrite) results. Each evaluation output has its own writer lock.
 
 The first line of the samples file is a header holding the identity of the evaluation: the
 checkpoint's content hash, the fingerprint of the evaluation config that affects this suite
 (settings and input data) and the code version. A rerun with the same identity resumes (the
 suite runner skips every key already recorded); any other identity starts fresh. A final
 ``<suite>.json`` with the same identity means there is nothing to do: it is returned without
-loading the model.
+loading the model, after checking it is the file that was written: the result records the
+SHA-256 of its per-sample records and of its own content, so a hand-edited result or samples
+file is recomputed from the samples (no model generation is repeated) instead of served.
 
 Suite runners are looked up in :data:`SUITES` (name -> :class:`Suite`); real runners are imported
 lazily so this module stays light. Every runner has the signature
@@ -32,7 +40,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from anchorctx.io import append_jsonl, atomic_write_text, hash_tree, read_json, read_jsonl
+from anchorctx.io import (
+    WriterLock,
+    append_jsonl,
+    atomic_write_text,
+    hash_tree,
+    read_json,
+    read_jsonl,
+    sha256_file,
+)
 
 if TYPE_CHECKING:
     from anchorctx.config import ExperimentConfig
@@ -50,6 +66,14 @@ _WEIGHT_PATTERNS = ("*.safetensors", "pytorch_model*.bin")
 
 class EvaluationError(ValueError):
     """A checkpoint, suite or data file cannot be evaluated; the message says what to fix."""
+
+    exit_code = 2  # a wrong path, suite or setting (anchorctx.cli)
+
+
+class CheckpointLoadError(EvaluationError):
+    """A checkpoint's files exist but cannot be loaded (truncated or corrupt weights)."""
+
+    exit_code = 1
 
 
 @dataclass(frozen=True)
@@ -106,6 +130,14 @@ def check_checkpoint(checkpoint: str | Path) -> Path:
             f"incomplete checkpoint {ckpt}: no weights (*.safetensors or pytorch_model*.bin)"
         )
     return ckpt
+
+
+def _check_tokenizer(ckpt: Path) -> None:
+    """Before loading: evaluation needs the checkpoint's own tokenizer."""
+    if not any((ckpt / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json")):
+        raise EvaluationError(
+            f"incomplete checkpoint {ckpt}: no tokenizer (tokenizer.json or tokenizer_config.json)"
+        )
 
 
 _Signature = tuple[tuple[str, int, int, int], ...]
@@ -213,10 +245,19 @@ def _identity(cfg: ExperimentConfig, checkpoint: str | Path, suite: str) -> dict
 
 
 # ---------------------------------------------------------------------------------- paths
-def eval_dir(checkpoint: str | Path) -> Path:
-    """``<run_dir>/eval/<checkpoint-name>`` with ``run_dir = checkpoint.parent.parent``."""
+def checkpoint_key(checkpoint: str | Path) -> str:
+    """The checkpoint's name under ``<run_dir>/eval``: ``step-N`` for a run's own checkpoints,
+    ``<name>@<folder>`` for any other (unique within the run directory, stable if it moves)."""
     ckpt = Path(checkpoint).resolve()
-    return ckpt.parent.parent / "eval" / ckpt.name
+    if ckpt.parent.name == "checkpoints":
+        return ckpt.name
+    return f"{ckpt.name}@{ckpt.parent.name}"
+
+
+def eval_dir(checkpoint: str | Path) -> Path:
+    """``<run_dir>/eval/<checkpoint_key>`` with ``run_dir = checkpoint.parent.parent``."""
+    ckpt = Path(checkpoint).resolve()
+    return ckpt.parent.parent / "eval" / checkpoint_key(ckpt)
 
 
 def result_path(checkpoint: str | Path, suite: str) -> Path:
@@ -248,8 +289,31 @@ def load_result(path: str | Path) -> dict[str, Any] | None:
         return None
 
 
-def _matches(result: dict[str, Any] | None, ident: dict[str, str]) -> bool:
-    return result is not None and all(result.get(k) == v for k, v in ident.items())
+def _matches(result: dict[str, Any] | None, ident: dict[str, str], samples: Path) -> bool:
+    """A cached result is served only if it has this identity, its content is what was
+    written, and its per-sample records are the ones it was computed from."""
+    if result is None or not all(result.get(k) == v for k, v in ident.items()):
+        return False
+    if result.get("result_sha256") != result_digest(result):
+        return False
+    recorded = (result.get("samples") or {}).get("sha256")
+    return samples.is_file() and recorded == sha256_file(samples)  # samples: same directory
+
+
+def result_is_intact(checkpoint: str | Path, suite: str) -> bool:
+    """The result file of ``checkpoint``/``suite`` exists and is exactly what was written (its
+    own digest and its per-sample records' hash match); identity is the caller's to check."""
+    result = load_result(result_path(checkpoint, suite))
+    if result is None or result.get("result_sha256") != result_digest(result):
+        return False
+    samples = samples_path(checkpoint, suite)
+    return samples.is_file() and (result.get("samples") or {}).get("sha256") == sha256_file(samples)
+
+
+def result_digest(result: dict[str, Any]) -> str:
+    """SHA-256 of a result's content without its own digest (canonical JSON)."""
+    body = {k: v for k, v in result.items() if k != "result_sha256"}
+    return hashlib.sha256(json.dumps(body, sort_keys=True, default=str).encode()).hexdigest()
 
 
 # ------------------------------------------------------------------------- input checks
@@ -310,9 +374,16 @@ def _cached_model(checkpoint: Path, cfg: ExperimentConfig, ckpt_hash: str) -> tu
     key = (str(checkpoint.resolve()), ckpt_hash, cfg.evaluation.device, cfg.evaluation.dtype)
     if getattr(_LOCAL, "key", None) != key:
         clear_model_cache()
-        loaded = load_eval_model(
-            checkpoint, device=cfg.evaluation.device, dtype=cfg.evaluation.dtype
-        )
+        try:
+            loaded = load_eval_model(
+                checkpoint, device=cfg.evaluation.device, dtype=cfg.evaluation.dtype
+            )
+        except Exception as err:  # safetensors, transformers, OS errors: name the checkpoint
+            detail = " ".join(str(err).split())
+            raise CheckpointLoadError(
+                f"cannot load checkpoint {checkpoint} ({type(err).__name__}: {detail}); "
+                "it may be truncated or corrupt: re-create it or pick another checkpoint"
+            ) from err
         _LOCAL.key, _LOCAL.model = key, loaded
     return _LOCAL.model
 
@@ -352,10 +423,16 @@ def evaluate_checkpoint(
     check_inputs(cfg, suite)
     ident = _identity(cfg, ckpt, suite)
     out = result_path(ckpt, suite)
-    if not force and _matches(load_result(out), ident):
-        return out
-
     samples = samples_path(ckpt, suite)
+    if not force and _matches(load_result(out), ident, samples):
+        return out
+    with WriterLock(out.parent / f".{suite}.lock", f"evaluation output {out}"):
+        if not force and _matches(load_result(out), ident, samples):
+            return out  # another process finished it while we checked
+        return _evaluate(cfg, ckpt, suite, spec, ident, out, samples, force, progress)
+
+
+def _evaluate(cfg, ckpt, suite, spec, ident, out: Path, samples: Path, force, progress) -> Path:
     done = None if force else _load_done(samples, ident)
     if done is None:
         done = {}
@@ -369,12 +446,16 @@ def evaluate_checkpoint(
         append_jsonl(samples, record)
         new += 1
 
+    _check_tokenizer(ckpt)
     model, tokenizer = _cached_model(ckpt, cfg, ident["checkpoint_hash"])
     started = time.time()
     raw = _runner(spec)(model, tokenizer, cfg, done=done, on_sample=on_sample, progress=progress)
     result = _result_record(cfg, ckpt, suite, ident, raw, started)
-    result["samples"] = {"resumed": len(done), "new": new, "file": samples.name}
-    atomic_write_text(out, json.dumps(result, indent=2, default=str) + "\n")
+    result["samples"] = {"resumed": len(done), "new": new, "file": samples.name,
+                         "sha256": sha256_file(samples)}  # fmt: skip
+    result = json.loads(json.dumps(result, default=str))  # the digest covers what is written
+    result["result_sha256"] = result_digest(result)
+    atomic_write_text(out, json.dumps(result, indent=2) + "\n")
     return out
 
 

@@ -111,9 +111,9 @@ def prepare(cfg: ExperimentConfig, checkpoint: str | Path, suite: str, force: bo
 
     ckpt = check_checkpoint(checkpoint)
     ident = _identity(cfg, ckpt, suite)
-    if not force and _matches(load_result(result_path(ckpt, suite)), ident):
-        return False
     samples = samples_path(ckpt, suite)
+    if not force and _matches(load_result(result_path(ckpt, suite)), ident, samples):
+        return False
     if force or _load_done(samples, ident) is None:
         samples.parent.mkdir(parents=True, exist_ok=True)
         _start_samples(samples, ident)

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from anchorctx.config import DataConfig, SourceConfig
-from anchorctx.io import atomic_directory, atomic_write_json, read_json
+from anchorctx.io import WriterLock, atomic_directory, atomic_write_json, read_json
 from anchorctx.manifest import base_manifest
 from anchorctx.packing import mixture, pack, stats
 from anchorctx.packing.sources import (
@@ -283,17 +283,19 @@ def prepare_data(cfg: ExperimentConfig, *, force: bool = False, progress: bool =
     fingerprint = data_fingerprint(cfg.data, cfg.seed, tok_info["fingerprint"], inputs)
     out = default_output_dir(cfg, fingerprint)
     if not force and _is_complete(out, fingerprint):
-        return out
-    _refuse_foreign(out)
-    start = time.perf_counter()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix=f".{out.name}.work.", dir=out.parent))
-    try:
-        manifest, table = _build(
-            cfg, tok, tok_info, files, inputs, fingerprint, bad, work, out, progress
-        )
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
+        return out  # complete datasets are only read: no lock needed
+    with WriterLock.beside(out, f"packed dataset {out}"):
+        if not force and _is_complete(out, fingerprint):
+            return out  # the writer we would have waited for just finished it
+        _refuse_foreign(out)
+        start = time.perf_counter()
+        work = Path(tempfile.mkdtemp(prefix=f".{out.name}.work.", dir=out.parent))
+        try:
+            manifest, table = _build(
+                cfg, tok, tok_info, files, inputs, fingerprint, bad, work, out, progress
+            )
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
     if progress:
         _print_summary(out, manifest, table, time.perf_counter() - start)
     return out

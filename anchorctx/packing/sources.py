@@ -5,6 +5,13 @@ Records are read one at a time, so memory does not grow with the corpus. Every b
 either an error that names the file and line, or (``on_bad_input: skip``) a counted skip by
 reason; nothing is dropped silently. JSON lines are parsed here rather than by the ``datasets``
 JSON builder because that builder reports neither the file nor the line of a bad record.
+
+Compressed files are all or nothing: a ``.jsonl.zst`` is first decompressed once without
+parsing to check that every frame is complete (a truncated download ends mid-frame without
+any error from the stream reader). A damaged file contributes no documents; it is counted as
+``unreadable_file`` and the documents it held up to the damage as ``lost_documents`` (what
+followed the damage cannot be counted). Text that is not valid Unicode (a lone surrogate such
+as ``"\ud800"`` from a JSON escape) is the counted skip ``undecodable_text``, naming file:line.
 """
 
 from __future__ import annotations
@@ -24,8 +31,13 @@ from anchorctx.config import SourceConfig
 SUFFIXES = {".jsonl": "jsonl", ".json": "jsonl", ".zst": "jsonl.zst", ".parquet": "parquet"}
 SKIP_REASONS = (
     "unreadable_file", "invalid_json", "missing_text", "empty_text", "non_string_text",
-    "missing_domain", "unknown_domain", "budget_exceeds_corpus",
+    "missing_domain", "unknown_domain", "budget_exceeds_corpus", "lost_documents",
+    "undecodable_text", "truncated_file",
 )  # fmt: skip
+_ZSTD_CHUNK = 1 << 20
+# Re-reading a damaged file in pieces this small loses at most the blocks that end inside the
+# piece holding the damage (the documents of one block at most, in practice).
+_ZSTD_RECOUNT_CHUNK = 64
 
 
 class DataError(ValueError):
@@ -125,10 +137,52 @@ def _jsonl_lines(path: Path, fmt: str) -> Iterator[tuple[int, bytes]]:
         if fmt == "jsonl.zst":
             import zstandard
 
-            stream: Any = io.BufferedReader(zstandard.ZstdDecompressor().stream_reader(raw))
+            # read_across_frames: a file of several frames (concatenated streams) is one document
+            # sequence; by default the reader stops silently after the first frame.
+            reader = zstandard.ZstdDecompressor().stream_reader(raw, read_across_frames=True)
+            stream: Any = io.BufferedReader(reader)
         else:
             stream = raw
         yield from enumerate(stream, start=1)
+
+
+class StreamDamaged(Exception):
+    """A compressed file is truncated or corrupt; ``lines`` complete lines came before it."""
+
+    def __init__(self, detail: str, lines: int) -> None:
+        super().__init__(detail)
+        self.lines = lines
+
+
+def check_zstd_stream(path: Path, chunk: int = _ZSTD_CHUNK) -> None:
+    """Decompress ``path`` without keeping the output; raise :class:`StreamDamaged` if a frame
+    is corrupt or the file ends inside a frame (the stream reader reports neither reliably).
+
+    The output of the call that hits corrupt data is discarded by zstd, so after an error the
+    file is read again in small pieces: every block before the damage is then counted.
+    """
+    import zstandard
+
+    lines, started, dobj = 0, False, zstandard.ZstdDecompressor().decompressobj()
+    with path.open("rb") as fh:
+        try:
+            while piece := fh.read(chunk):
+                while piece:
+                    if dobj.eof:  # a file may hold several frames: one decompressor each
+                        dobj = zstandard.ZstdDecompressor().decompressobj()
+                    lines += dobj.decompress(piece).count(b"\n")
+                    started = True
+                    piece = dobj.unused_data if dobj.eof else b""
+        except zstandard.ZstdError as err:
+            if chunk > _ZSTD_RECOUNT_CHUNK:
+                return check_zstd_stream(path, _ZSTD_RECOUNT_CHUNK)
+            raise StreamDamaged(f"corrupt zstd data after line {lines} ({err})", lines) from None
+    if not started:  # a compressor writes a frame even for empty input: this is a cut file
+        raise StreamDamaged("empty file (no zstd frame)", 0)
+    if not dobj.eof:
+        raise StreamDamaged(f"truncated zstd stream: it ends inside a frame after line {lines}",
+                            lines)  # fmt: skip
+    return None
 
 
 def _jsonl_records(path: Path, fmt: str, bad: BadInput) -> Iterator[tuple[int, Any]]:
@@ -178,6 +232,17 @@ def read_file(
     src: SourceConfig, path: Path, file_index: int, bad: BadInput, domains: set[str] | None
 ) -> Iterator[Record]:
     """Valid records of one file. ``domains``: the allowed domains (None: any)."""
+    fmt = source_format(path, src.format)
+    if fmt == "jsonl.zst":
+        try:
+            check_zstd_stream(path)
+        except StreamDamaged as err:
+            _report_damaged(bad, path, str(err), err.lines)
+            return
+        except OSError as err:
+            _report_damaged(bad, path, _one_line(err), 0)
+            return
+    line = 0
     try:
         for line, rec in _raw_records(src, path, bad):
             record = _validate(src, path, line, rec, bad, domains, file_index)
@@ -186,7 +251,33 @@ def read_file(
     except DataError:
         raise
     except Exception as err:  # unreadable or corrupt file (OSError, zstd, parquet, hf errors)
-        bad.report("unreadable_file", str(path), f"cannot read file ({type(err).__name__}: {err})")
+        detail = f"cannot read file ({type(err).__name__}: {_one_line(err)})"
+        if line == 0:
+            bad.report("unreadable_file", str(path), detail)
+        else:  # its first records are already in use: say so rather than call it unreadable
+            bad.report("truncated_file", f"{path}:{line}",
+                       f"{detail}; records up to line {line} were used, the rest is lost")  # fmt: skip
+
+
+def _report_damaged(bad: BadInput, path: Path, detail: str, lines: int) -> None:
+    bad.report("unreadable_file", str(path),
+               f"cannot read file: {detail}; no document of this file is used")  # fmt: skip
+    if lines:
+        bad.report("lost_documents", str(path),
+                   f"{lines} line(s) before the damage (more may have followed)", amount=lines)  # fmt: skip
+
+
+def _one_line(err: BaseException) -> str:
+    return " ".join(str(err).split())
+
+
+def _is_unicode(text: str) -> bool:
+    """False for strings the tokenizer cannot take: lone surrogates from JSON escapes."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _validate(
@@ -204,9 +295,16 @@ def _validate(
     if not text.strip():
         bad.report("empty_text", where, f"{src.text_field!r} is empty")
         return None
+    if not _is_unicode(text):
+        bad.report("undecodable_text", where, f"{src.text_field!r} is not valid Unicode "
+                   "(a lone surrogate escape such as \\ud800)")  # fmt: skip
+        return None
     domain = src.domain if src.domain is not None else dotted_get(rec, src.domain_field)
     if not isinstance(domain, str) or not domain:
         bad.report("missing_domain", where, f"record has no {src.domain_field!r} (or set domain)")
+        return None
+    if not _is_unicode(domain):
+        bad.report("undecodable_text", where, f"{src.domain_field!r} is not valid Unicode")
         return None
     if domains is not None and domain not in domains:
         bad.report(

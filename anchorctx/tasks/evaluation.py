@@ -56,6 +56,8 @@ def arm_comparison_task(cfg: ExperimentConfig, datasets: dict[str, str]) -> dict
 
 
 def result_exists(checkpoint: str | Path, suite: str) -> bool:
-    from anchorctx.evaluation import result_path
+    """The result file exists and is intact (not edited since it was written): otherwise a
+    cached task is refreshed, and the library recomputes it from the per-sample records."""
+    from anchorctx.evaluation.results import result_is_intact
 
-    return result_path(checkpoint, suite).is_file()
+    return result_is_intact(checkpoint, suite)

@@ -1,9 +1,10 @@
 """Training as a child process group, streamed into the Prefect run log.
 
-The task writes the arm's resolved config to ``<run_dir>/config.yaml`` and runs
-``python -m anchorctx train <run_dir>/config.yaml`` (which itself launches torchrun when the
-config asks for several processes). See :mod:`anchorctx.tasks.process` for how the process tree
-is killed on cancellation, crash or deadline.
+The task writes the arm's resolved config beside the run directory and runs
+``python -m anchorctx train CONFIG [--resume]`` (which itself launches torchrun when the config
+asks for several processes; the child holds the run directory's writer lock). See
+:mod:`anchorctx.tasks.process` for how the process tree is killed on cancellation, crash or
+deadline.
 """
 
 from __future__ import annotations
@@ -22,8 +23,16 @@ from anchorctx.tasks.process import run_process_group
 
 
 def train_command(config_path: Path, *, resume: bool) -> list[str]:
+    """``resume`` -> ``--resume``; without it a run directory holding a run is an error (a
+    forced task run has moved the earlier run out of the way first)."""
     cmd = [sys.executable, "-m", "anchorctx", "train", str(config_path)]
     return [*cmd, "--resume"] if resume else cmd
+
+
+def task_config_path(cfg: ExperimentConfig) -> Path:
+    """Where the task writes the arm's config for the child: beside the run directory, not in
+    it (an earlier run's ``config.yaml`` stays as it was until the child accepts the restart)."""
+    return cfg.experiment_dir / f".{cfg.variant_name}.task-config.yaml"
 
 
 def last_step(metrics_path: Path) -> int:
@@ -81,18 +90,25 @@ def train_task(
     waits as ``<run>.previous``: renamed ``<run>.old-<time>`` once the new run finishes, put
     back if it does not.
     """
+    from anchorctx.training.loop import run_lock
+
     logger = get_run_logger()
     run_dir = cfg.run_dir
-    if restore_previous(run_dir) is not None:  # a forced run was killed before it could undo
-        logger.warning("an unfinished forced run was undone: previous run restored in %s", run_dir)
+    # The renames below happen while holding the run directory's lock (released just before
+    # the child takes it): never move a run directory that another process is writing.
+    with run_lock(cfg):
+        if restore_previous(run_dir) is not None:  # a forced run was killed before it undid
+            logger.warning("an unfinished forced run was undone: previous run restored in %s",
+                           run_dir)  # fmt: skip
+        # Forced: the previous run waits beside the new one and comes back if the new one does
+        # not finish (cancelled, crashed, timed out): a forced run never leaves a run without
+        # results.
+        if fresh and run_dir.exists():
+            run_dir.rename(previous_dir(run_dir))
+            logger.info("forced: training from scratch; previous run kept in %s until this one "
+                        "finishes", previous_dir(run_dir))  # fmt: skip
     if not fresh:
         return _train(cfg, dataset, resume, timeout_s)
-    # Forced: the previous run waits beside the new one and comes back if the new one does not
-    # finish (cancelled, crashed, timed out), so a forced run never leaves a run without results.
-    if run_dir.exists():
-        run_dir.rename(previous_dir(run_dir))
-        logger.info("forced: training from scratch; previous run kept in %s until this one "
-                    "finishes", previous_dir(run_dir))  # fmt: skip
     try:
         checkpoints = _train(cfg, dataset, resume, timeout_s)
     except BaseException:
@@ -107,7 +123,7 @@ def train_task(
 def _train(cfg: ExperimentConfig, dataset: str, resume: bool, timeout_s: float | None) -> list[str]:
     logger = get_run_logger()
     run_dir = cfg.run_dir
-    config_path = run_dir / "config.yaml"
+    config_path = task_config_path(cfg)
     dump_config(cfg, config_path)
     cmd = train_command(config_path, resume=resume)
     logger.info("launching: %s", " ".join(cmd))

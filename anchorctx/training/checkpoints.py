@@ -8,14 +8,25 @@ happens only after the new one exists. Under ZeRO-3 the full weights are gathere
 to rank 0 for the save.
 
 ``<run_dir>/resume/``: DeepSpeed's engine checkpoint (model, optimizer and scheduler state, one
-shard per rank under ZeRO), each rank's RNG state, and ``trainer.json`` (step, tokens seen,
-parallel layout, config fingerprint). The data cursor is the step itself (batches are a pure
-function of seed and step). Written to ``.resume.partial`` by every rank, then swapped in by
-rank 0; multi-node runs need ``run_root`` on a shared filesystem.
+shard per rank under ZeRO), each rank's RNG state (``rng-rankNNNNN.json``), and ``trainer.json``
+(step, tokens seen, parallel layout, config fingerprint, and the size of every other file, so a
+truncated file is named before anything is loaded). The data cursor is the step itself (batches
+are a pure function of seed and step). Written to ``.resume.partial`` by every rank, then
+swapped in by rank 0 (``resume`` -> ``.resume.old``, ``.resume.partial`` -> ``resume``); a crash
+between the two renames is undone by :func:`recover_resume`. Multi-node runs need ``run_root``
+on a shared filesystem.
+
+Trust boundary: ``trainer.json`` and the RNG files are JSON, read without pickle. DeepSpeed
+reads its own engine files with ``torch.load(weights_only=False)`` (they hold optimizer and
+config objects, not only tensors), so ``resume/engine`` can run code when loaded: resume only
+from run directories that you (or your own jobs) wrote. Checkpoints under ``checkpoints/`` are
+safetensors and are safe to load from anywhere.
 """
 
 from __future__ import annotations
 
+import base64
+import json
 import os
 import random
 import re
@@ -29,12 +40,15 @@ import torch.distributed as dist
 
 from anchorctx.config import SaveConfig
 from anchorctx.io import atomic_directory, atomic_write_json, read_json
+from anchorctx.training.plan import ResumeStateError
 
 CHECKPOINT_DIR = "checkpoints"
 RESUME_DIR = "resume"
 META_FILE = "anchorctx.json"
 TRAINER_FILE = "trainer.json"
 ENGINE_TAG = "engine"
+PARTIAL_RESUME = ".resume.partial"
+OLD_RESUME = ".resume.old"
 _NAME = re.compile(r"^step-(\d{6,})$")
 
 
@@ -115,37 +129,60 @@ def prune_checkpoints(run_dir: Path, keep: int | None) -> None:
 
 
 # ------------------------------------------------------------------------------ resume state
+def _b64(t: torch.Tensor) -> str:
+    return base64.b64encode(t.cpu().numpy().tobytes()).decode()
+
+
+def _unb64(text: str) -> torch.Tensor:
+    return torch.frombuffer(bytearray(base64.b64decode(text)), dtype=torch.uint8)
+
+
 def rng_state() -> dict[str, Any]:
-    state = {"python": random.getstate(), "numpy": np.random.get_state(),
-             "torch": torch.get_rng_state()}  # fmt: skip
+    """This process's RNG state as plain JSON (no pickle needed to read it back)."""
+    version, internal, gauss = random.getstate()
+    name, keys, pos, has_gauss, cached = np.random.get_state()
+    state: dict[str, Any] = {
+        "python": [version, list(internal), gauss],
+        "numpy": [name, keys.tolist(), int(pos), int(has_gauss), float(cached)],
+        "torch": _b64(torch.get_rng_state()),
+    }
     if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state()
+        state["cuda"] = _b64(torch.cuda.get_rng_state())
     return state
 
 
 def set_rng_state(state: dict[str, Any]) -> None:
-    random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
-    torch.set_rng_state(state["torch"])
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+    name, keys, pos, has_gauss, cached = state["numpy"]
+    np.random.set_state((name, np.asarray(keys, dtype=np.uint32), pos, has_gauss, cached))
+    torch.set_rng_state(_unb64(state["torch"]))
     if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state(state["cuda"])
+        torch.cuda.set_rng_state(_unb64(state["cuda"]))
+
+
+def rng_file(rank: int) -> str:
+    return f"rng-rank{rank:05d}.json"
 
 
 def save_resume(engine, run_dir: Path, trainer: dict[str, Any]) -> Path:
     """Write ``resume/`` atomically (collective)."""
     rank = dist.get_rank()
     final = Path(run_dir) / RESUME_DIR
-    tmp = Path(run_dir) / ".resume.partial"
+    tmp = Path(run_dir) / PARTIAL_RESUME
     if rank == 0:
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
     dist.barrier()
     engine.save_checkpoint(str(tmp), tag=ENGINE_TAG, client_state={"step": trainer["step"]},
                            save_latest=False)  # fmt: skip
-    torch.save(rng_state(), tmp / f"rng-rank{rank:05d}.pt")
+    atomic_write_json(tmp / rng_file(rank), rng_state())
     dist.barrier()
     if rank == 0:
-        atomic_write_json(tmp / TRAINER_FILE, trainer)
+        files = {p.relative_to(tmp).as_posix(): p.stat().st_size
+                 for p in sorted(tmp.rglob("*")) if p.is_file()}  # fmt: skip
+        atomic_write_json(tmp / TRAINER_FILE, {**trainer, "world": dist.get_world_size(),
+                                               "files": files})  # fmt: skip
         _swap_into_place(tmp, final)
     dist.barrier()
     return final
@@ -153,7 +190,7 @@ def save_resume(engine, run_dir: Path, trainer: dict[str, Any]) -> Path:
 
 def _swap_into_place(tmp: Path, final: Path) -> None:
     """Replace ``final`` by ``tmp``; a complete version exists at every moment."""
-    old = final.with_name(f".{final.name}.old")
+    old = final.with_name(OLD_RESUME)
     shutil.rmtree(old, ignore_errors=True)
     if final.exists():
         os.replace(final, old)
@@ -161,18 +198,90 @@ def _swap_into_place(tmp: Path, final: Path) -> None:
     shutil.rmtree(old, ignore_errors=True)
 
 
-def read_trainer_state(run_dir: Path) -> dict[str, Any] | None:
-    path = Path(run_dir) / RESUME_DIR / TRAINER_FILE
-    return read_json(path) if path.is_file() else None
+def recover_resume(run_dir: Path) -> str | None:
+    """Finish or undo a resume swap cut short by a crash; returns what was done (or None).
+
+    ``trainer.json`` is written last, so a directory holding it is complete. Without
+    ``resume/``, the newer complete ``.resume.partial`` wins over ``.resume.old``. Call from one
+    process only (the launcher, or rank 0 before the others look).
+    """
+    run_dir = Path(run_dir)
+    final = run_dir / RESUME_DIR
+    if final.exists():
+        return None
+    for name in (PARTIAL_RESUME, OLD_RESUME):
+        candidate = run_dir / name
+        if (candidate / TRAINER_FILE).is_file():
+            os.replace(candidate, final)
+            return f"recovered the resume state from {candidate} (a save was interrupted)"
+    return None
+
+
+def has_resume_state(run_dir: Path) -> bool:
+    return (Path(run_dir) / RESUME_DIR).exists()
+
+
+def _corrupt(run_dir: Path, path: Path, problem: str) -> ResumeStateError:
+    found = list_checkpoints(run_dir)
+    if found:
+        hint = (f"the newest complete checkpoint is {found[-1]}: continue from its weights in a "
+                f"new run (--set model.path={found[-1]} and another name), or start over with "
+                "--force")  # fmt: skip
+    else:
+        hint = "there is no complete checkpoint to fall back to: start over with --force"
+    return ResumeStateError(f"corrupt resume state: {path}: {problem}; {hint}")
+
+
+def read_trainer_state(run_dir: Path, world: int | None = None) -> dict[str, Any] | None:
+    """``resume/trainer.json`` after checking every file of the resume state is there and
+    whole (None: no resume state). Raises :class:`ResumeStateError` naming the bad file."""
+    run_dir = Path(run_dir)
+    root = run_dir / RESUME_DIR
+    if not root.exists():
+        return None
+    path = root / TRAINER_FILE
+    if not path.is_file():
+        raise _corrupt(run_dir, path, "missing (the resume state is incomplete)")
+    try:
+        state = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise _corrupt(run_dir, path, f"unreadable ({err})") from None
+    if not isinstance(state, dict) or not isinstance(state.get("step"), int):
+        raise _corrupt(run_dir, path, "has no integer 'step'")
+    files = state.get("files")
+    if not isinstance(files, dict):
+        raise _corrupt(run_dir, path, "lists no files (written by an older anchorctx whose RNG "
+                       "state needs pickle; it is not loaded)")  # fmt: skip
+    for rel, size in files.items():
+        f = root / rel
+        if not f.is_file():
+            raise _corrupt(run_dir, f, "missing")
+        if f.stat().st_size != size:
+            raise _corrupt(run_dir, f, f"{f.stat().st_size} bytes, written as {size} (truncated "
+                           "or changed)")  # fmt: skip
+    if not (root / ENGINE_TAG).is_dir():
+        raise _corrupt(run_dir, root / ENGINE_TAG, "missing (DeepSpeed's engine state)")
+    for rank in range(world if world is not None else state.get("world", 1)):
+        if rng_file(rank) not in files:
+            raise _corrupt(run_dir, root / rng_file(rank), "missing")
+    return state
 
 
 def load_resume(engine, run_dir: Path) -> None:
     """Restore engine (weights, optimizer, scheduler) and this rank's RNG from ``resume/``."""
     root = Path(run_dir) / RESUME_DIR
-    path, _ = engine.load_checkpoint(
-        str(root), tag=ENGINE_TAG, load_optimizer_states=True, load_lr_scheduler_states=True
-    )
+    try:
+        path, _ = engine.load_checkpoint(
+            str(root), tag=ENGINE_TAG, load_optimizer_states=True, load_lr_scheduler_states=True
+        )
+    except Exception as err:  # DeepSpeed raises anything from AssertionError to pickle errors
+        detail = " ".join(str(err).split()) or "no message"
+        raise _corrupt(run_dir, root / ENGINE_TAG,
+                       f"DeepSpeed cannot load it ({type(err).__name__}: {detail})") from err  # fmt: skip
     if path is None:
-        raise RuntimeError(f"DeepSpeed could not load the resume state in {root}")
-    rng_file = root / f"rng-rank{dist.get_rank():05d}.pt"
-    set_rng_state(torch.load(rng_file, weights_only=False))
+        raise _corrupt(run_dir, root / ENGINE_TAG, "DeepSpeed found no checkpoint in it")
+    rng_path = root / rng_file(dist.get_rank())
+    try:
+        set_rng_state(read_json(rng_path))
+    except (OSError, ValueError, KeyError, TypeError, RuntimeError) as err:
+        raise _corrupt(run_dir, rng_path, f"unreadable RNG state ({err})") from None

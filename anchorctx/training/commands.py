@@ -1,16 +1,21 @@
-"""``anchorctx train CONFIG [--resume]``."""
+"""``anchorctx train CONFIG [--resume | --force]``."""
 
 from __future__ import annotations
 
 import argparse
-import sys
 
 
 def train_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument(
         "--resume", action="store_true",
         help="Continue from <run_dir>/resume (identical continuation); a finished run returns "
         "at once, a run without resume state starts fresh.",
+    )  # fmt: skip
+    mode.add_argument(
+        "--force", action="store_true",
+        help="Start over: rename an earlier run in the run directory aside (<run>.old-<time>). "
+        "Without --resume or --force, a run directory holding an earlier run is an error.",
     )  # fmt: skip
     nodes = parser.add_argument_group(
         "several nodes, the same command on each (Slurm, Kubernetes; no ssh)",
@@ -31,16 +36,11 @@ def train_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def train(args: argparse.Namespace) -> int:
-    from anchorctx.packing import DataError
-    from anchorctx.tracking import TrackingError, check_backends
+    from anchorctx.tracking import check_backends
     from anchorctx.training.launch import launch
-    from anchorctx.training.model import ModelLoadError
-    from anchorctx.training.plan import TrainingError
 
-    try:
-        check_backends(args.cfg)  # before any work: a missing tracker package is one line
-        return launch(args.cfg, resume=args.resume, node_rank=args.node_rank,
-                      master_addr=args.master_addr)  # fmt: skip
-    except (TrainingError, ModelLoadError, DataError, TrackingError) as err:
-        print(f"anchorctx train: {err}", file=sys.stderr)
-        return 2
+    # Errors (config, data, tracker, busy or corrupt run directory) become one line in
+    # anchorctx.cli, with exit status 2 or 1 (see there).
+    check_backends(args.cfg)  # before any work: a missing tracker package is one line
+    return launch(args.cfg, resume=args.resume, force=args.force, node_rank=args.node_rank,
+                  master_addr=args.master_addr)  # fmt: skip

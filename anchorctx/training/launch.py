@@ -18,6 +18,11 @@ The child gets its own session (process group) and inherits this process's stdou
 its output (and its progress bar on a terminal) is forwarded as is. On any exception here —
 Ctrl-C, a cancelled orchestration task — the whole group is terminated, then killed.
 All pre-flight checks run here first, so a bad config fails before any GPU is touched.
+
+The run directory's writer lock (:class:`anchorctx.io.WriterLock`) is taken here, before
+anything is written, and held for the whole run: in-process, or passed to the launcher child
+(``pass_fds``) so it stays held while the process group lives. Workers never take it; in a
+multi-node job only node 0 (or the host that runs DeepSpeed's launcher) holds it.
 """
 
 from __future__ import annotations
@@ -30,21 +35,31 @@ from pathlib import Path
 
 from anchorctx.config import ExperimentConfig, dump_config
 from anchorctx.training.nodes import NodeSpec, rendezvous_args, resolve_nodes
-from anchorctx.training.plan import TrainingError, plan_parallelism, processes_per_node
+from anchorctx.training.plan import (
+    Parallelism,
+    TrainingError,
+    plan_parallelism,
+    processes_per_node,
+)
 
 LAUNCH_CONFIG = ".launch-config.yaml"
 
 
 def launch(
-    cfg: ExperimentConfig, *, resume: bool = False, node_rank: int | None = None,
-    master_addr: str | None = None,
+    cfg: ExperimentConfig, *, resume: bool = False, force: bool = False,
+    node_rank: int | None = None, master_addr: str | None = None,
 ) -> int:  # fmt: skip
     """Run training in-process or as a launched process group; returns the exit status.
 
+    ``force`` starts over: an earlier run in the run directory is renamed aside first.
     ``node_rank``/``master_addr``: this node's place in a multi-node job started on every node
-    (default: from the scheduler's environment, see :mod:`anchorctx.training.nodes`)."""
-    from anchorctx.training.loop import preflight, restart_state, train
+    (default: from the scheduler's environment, see :mod:`anchorctx.training.nodes`).
+    """
+    from anchorctx.training import checkpoints as ckpt
+    from anchorctx.training.loop import move_run_aside, preflight, restart_state, run_lock, train
 
+    if resume and force:
+        raise TrainingError("--resume and --force exclude each other: continue, or start over")
     par = plan_parallelism(cfg)
     nodes = None
     if cfg.training.nnodes > 1 and cfg.training.hostfile is None:
@@ -52,19 +67,40 @@ def launch(
                               master_port=cfg.training.master_port)  # fmt: skip
     elif node_rank is not None or master_addr is not None:
         raise TrainingError("--node-rank/--master-addr need training.nnodes > 1 (and no hostfile)")
-    # Node 0 prepares the data; other nodes must not pack the same files at the same time: their
-    # workers wait for rank 0's dataset inside the job (loop.train).
-    pre = preflight(cfg, par) if nodes is None or nodes.node_rank == 0 else None
-    restart_state(cfg, par, resume)
-    if par.world == 1:
-        train(cfg, resume=resume, data_dir=pre.data_dir)
-        return 0
+    if nodes is not None and nodes.node_rank != 0:
+        # Node 0 alone writes the run directory: it holds the lock, moves an earlier run aside,
+        # recovers and checks the resume state and prepares the data; this node's workers check
+        # the restart state inside the job, after node 0 is done (loop.train).
+        return _launch_group(cfg, par, resume, None, nodes, lock_fd=None)
+    with run_lock(cfg) as lock:
+        pre = preflight(cfg, par)  # first: a bad config moves nothing aside
+        if force and (old := move_run_aside(cfg.run_dir)) is not None:
+            print(f"earlier run moved aside to {old}", flush=True)
+        if note := ckpt.recover_resume(cfg.run_dir):
+            print(note, flush=True)
+        restart_state(cfg, par, resume)
+        if par.world == 1:
+            train(cfg, resume=resume, data_dir=pre.data_dir, hold_lock=False)
+            return 0
+        return _launch_group(cfg, par, resume, pre.data_dir, nodes, lock_fd=lock.fd)
+
+
+def _launch_group(
+    cfg: ExperimentConfig, par: Parallelism, resume: bool, data_dir: Path | None,
+    nodes: NodeSpec | None,
+    lock_fd: int | None,
+) -> int:  # fmt: skip
+    """Start the launcher child (passing it the run lock, so the group keeps it held)."""
     nproc = processes_per_node(cfg, par.device)
-    cfg_path = cfg.run_dir / (LAUNCH_CONFIG if nodes is None else
-                              f".launch-config-node{nodes.node_rank}.yaml")  # fmt: skip
+    if nodes is None:
+        cfg_path = cfg.run_dir / LAUNCH_CONFIG
+    else:  # beside the run directory: node 0 may move an earlier run aside (--force) meanwhile
+        cfg_path = (
+            cfg.run_dir.parent / f".{cfg.run_dir.name}.launch-config-node{nodes.node_rank}.yaml"
+        )
     dump_config(cfg, cfg_path)
-    cmd = launcher_command(cfg, nproc, cfg_path, resume, pre.data_dir if pre else None, nodes)
-    code = run_process_group(cmd)
+    cmd = launcher_command(cfg, nproc, cfg_path, resume, data_dir, nodes)
+    code = run_process_group(cmd, pass_fds=(lock_fd,))
     if code != 0 and nodes is not None:
         print(f"anchorctx train: node {nodes.node_rank} of {nodes.nnodes}: the distributed job "
               f"failed (exit {code}); if a node died, start every node again with --resume",
@@ -97,10 +133,14 @@ def launcher_command(
             *worker]  # fmt: skip
 
 
-def run_process_group(cmd: list[str], env: dict[str, str] | None = None) -> int:
-    """Run ``cmd`` in a new session; kill its whole process group if we are interrupted."""
+def run_process_group(
+    cmd: list[str], env: dict[str, str] | None = None, pass_fds: tuple[int | None, ...] = ()
+) -> int:
+    """Run ``cmd`` in a new session; kill its whole process group if we are interrupted.
+    ``pass_fds``: descriptors the child inherits (the run lock, so it outlives this process)."""
     print("launching: " + " ".join(cmd), flush=True)
-    proc = subprocess.Popen(cmd, start_new_session=True, env={**os.environ, **(env or {})})
+    proc = subprocess.Popen(cmd, start_new_session=True, env={**os.environ, **(env or {})},
+                            pass_fds=tuple(fd for fd in pass_fds if fd is not None))  # fmt: skip
     try:
         return proc.wait()
     except BaseException:

@@ -10,6 +10,7 @@ checkpoints and resume state.
 from __future__ import annotations
 
 import logging
+import os
 import sys
 import time
 from dataclasses import dataclass
@@ -17,7 +18,14 @@ from pathlib import Path
 from typing import Any
 
 from anchorctx.config import ExperimentConfig, dump_config
-from anchorctx.io import append_jsonl, atomic_write_json, atomic_write_text, read_jsonl, sha256_file
+from anchorctx.io import (
+    WriterLock,
+    append_jsonl,
+    atomic_write_json,
+    atomic_write_text,
+    read_jsonl,
+    sha256_file,
+)
 from anchorctx.tracking import Tracker, train_metrics
 from anchorctx.training import checkpoints as ckpt
 from anchorctx.training.plan import (
@@ -65,28 +73,59 @@ def preflight(
 
 
 def train(
-    cfg: ExperimentConfig, *, resume: bool = False, data_dir: Path | None = None
+    cfg: ExperimentConfig,
+    *,
+    resume: bool = False,
+    data_dir: Path | None = None,
+    hold_lock: bool = True,
 ) -> dict[str, Any]:
     """Train ``cfg``'s arm to ``training.steps``; returns a summary dict.
 
     ``resume=True`` continues from ``<run_dir>/resume`` when it exists (identical batches,
     RNG, optimizer and scheduler state), returns at once when the run is already complete, and
-    starts fresh when there is no resume state. ``data_dir``: the packed dataset, when the
-    caller already prepared it (default: ``prepare_data(cfg)`` on rank 0).
+    starts fresh when there is no resume state. Without ``resume`` a run directory holding an
+    earlier run is an error (:func:`restart_state`). ``data_dir``: the packed dataset, when the
+    caller already prepared it (default: ``prepare_data(cfg)`` on rank 0). ``hold_lock``: take
+    the run directory's writer lock on rank 0 (a launcher that holds it passes False).
     """
     from anchorctx.training.engine import init_distributed, shutdown_distributed
 
-    par = plan_parallelism(cfg)
-    rank, world, local_rank = init_distributed(par.device)
+    lock = None
+    if hold_lock and os.environ.get("RANK", "0") == "0":
+        lock = run_lock(cfg).acquire()
     try:
-        par = plan_parallelism(cfg, world=world)
-        if cfg.training.nnodes > 1:
-            from anchorctx.training.nodes import check_shared_run_dir
+        par = plan_parallelism(cfg)
+        rank, world, local_rank = init_distributed(par.device)
+        try:
+            par = plan_parallelism(cfg, world=world)
+            if cfg.training.nnodes > 1:
+                from anchorctx.training.nodes import check_shared_run_dir
 
-            check_shared_run_dir(cfg.run_dir, rank, world)
-        return _train(cfg, par, rank, local_rank, resume, data_dir)
+                check_shared_run_dir(cfg.run_dir, rank, world)
+            return _train(cfg, par, rank, local_rank, resume, data_dir)
+        finally:
+            shutdown_distributed()
     finally:
-        shutdown_distributed()
+        if lock is not None:
+            lock.release()
+
+
+def run_lock(cfg: ExperimentConfig) -> WriterLock:
+    """The writer lock of the run directory (``.<variant>.lock`` beside it)."""
+    return WriterLock.beside(cfg.run_dir, f"run directory {cfg.run_dir}")
+
+
+def move_run_aside(run_dir: Path) -> Path | None:
+    """Rename an earlier run out of the way (never delete results): ``<run>.old-<time>``."""
+    if not run_dir.exists():
+        return None
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    target = run_dir.with_name(f"{run_dir.name}.old-{stamp}")
+    n = 1
+    while target.exists():  # two restarts within one second
+        target, n = run_dir.with_name(f"{run_dir.name}.old-{stamp}-{n}"), n + 1
+    run_dir.rename(target)
+    return target
 
 
 def _train(cfg, par: Parallelism, rank, local_rank, resume, data_dir) -> dict[str, Any]:
@@ -96,6 +135,8 @@ def _train(cfg, par: Parallelism, rank, local_rank, resume, data_dir) -> dict[st
 
     if rank == 0:
         pre = preflight(cfg, par, data_dir=data_dir)
+        if note := ckpt.recover_resume(cfg.run_dir):
+            print(note, flush=True)
     dist.barrier()  # rank 0 built the dataset; the others now find it finished
     if rank != 0:
         pre = preflight(cfg, par, data_dir=data_dir)
@@ -255,14 +296,31 @@ def resume_fingerprint(cfg: ExperimentConfig) -> str:
 
 
 def restart_state(cfg: ExperimentConfig, par: Parallelism, resume: bool) -> dict | None:
-    """The resume state to continue from (None: a fresh start), after checking it is safe."""
-    state = ckpt.read_trainer_state(cfg.run_dir) if resume else None
+    """The resume state to continue from (None: a fresh start), after checking it is safe.
+
+    Never a silent restart: a run directory with resume state or checkpoints needs ``resume``
+    (continue) or the caller's ``--force`` (which moves it aside first); corrupt resume state
+    is a :class:`ResumeStateError` naming the file.
+    """
+    run_dir = cfg.run_dir
+    if not resume:
+        found = ckpt.list_checkpoints(run_dir)
+        held = (["resume state"] if ckpt.has_resume_state(run_dir) else []) + (
+            [f"{len(found)} checkpoint(s)"] if found else []
+        )
+        if held:
+            raise TrainingError(
+                f"{run_dir} holds an earlier run ({' and '.join(held)}); continue it with "
+                "--resume, or start over with --force (moves it aside to <run>.old-<time>)"
+            )
+        return None
+    state = ckpt.read_trainer_state(run_dir, par.world)
     if state is not None:
         _check_resumable(cfg, par, state)
-    elif ckpt.list_checkpoints(cfg.run_dir):
+    elif ckpt.list_checkpoints(run_dir):
         raise TrainingError(
-            f"{cfg.run_dir} holds checkpoints of an earlier run; continue it with --resume, or "
-            "remove the directory / choose another name or variant to start over"
+            f"{run_dir} holds checkpoints of an earlier run but no resume state to continue "
+            "from; start over with --force (moves it aside), or choose another name or variant"
         )
     return state
 

@@ -26,6 +26,14 @@ DTYPES = {"bfloat16": "bfloat16", "float32": "float32", "float16": "float16"}
 class ModelLoadError(ValueError):
     """The model or tokenizer named in the config cannot be used."""
 
+    exit_code = 2  # the config names it (anchorctx.cli)
+
+
+class ModelFileError(ModelLoadError):
+    """The model's files exist but cannot be read (truncated or corrupt weights)."""
+
+    exit_code = 1
+
 
 def load_tokenizer(model_cfg: ModelConfig) -> PreTrainedTokenizerBase:
     from transformers import AutoTokenizer
@@ -139,9 +147,16 @@ def load_model(
     hf = build_hf_config(model_cfg, seq_len=seq_len, vocab_size=vocab)
     extra = {"attn_implementation": attn_implementation} if attn_implementation else {}
     if model_cfg.path is not None:
-        model = AutoModelForCausalLM.from_pretrained(
-            str(model_cfg.path), config=hf, dtype=torch_dtype, **extra
-        )
+        try:
+            model = AutoModelForCausalLM.from_pretrained(
+                str(model_cfg.path), config=hf, dtype=torch_dtype, **extra
+            )
+        except Exception as err:  # SafetensorError, torn or foreign files: name model.path
+            detail = " ".join(str(err).split())
+            raise ModelFileError(
+                f"cannot load the weights in model.path {model_cfg.path} ({type(err).__name__}: "
+                f"{detail}); they may be truncated or corrupt"
+            ) from err
     else:
         assert model_cfg.tiny is not None
         torch.manual_seed(model_cfg.tiny.init_seed)  # the same tiny weights on every rank

@@ -22,6 +22,14 @@ if TYPE_CHECKING:
 class TrainingError(ValueError):
     """A training setup that cannot work; the message names the setting and the fix."""
 
+    exit_code = 2  # a config or command-line mistake (anchorctx.cli)
+
+
+class ResumeStateError(TrainingError):
+    """The resume state on disk is incomplete or corrupt; the message names the file."""
+
+    exit_code = 1  # the files are bad, not the command
+
 
 @dataclass(frozen=True)
 class Parallelism:

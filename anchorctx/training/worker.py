@@ -9,10 +9,10 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import traceback
 from pathlib import Path
 
-from anchorctx.config import ConfigError, load_config
-from anchorctx.training.plan import TrainingError
+from anchorctx.config import load_config
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -27,18 +27,22 @@ def main(argv: list[str] | None = None) -> int:
     from anchorctx.training.loop import train
 
     try:
-        train(load_config(args.config), resume=args.resume, data_dir=args.data_dir)
-    except (ConfigError, TrainingError) as err:
-        print(f"anchorctx train: {err}", file=sys.stderr)
-        return 2
-    except (dist.DistError, RuntimeError) as err:
-        if not _lost_peer(err):
-            raise
+        # The launcher (``anchorctx train``) holds the run directory's lock for the group.
+        train(load_config(args.config), resume=args.resume, data_dir=args.data_dir,
+              hold_lock=False)  # fmt: skip
+    except Exception as err:  # one line per rank, like the CLI; traceback with --debug
+        from anchorctx.cli import error_line, exit_code
+
+        if os.environ.get("ANCHORCTX_DEBUG"):
+            traceback.print_exc()
         rank = os.environ.get("RANK", "?")
-        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        print(f"anchorctx train: rank {rank} lost contact with the other processes ({first}); "
-              "another node or process has failed", file=sys.stderr)  # fmt: skip
-        return 1
+        if isinstance(err, dist.DistError | RuntimeError) and _lost_peer(err):
+            first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+            print(f"anchorctx train: rank {rank} lost contact with the other processes ({first}); "
+                  "another node or process has failed", file=sys.stderr)  # fmt: skip
+            return 1
+        print(f"anchorctx train (rank {rank}): {error_line(err)}", file=sys.stderr)
+        return exit_code(err)
     return 0
 
 

@@ -291,8 +291,9 @@ class EvaluationConfig(Strict):
         "static = static KV cache with a CUDA-graph decode step, auto = static where the model "
         "supports it.",
     )
-    # Off by default: the deterministic decode kernel (compiled FlexAttention) cost 1.4x (32K)
-    # to 1.8x (128K) cuDNN's decode time per token on a 7B model (H200, docs/PERFORMANCE.md).
+    # Off by default: the deterministic decode kernel (compiled FlexAttention) cost 1.11x (32K)
+    # and 1.21x (128K) cuDNN's decode time per token on a 7B model at batch 1, 1.86x at 32K x 4
+    # rows (H200, docs/PERFORMANCE.md section 4); the default is the fast kernel.
     deterministic_decode: bool = Field(
         False,
         description="Static engine: decode with a run-to-run deterministic attention kernel, so "

@@ -54,6 +54,10 @@ DECODE_ATTENTIONS = ("sdpa", "efficient", "flex")
 # The kernel ``deterministic=True`` selects: the fastest of the run-to-run deterministic ones
 # (docs/PERFORMANCE.md, "Decode attention: speed against run-to-run determinism").
 DETERMINISTIC_ATTENTION = "flex"
+# Triton options of FlexAttention's decoding kernel on CUDA (``kernel_options``). Fixed split
+# count, so still deterministic; the best of bench/decode_attention_sweep.py's variants on H200
+# (7B-shaped attention alone: 0.59 ms against 0.93 ms with flex's own choice at 128K, batch 1).
+FLEX_KERNEL_OPTIONS: dict[str, int] = {"SPLIT_KV": 32, "num_stages": 3}
 # Name under which the decode step's attention function is registered with transformers.
 _DECODE_FN = "anchorctx_decode"
 
@@ -152,7 +156,9 @@ def _flex_decode(q, k, v, visible, kv_blocks, kv_index, scale):
                                           mask_mod=mask_mod, seq_lengths=(q.shape[2], k.shape[2]),
                                           compute_q_blocks=False)  # fmt: skip
     return flex_attention(q, k, v, block_mask=block_mask, scale=scale,
-                          enable_gqa=q.shape[1] != k.shape[1])  # fmt: skip
+                          enable_gqa=q.shape[1] != k.shape[1],
+                          kernel_options=(dict(FLEX_KERNEL_OPTIONS) or None) if q.is_cuda
+                          else None)  # fmt: skip
 
 
 @functools.cache

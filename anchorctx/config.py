@@ -285,6 +285,21 @@ class EvaluationConfig(Strict):
         None, description="Demo/tests only: write synthetic evaluation data files here if missing."
     )
     batch_size: int = Field(1, gt=0, description="Generation batch size.")
+    engine: Literal["auto", "hf", "static"] = Field(
+        "auto",
+        description="Generation engine of RULER and LongBench: hf = transformers generate, "
+        "static = static KV cache with a CUDA-graph decode step, auto = static where the model "
+        "supports it.",
+    )
+    # Off by default: the deterministic decode kernel (compiled FlexAttention) cost 1.11x (32K)
+    # and 1.21x (128K) cuDNN's decode time per token on a 7B model at batch 1, 1.86x at 32K x 4
+    # rows (H200, docs/PERFORMANCE.md section 4); the default is the fast kernel.
+    deterministic_decode: bool = Field(
+        False,
+        description="Static engine: decode with a run-to-run deterministic attention kernel, so "
+        "records are identical across runs and shardings (slower decode; see "
+        "docs/PERFORMANCE.md).",
+    )
     device: Literal["auto", "cpu", "cuda"] = "auto"
     dtype: Literal["bfloat16", "float32", "float16"] = "bfloat16"
     work_pool: str | None = Field(

@@ -33,6 +33,8 @@ from pathlib import Path
 
 import torch
 
+from anchorctx.models.decoding import DECODE_ATTENTIONS
+
 # RULER max new tokens per task (scripts/data/synthetic/constants.py), 13 tasks.
 TASK_NEW_TOKENS = [128] * 8 + [30, 120, 50, 32, 32]
 RULER_LENGTHS = [4096, 8192, 16384, 32768, 65536, 131072]
@@ -186,6 +188,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-rows", type=int, default=16)
     p.add_argument("--skip-hf-above", type=int, default=131072)
     p.add_argument("--device", default="cuda")
+    p.add_argument("--attention", default="sdpa", choices=DECODE_ATTENTIONS,
+                   help="The static engine's decode attention kernel.")  # fmt: skip
     p.add_argument("--out", type=Path)
     args = p.parse_args(argv)
 
@@ -195,7 +199,7 @@ def main(argv: list[str] | None = None) -> int:
     bandwidth = measure_bandwidth()
     torch.cuda.empty_cache()  # the copy's 8 GiB
     model = build_model(args)
-    decoder = GreedyDecoder(model)
+    decoder = GreedyDecoder(model, attention=args.attention)
     wbytes, kvtok = weight_bytes_read(model), kv_bytes_per_token(model)
     budget = int(0.6 * decoder.free_bytes()) // kvtok  # the rule generate_greedy uses
     print(f"{name}: copy bandwidth {bandwidth / 1e12:.2f} TB/s, weights read {wbytes / 1e9:.2f} GB, "
@@ -225,7 +229,8 @@ def main(argv: list[str] | None = None) -> int:
               f"{s['decode_ms_b1']:.2f} ms/tok (floor {row['floor_ms_b1']:.2f}), "
               f"agreement {row.get('agreement')}", flush=True)  # fmt: skip
 
-    print(f"\nEvaluation generation, Llama-7B shape ({args.layers} layers, MHA), bf16, {name}")
+    print(f"\nEvaluation generation, Llama-7B shape ({args.layers} layers, MHA), bf16, {name}, "
+          f"static decode attention {args.attention}")  # fmt: skip
     print("| length | hf prefill s | static prefill s | hf decode ms/tok (b=1) | "
           "static decode ms/tok (b=1) | HBM floor ms (4.3 TB/s / measured) | static/floor | "
           "rows | static ms/step (rows) | floor ms (rows) | ms/tok/sample | static samples/s |"

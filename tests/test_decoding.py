@@ -108,6 +108,23 @@ def test_static_equals_hf_with_early_stops(model):
     assert _static(model, rows, len(rows), stop_ids=firsts) == [[r[0]] for r in free]
 
 
+@pytest.mark.parametrize("attention", ["efficient", "flex"])
+def test_deterministic_decode_attentions_equal_hf(model, attention):
+    """The deterministic decode kernels (flex uncompiled on CPU: the same mask, evaluated per
+    slot) give hf's tokens, batched rows of mixed lengths and early stops included."""
+    rows = _prompts()
+    free = _hf(model, rows, batch_size=1, stop_ids=(VOCAB + 5,))
+    stops = (free[0][3], free[3][7])
+    ref = _hf(model, rows, batch_size=1, stop_ids=stops)
+    for batch in (1, len(rows)):
+        assert _static(model, rows, batch, stop_ids=stops, attention=attention) == ref
+    decoder = GreedyDecoder(model, deterministic=True)
+    assert decoder.attention == "flex" and decoder.deterministic
+    assert model.config._attn_implementation == "sdpa"  # the swap is undone after each step
+    with pytest.raises(ValueError, match="decode attention 'cudnn'"):
+        GreedyDecoder(model, attention="cudnn")
+
+
 def test_first_token_suppression_matches_hf(model):
     rows = _prompts()
     free = _hf(model, rows, batch_size=1, stop_ids=(VOCAB + 5,))
@@ -187,8 +204,9 @@ def test_cuda_graph_decode_equals_eager_and_hf(kind):
     assert captured is not None
     eager = _static(model, rows, len(rows), stop_ids=stops, suppress=suppress, use_graph=False)
     assert eager == ref == _static(model, rows, len(rows), stop_ids=stops, suppress=suppress)
-    assert ref == _static(model, rows, len(rows), stop_ids=stops, suppress=suppress,
-                          deterministic=True)  # fmt: skip
+    for attention in ("efficient", "flex"):  # flex compiled, captured in the graph
+        assert ref == _static(model, rows, len(rows), stop_ids=stops, suppress=suppress,
+                              attention=attention)  # fmt: skip
     letters = lambda ids: "".join(chr(65 + t % 26) for t in ids)  # noqa: E731
     target = letters(free[2][2:5])
     got = graph.generate(rows, max_new_tokens=NEW, pad_id=PAD,

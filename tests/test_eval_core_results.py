@@ -263,6 +263,14 @@ def test_input_data_change_changes_fingerprint(cfg, tmp_path):
     batched.evaluation.batch_size = 8
     fp = results.evaluation_fingerprint
     assert fp(batched, "ruler") != fp(cfg, "ruler") and fp(batched, "mmlu") == fp(cfg, "mmlu")
+    # The generation engine and the decode kernel change rounding, hence possibly tokens.
+    for field, value in (("engine", "hf"), ("deterministic_decode", True)):
+        other = cfg.model_copy(deep=True)
+        setattr(other.evaluation, field, value)
+        for suite in ("ruler", "longbench"):
+            assert fp(other, suite) != fp(cfg, suite)
+            assert results.suite_config(other, suite)[field] == value  # recorded in results
+        assert fp(other, "mmlu") == fp(cfg, "mmlu")
 
 
 def test_evaluate_command_prints_table(cfg, checkpoint, fake, loads, capsys):

@@ -96,3 +96,22 @@ def test_missing_data_dir_and_unknown_dataset(setup, tmp_path):
     empty.evaluation.longbench.data_dir = tmp_path / "lb"
     out = run_suite(model, tok, empty, done={}, on_sample=lambda r: None, progress=False)
     assert out["scores"] == {} and set(out["not_run"]) == set(DATASETS)
+
+
+def test_engine_settings_reach_generation(setup, monkeypatch):
+    from anchorctx.evaluation import generation
+
+    cfg, model, tok, _, _ = setup
+    seen: list[tuple[str, bool]] = []
+
+    def fake(model, tokenizer, prompts, *, engine, deterministic, on_batch, **kwargs):
+        seen.append((engine, deterministic))
+        on_batch(list(range(len(prompts))), [""] * len(prompts))
+        return [""] * len(prompts)
+
+    monkeypatch.setattr(generation, "generate_greedy", fake)
+    other = cfg.model_copy(deep=True)
+    other.evaluation.longbench.datasets = ["trec"]
+    other.evaluation.engine, other.evaluation.deterministic_decode = "static", True
+    run_suite(model, tok, other, done={}, on_sample=lambda r: None, progress=False)
+    assert seen == [("static", True)]

@@ -96,3 +96,27 @@ def test_exclude_and_unknown_tasks(tiny_config, model, tokenizer):
     with pytest.raises(ValueError, match="unknown RULER task 'niah_single_9'"):
         run_suite(model, tokenizer, _cfg(tiny_config, tasks=["niah_single_9"]), done={},
                   on_sample=lambda r: None, progress=False)  # fmt: skip
+
+
+def test_engine_settings_reach_generation(tiny_config, model, tokenizer, monkeypatch):
+    """evaluation.engine and evaluation.deterministic_decode are what the suite decodes with:
+    the static engine with the deterministic kernel gives the records hf gives (CPU, float32)."""
+    from anchorctx.evaluation import generation
+
+    seen: list[tuple[str, bool]] = []
+    real = generation.generate_greedy
+
+    def spy(*args, engine, deterministic, **kwargs):
+        seen.append((engine, deterministic))
+        return real(*args, engine=engine, deterministic=deterministic, **kwargs)
+
+    monkeypatch.setattr(generation, "generate_greedy", spy)
+    predictions = {}
+    for engine, deterministic in (("hf", False), ("static", True)):
+        cfg = _cfg(tiny_config, tasks=["niah_single_1"], num_samples=2)
+        cfg.evaluation.engine, cfg.evaluation.deterministic_decode = engine, deterministic
+        recs: list[dict] = []
+        run_suite(model, tokenizer, cfg, done={}, on_sample=recs.append, progress=False)
+        predictions[engine] = {r["key"]: r["prediction"] for r in recs}
+    assert seen == [("hf", False), ("static", True)]
+    assert predictions["hf"] == predictions["static"] and len(predictions["hf"]) == 2

@@ -84,8 +84,9 @@ class Suite:
     section: str | None = None  # sub-section of cfg.evaluation, e.g. "ruler"
     ignore: tuple[str, ...] = ()  # fields of that section that do not affect this suite
     required: tuple[str, ...] = ()  # path fields of that section that must be set
-    # Top-level cfg.evaluation fields that affect it (generation batching pads prompts).
-    common: tuple[str, ...] = ("dtype", "batch_size")
+    # Top-level cfg.evaluation fields that affect it (generation batching pads prompts; the
+    # engine and the decode kernel change floating-point rounding, so tokens can differ).
+    common: tuple[str, ...] = ("dtype", "batch_size", "engine", "deterministic_decode")
 
 
 SUITES: dict[str, Suite] = {

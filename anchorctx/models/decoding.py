@@ -18,12 +18,20 @@ and the loop are ours.
 - Decode: one step = one token for every row, attention over the whole buffer with a boolean
   slot mask ``[B, 1, 1, S]``. On CUDA the step, including the argmax, the stop bookkeeping and
   the counters, is captured once as a CUDA graph and replayed, so a step costs one launch.
+  The step's attention kernel is a choice (``DECODE_ATTENTIONS``): SDPA's pick (cuDNN on
+  Hopper: fast, not run-to-run deterministic), SDPA's memory-efficient kernel, or FlexAttention
+  (compiled; its decoding kernel splits the keys into a fixed number of blocks and reduces them
+  in a second kernel, so it is deterministic), whose mask reads the slot mask from device memory,
+  so the captured graph sees the slots each replay makes visible.
 - Rows stop on their stop tokens (the caller puts EOS among them); stop strings are checked on
   the host every ``sync_every`` steps; the loop exits once every row has stopped.
 """
 
 from __future__ import annotations
 
+import contextlib
+import functools
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -40,6 +48,18 @@ SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
 # RoPE variants that recompute their frequencies from the sequence length inside the forward
 # (a host-side decision per call): not capturable and not position-independent.
 DYNAMIC_ROPE_TYPES = ("dynamic", "longrope")
+# Decode-step attention kernels: "sdpa" = PyTorch's pick for a masked single query (cuDNN on
+# H100/H200), "efficient" = SDPA's memory-efficient kernel, "flex" = compiled FlexAttention.
+DECODE_ATTENTIONS = ("sdpa", "efficient", "flex")
+# The kernel ``deterministic=True`` selects: the fastest of the run-to-run deterministic ones
+# (docs/PERFORMANCE.md, "Decode attention: speed against run-to-run determinism").
+DETERMINISTIC_ATTENTION = "flex"
+# Triton options of FlexAttention's decoding kernel on CUDA (``kernel_options``). Fixed split
+# count, so still deterministic; the best of bench/decode_attention_sweep.py's variants on H200
+# (7B-shaped attention alone: 0.59 ms against 0.93 ms with flex's own choice at 128K, batch 1).
+FLEX_KERNEL_OPTIONS: dict[str, int] = {"SPLIT_KV": 32, "num_stages": 3}
+# Name under which the decode step's attention function is registered with transformers.
+_DECODE_FN = "anchorctx_decode"
 
 
 class UnsupportedModelError(ValueError):
@@ -122,6 +142,52 @@ def _round_up(n: int, k: int) -> int:
     return -(-n // k) * k
 
 
+def _flex_decode(q, k, v, visible, kv_blocks, kv_index, scale):
+    """FlexAttention of ``q`` [B, H, 1, D] over ``k``/``v`` [B, H_kv, S, D] where ``visible``
+    [B, S] is True. Every key block is listed as partial (none full, none skipped), so the mask
+    is evaluated per slot at run time from ``visible``'s memory: the block structure stays fixed
+    while decoding makes slots visible, which a captured graph needs."""
+    from torch.nn.attention.flex_attention import BlockMask, flex_attention
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        return visible[b, kv_idx]
+
+    block_mask = BlockMask.from_kv_blocks(kv_blocks, kv_index, BLOCK_SIZE=SLOT_ROUND,
+                                          mask_mod=mask_mod, seq_lengths=(q.shape[2], k.shape[2]),
+                                          compute_q_blocks=False)  # fmt: skip
+    return flex_attention(q, k, v, block_mask=block_mask, scale=scale,
+                          enable_gqa=q.shape[1] != k.shape[1],
+                          kernel_options=(dict(FLEX_KERNEL_OPTIONS) or None) if q.is_cuda
+                          else None)  # fmt: skip
+
+
+@functools.cache
+def _compiled_flex_decode():
+    # Compiled once per process; a new batch shape recompiles (automatic dynamic shapes after
+    # the first). Uncompiled, flex_attention materializes the scores (fine on CPU, in tests).
+    return torch.compile(_flex_decode, fullgraph=True)
+
+
+def _eager_flex_decode(*args):
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="flex_attention called without torch.compile")
+        return _flex_decode(*args)
+
+
+def _decode_attention_forward(module, query, key, value, attention_mask, dropout=0.0,
+                              scaling=None, decode_attention=None, **kwargs):  # fmt: skip
+    """transformers attention function of the decode step: ``decode_attention`` computes
+    [B, H, 1, D]; returned as [B, 1, H, D] like transformers' own functions."""
+    return decode_attention(query, key, value, scaling).transpose(1, 2).contiguous(), None
+
+
+@functools.cache
+def _register_decode_fn() -> None:
+    from transformers import AttentionInterface
+
+    AttentionInterface.register(_DECODE_FN, _decode_attention_forward)
+
+
 class _StaticKV:
     """The KV cache the decoder layers write into; they only call ``update``.
 
@@ -173,6 +239,11 @@ class _Batch:
         # -1 never matches a token: keeps the comparison shape fixed without stop tokens.
         self.stop_ids = torch.tensor([*stop_ids, -1], dtype=torch.long, device=device)
         self.pad = torch.tensor(pad_id, dtype=torch.long, device=device)
+        # FlexAttention's block list: all S / SLOT_ROUND key blocks for every row and head
+        # (shape [1, 1, 1] and [1, 1, 1, S / SLOT_ROUND]: broadcast over rows and heads).
+        blocks = slots // SLOT_ROUND
+        self.kv_blocks = torch.full((1, 1, 1), blocks, dtype=torch.int32, device=device)
+        self.kv_index = torch.arange(blocks, dtype=torch.int32, device=device).view(1, 1, 1, -1)
         self.graph = None
 
     def mutable(self) -> list[torch.Tensor]:
@@ -186,17 +257,27 @@ class GreedyDecoder:
     prefill at most this many tokens per pass (default: one pass when the activations fit in
     free memory, else the largest chunk that does; always one pass on CPU).
 
-    ``deterministic``: the masked single-query attention of the decode step is then computed by
-    SDPA's memory-efficient kernel, which gives the same tokens on every run. By default PyTorch
-    picks cuDNN's kernel, 2-4.6× faster there but not run-to-run deterministic (measured on H200,
-    torch 2.11: two runs of the same batch gave different greedy tokens after a few dozen steps
-    on a random 7B-shaped model; docs/PERFORMANCE.md).
+    ``attention``: the decode step's attention kernel, one of ``DECODE_ATTENTIONS`` (default
+    "sdpa", or ``DETERMINISTIC_ATTENTION`` when ``deterministic``). SDPA's pick on CUDA is cuDNN's
+    kernel, fast but not run-to-run deterministic (measured on H200, torch 2.11: two runs of the
+    same batch gave different greedy tokens after a few dozen steps on a random 7B-shaped model);
+    "efficient" and "flex" give the same tokens on every run (docs/PERFORMANCE.md has speeds).
+    On CPU "sdpa" and "efficient" are the same kernel and "flex" runs uncompiled.
     """
 
     def __init__(self, model, *, use_graph: bool | None = None, prefill_chunk: int | None = None,
-                 sync_every: int = SYNC_EVERY, deterministic: bool = False):  # fmt: skip
+                 sync_every: int = SYNC_EVERY, deterministic: bool = False,
+                 attention: str | None = None):  # fmt: skip
+        if attention is None:
+            attention = DETERMINISTIC_ATTENTION if deterministic else "sdpa"
+        if attention not in DECODE_ATTENTIONS:
+            raise ValueError(f"decode attention {attention!r}: expected one of "
+                             f"{', '.join(DECODE_ATTENTIONS)}")  # fmt: skip
+        if deterministic and attention == "sdpa":
+            raise ValueError("deterministic decoding needs attention 'efficient' or 'flex'")
         self.model = model
-        self.deterministic = deterministic
+        self.attention = attention
+        self.deterministic = attention != "sdpa"
         self.device = model.model.embed_tokens.weight.device
         self.head = model.get_output_embeddings()
         self.use_graph = (self.device.type == "cuda") if use_graph is None else use_graph
@@ -218,14 +299,16 @@ class GreedyDecoder:
         return torch.cuda.mem_get_info(self.device)[0]
 
     # -- model pieces --------------------------------------------------------------------------
-    def _layers(self, ids, pos, mask, cache, cache_position) -> torch.Tensor:
-        """Hidden states after the last decoder layer; ids, pos: [B, T] -> [B, T, hidden]."""
+    def _layers(self, ids, pos, mask, cache, cache_position, **attn_kwargs) -> torch.Tensor:
+        """Hidden states after the last decoder layer; ids, pos: [B, T] -> [B, T, hidden].
+        ``attn_kwargs`` reach the attention function (the layers pass extra keywords on)."""
         base = self.model.model
         h = base.embed_tokens(ids)
         rope = base.rotary_emb(h, pos)  # (cos, sin), each [B, T, D]
         for layer in base.layers[: self.model.config.num_hidden_layers]:
             h = layer(h, attention_mask=mask, position_ids=pos, past_key_values=cache,
-                      use_cache=True, position_embeddings=rope, cache_position=cache_position)  # fmt: skip
+                      use_cache=True, position_embeddings=rope, cache_position=cache_position,
+                      **attn_kwargs)  # fmt: skip
             if isinstance(h, tuple):  # older transformers return (hidden, ...)
                 h = h[0]
         return h
@@ -276,21 +359,42 @@ class GreedyDecoder:
         return logits.argmax()
 
     # -- decode --------------------------------------------------------------------------------
-    def _attention(self):
-        """The decode step's SDPA backend: PyTorch's pick, or the deterministic one."""
-        import contextlib
+    @contextlib.contextmanager
+    def _attention(self, b: _Batch):
+        """Keywords for the layers that route the decode step's attention to the chosen kernel
+        (for "flex", the model's attention function is swapped for the step's duration)."""
+        if self.attention == "sdpa" or (self.attention == "efficient" and
+                                        self.device.type != "cuda"):  # fmt: skip
+            yield {}
+            return
+        if self.attention == "efficient":
+            from torch.nn.attention import SDPBackend, sdpa_kernel
 
-        from torch.nn.attention import SDPBackend, sdpa_kernel
+            with sdpa_kernel([SDPBackend.EFFICIENT_ATTENTION]):
+                yield {}
+            return
+        _register_decode_fn()
+        flex = _compiled_flex_decode() if self.device.type == "cuda" else _eager_flex_decode
+        visible = b.mask[:, 0, 0]  # [B, S]
 
-        if not self.deterministic or self.device.type != "cuda":
-            return contextlib.nullcontext()
-        return sdpa_kernel([SDPBackend.EFFICIENT_ATTENTION])
+        def attend(q, k, v, scale):
+            return flex(q, k, v, visible, b.kv_blocks, b.kv_index, scale)
+
+        config = self.model.config
+        previous = config._attn_implementation
+        config._attn_implementation = _DECODE_FN
+        try:
+            yield {"decode_attention": attend}
+        finally:
+            config._attn_implementation = previous
 
     def _step(self, b: _Batch) -> None:
         """One token for every row; only in-place device work, so it can be graph-captured."""
         b.mask.index_fill_(3, b.cache.slot, True)  # the slot written now becomes visible
-        with self._attention():
-            h = self._layers(b.tok, b.pos, b.mask, b.cache, b.cache.slot)  # [B, 1, hidden]
+        with self._attention(b) as kwargs:
+            h = self._layers(
+                b.tok, b.pos, b.mask, b.cache, b.cache.slot, **kwargs
+            )  # [B, 1, hidden]
         nxt = self._logits(h[:, -1]).argmax(-1)  # [B]
         nxt = torch.where(b.done, b.pad, nxt)
         b.out.index_copy_(1, b.step, nxt[:, None])

@@ -180,7 +180,8 @@ def _run_dataset(
     generate_greedy(
         model, tokenizer, [f[0] for f in fitted], max_new_tokens=max_new,
         batch_size=cfg.evaluation.batch_size, progress=progress, desc=f"longbench/{dataset}",
-        on_batch=on_batch, stop=decode_rules(tokenizer, dataset),
+        on_batch=on_batch, stop=decode_rules(tokenizer, dataset), engine=cfg.evaluation.engine,
+        deterministic=cfg.evaluation.deterministic_decode,
     )  # fmt: skip
     return produced
 

@@ -20,7 +20,7 @@ from anchorctx.evaluation.ruler.scoring import sample_score
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-    from anchorctx.config import ExperimentConfig
+    from anchorctx.config import EvaluationConfig, ExperimentConfig
 
 Record = dict[str, Any]
 
@@ -63,7 +63,7 @@ def data_paths(cfg: ExperimentConfig) -> dict[str, Any]:
     }
 
 
-def _predict(model, tokenizer, samples, batch_size, bar, emit) -> None:
+def _predict(model, tokenizer, samples, evaluation: EvaluationConfig, bar, emit) -> None:
     """Greedy predictions for ``samples`` (one task and length), emitted batch by batch."""
     from anchorctx.evaluation.generation import generate_greedy
 
@@ -74,8 +74,9 @@ def _predict(model, tokenizer, samples, batch_size, bar, emit) -> None:
 
     generate_greedy(
         model, tokenizer, [s["input"] + s["answer_prefix"] for s in samples],
-        max_new_tokens=samples[0]["max_new_tokens"], batch_size=batch_size, progress=False,
-        on_batch=on_batch,
+        max_new_tokens=samples[0]["max_new_tokens"], batch_size=evaluation.batch_size,
+        progress=False, on_batch=on_batch, engine=evaluation.engine,
+        deterministic=evaluation.deterministic_decode,
     )  # fmt: skip
 
 
@@ -113,7 +114,7 @@ def run_suite(
                            fit=r.fit, **paths)  # fmt: skip
         # Samples of one (task, length) share their length to within a few tokens: batching
         # them wastes almost nothing on padding.
-        _predict(model, tokenizer, samples, cfg.evaluation.batch_size, bar, emit)
+        _predict(model, tokenizer, samples, cfg.evaluation, bar, emit)
     bar.close()
     summary = _summarise(plan, records, not_run, r.num_samples, paths)
     summary["reference"] = {"repository": C.RULER_REPOSITORY, "revision": C.RULER_REVISION,

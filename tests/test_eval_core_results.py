@@ -137,7 +137,8 @@ def test_result_file_contents(cfg, checkpoint, run_dir, fake, loads):
     assert out["suite"] == "fake" and out["step"] == 10
     assert out["checkpoint"] == str(checkpoint.resolve())
     assert out["checkpoint_hash"] == checkpoint_hash(checkpoint)
-    assert out["evaluation"] == {"dtype": "float32", "batch_size": 1}
+    assert out["evaluation"] == {"dtype": "float32", "batch_size": 1, "engine": "auto",
+                                 "deterministic_decode": False}  # fmt: skip
     assert out["counts"] == {"alpha": {"4096": 5}, "beta": {"4096": 5}}
     assert out["not_run"] == {"gamma": "no data"}
     assert out["samples"] == {"resumed": 0, "new": NUM_SAMPLES, "file": "fake.samples.jsonl",

@@ -21,6 +21,22 @@ from anchorctx.evaluation import results
 
 pytestmark = pytest.mark.slow
 
+# Run inside node 0: wait until both workers have registered and are online.
+WAIT_FOR_WORKERS = """
+import sys, time
+from anchorctx.flows.pool import pool_workers
+deadline = time.monotonic() + 180
+while True:
+    try:
+        if pool_workers(sys.argv[1]) >= 2:
+            break
+    except RuntimeError:
+        pass
+    if time.monotonic() > deadline:
+        sys.exit("the two workers did not come online within 180 s")
+    time.sleep(1)
+"""
+
 # Run inside node 0: the evaluate flow on the pool, then which host ran each shard (its log).
 COORDINATOR = """
 import json, sys
@@ -82,6 +98,12 @@ def test_shards_run_on_both_hosts_and_equal_one_process(tmp_path, demo_corpus):
                 procs.append(_in(hosts, node, [sys.executable, "-m", "anchorctx", "eval-worker",
                                                "anchorctx-test", "--name", f"node{node}"], env,
                                  tmp_path / f"worker{node}.log"))  # fmt: skip
+            ready = subprocess.run(["ip", "netns", "exec", hosts[0][0], sys.executable, "-c",
+                                    WAIT_FOR_WORKERS, "anchorctx-test"], env=env,
+                                   capture_output=True, text=True, timeout=300)  # fmt: skip
+            assert ready.returncode == 0, ready.stderr[-3000:] + "".join(
+                (tmp_path / f"worker{n}.log").read_text()[-2000:] for n in (0, 1)
+            )
             run = subprocess.run(["ip", "netns", "exec", hosts[0][0], sys.executable, "-c",
                                   COORDINATOR, str(cfg_json)], env=env, capture_output=True,
                                  text=True, timeout=600)  # fmt: skip

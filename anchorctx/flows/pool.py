@@ -82,12 +82,23 @@ def evaluate_shard_flow(
 
 
 def pool_workers(pool: str) -> int:
-    """Workers of ``pool`` the server currently sees as online (at least 1)."""
+    """Online workers of ``pool``; an error when the pool has no shard deployment or no online
+    worker (the shard runs would otherwise wait for one forever)."""
     from prefect.client.orchestration import get_client
+    from prefect.exceptions import ObjectNotFound
 
+    start = f"start `anchorctx eval-worker {pool}` on every GPU node (one per GPU)"
     with get_client(sync_client=True) as client:
-        workers = client.read_workers_for_work_pool(pool)
-    return max(1, sum(1 for w in workers if str(getattr(w, "status", "")).endswith("ONLINE")))
+        try:
+            client.read_deployment_by_name(f"{SHARD_FLOW}/{pool}")
+            workers = client.read_workers_for_work_pool(pool)
+        except ObjectNotFound:
+            raise RuntimeError(f"evaluation.work_pool={pool!r}: no such pool or deployment; "
+                               f"{start}") from None  # fmt: skip
+    online = sum(1 for w in workers if str(getattr(w, "status", "")).endswith("ONLINE"))
+    if not online:
+        raise RuntimeError(f"evaluation.work_pool={pool!r} has no online worker; {start}")
+    return online
 
 
 def _run_all(pool: str, parameter_sets: list[dict]) -> None:
@@ -119,7 +130,8 @@ def evaluate_on_pool(cfg: ExperimentConfig, checkpoints: Sequence[str], suites: 
     pairs = [(str(c), s) for c in checkpoints for s in suites]
     todo = [(c, s) for c, s in pairs if prepare(cfg, c, s, force)]
     if todo:
-        count = cfg.evaluation.shards or pool_workers(pool)
+        online = pool_workers(pool)
+        count = cfg.evaluation.shards or online
         config_json = str(_config_file(cfg))
         shards = [{"config_json": config_json, "checkpoint": c, "suite": s, "index": i,
                    "count": len(plan), "units": units}

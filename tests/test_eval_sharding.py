@@ -6,25 +6,11 @@ import json
 from pathlib import Path
 
 import pytest
+from checkpoints import save_checkpoint
 
 from anchorctx.config import ExperimentConfig, config_from_dict
 from anchorctx.evaluation import results, sharding
 from anchorctx.io import read_jsonl
-
-
-def save_checkpoint(path: Path, tokenizer_dir: Path, *, seed: int, step: int) -> None:
-    import torch
-    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
-
-    tok = AutoTokenizer.from_pretrained(tokenizer_dir)
-    torch.manual_seed(seed)
-    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64,
-                      num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
-                      max_position_embeddings=2048, bos_token_id=tok.bos_token_id,
-                      eos_token_id=tok.eos_token_id)  # fmt: skip
-    LlamaForCausalLM(cfg).save_pretrained(path)
-    tok.save_pretrained(path)
-    (path / "anchorctx.json").write_text(json.dumps({"step": step}))
 
 
 def _cfg(

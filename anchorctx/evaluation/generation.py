@@ -164,14 +164,18 @@ def _generate_static(model, tokenizer, encoded, *, max_new_tokens, batch_size, s
         new = decoder.generate([encoded[i] for i in batch], max_new_tokens=max_new_tokens,
                                pad_id=config.pad_token_id, stop=rules,
                                decode=lambda ids: tokenizer.decode(ids))  # fmt: skip
-        texts = tokenizer.batch_decode(new, skip_special_tokens=True)
-        for i, text in zip(batch, texts):
-            out[i] = text
-        if on_batch is not None:
-            on_batch(batch, texts)
-        bar.update(len(batch))
+        _deliver(batch, tokenizer.batch_decode(new, skip_special_tokens=True), out, on_batch, bar)
     decoder.release()
     return out
+
+
+def _deliver(batch: list[int], texts: list[str], out: list, on_batch, bar) -> None:
+    """Place a batch's texts at their prompts' indices, hand them to ``on_batch``, advance."""
+    for i, text in zip(batch, texts):
+        out[i] = text
+    if on_batch is not None:
+        on_batch(batch, texts)
+    bar.update(len(batch))
 
 
 def generate_greedy(
@@ -217,11 +221,6 @@ def generate_greedy(
             seqs = model.generate(input_ids=ids, attention_mask=mask, generation_config=config,
                                   tokenizer=tokenizer if config.stop_strings else None)  # fmt: skip
         new = seqs[:, ids.shape[1] :]  # [B, new tokens]: everything after the (padded) prompt
-        texts = tokenizer.batch_decode(new, skip_special_tokens=True)
-        for i, text in zip(batch, texts):
-            out[i] = text
-        if on_batch is not None:
-            on_batch(batch, texts)
-        bar.update(len(batch))
+        _deliver(batch, tokenizer.batch_decode(new, skip_special_tokens=True), out, on_batch, bar)
     bar.close()
     return [t or "" for t in out]

@@ -30,7 +30,7 @@ from prefect import flow, get_run_logger
 from anchorctx.config import ExperimentConfig
 from anchorctx.evaluation.results import result_path
 from anchorctx.evaluation.sharding import plan_shards, prepare
-from anchorctx.flows.sharded import _config_file
+from anchorctx.flows.sharded import config_file
 from anchorctx.tasks.process import run_process_group
 from anchorctx.tasks.sharding import shard_command
 
@@ -132,7 +132,7 @@ def evaluate_on_pool(cfg: ExperimentConfig, checkpoints: Sequence[str], suites: 
     if todo:
         online = pool_workers(pool)
         count = cfg.evaluation.shards or online
-        config_json = str(_config_file(cfg))
+        config_json = str(config_file(cfg))
         shards = [{"config_json": config_json, "checkpoint": c, "suite": s, "index": i,
                    "count": len(plan), "units": units}
                   for c, s in todo for plan in [plan_shards(cfg, s, count)]

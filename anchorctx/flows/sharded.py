@@ -22,7 +22,7 @@ from anchorctx.io import atomic_write_text
 from anchorctx.tasks.sharding import evaluate_shard_task, finalize_task, gpu_slots
 
 
-def _config_file(cfg: ExperimentConfig) -> Path:
+def config_file(cfg: ExperimentConfig) -> Path:
     """The config as JSON for the shard processes, named by its content."""
     text = cfg.model_dump_json(indent=2)
     digest = hashlib.sha256(text.encode()).hexdigest()[:12]
@@ -48,7 +48,7 @@ def evaluate_sharded(cfg: ExperimentConfig, checkpoints: Sequence[str], suites: 
     pairs = [(str(c), s) for c in checkpoints for s in suites]
     todo = [(c, s) for c, s in pairs if prepare(cfg, c, s, force)]
     if todo:
-        config_json = str(_config_file(cfg))
+        config_json = str(config_file(cfg))
         slots = gpu_slots(list(gpus))
         with ThreadPoolTaskRunner(max_workers=len(gpus)) as runner:
             shards = [

@@ -11,6 +11,10 @@ largest answer budget). Per length:
   timed CUDA-graph replays of the decode step at batch 1 and at the largest batch the memory
   budget gives for that length (the same rule generation uses: 60% of free memory for the KV cache,
   at most ``--max-rows`` rows);
+- ``--step``: the static engine's decode-step layers (``decoding.DECODE_STEPS``: "hf" = the
+  checkpoint's modules, "fused" = :mod:`anchorctx.models.fused_step`); the first one listed fills
+  the main table, every further one gets its batch-1 decode timed on the same prompt (a second
+  table: ms/token, HBM floor, token agreement with the first);
 - token agreement: greedy tokens of both engines on the same prompt (bf16 rounding differs
   between the paths, so a random model's near-tied logits may diverge after a while);
 - HBM floor of one decode step: (weights read + KV cache bytes of the batch) / bandwidth, at
@@ -33,7 +37,7 @@ from pathlib import Path
 
 import torch
 
-from anchorctx.models.decoding import DECODE_ATTENTIONS
+from anchorctx.models.decoding import DECODE_ATTENTIONS, DECODE_STEPS
 
 # RULER max new tokens per task (scripts/data/synthetic/constants.py), 13 tasks.
 TASK_NEW_TOKENS = [128] * 8 + [30, 120, 50, 32, 32]
@@ -126,7 +130,8 @@ def time_replays(decoder, batch, width: int, lengths: list[int], steps: int) -> 
     return 1e3 * (time.perf_counter() - start) / steps
 
 
-def measure_static(model, decoder, ids: list[int], rows: int, steps: int) -> dict:
+def measure_static(model, decoder, ids: list[int], rows: int, steps: int,
+                   prefill: bool = True) -> dict:  # fmt: skip
     from anchorctx.models.decoding import SLOT_ROUND, StopRules, _round_up
 
     n = len(ids)
@@ -137,7 +142,7 @@ def measure_static(model, decoder, ids: list[int], rows: int, steps: int) -> dic
         _sync()
         first_call = time.perf_counter() - start  # prefill + capture + decode
         b = decoder._batch
-        prefill = _timed(lambda: decoder._prefill(b.cache, 0, 0, ids, ()))
+        prefill = _timed(lambda: decoder._prefill(b.cache, 0, 0, ids, ())) if prefill else None
         ms1 = time_replays(decoder, b, n, [n], steps)
         msb = None
         if rows > 1:
@@ -190,6 +195,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--device", default="cuda")
     p.add_argument("--attention", default="sdpa", choices=DECODE_ATTENTIONS,
                    help="The static engine's decode attention kernel.")  # fmt: skip
+    p.add_argument("--step", nargs="+", choices=DECODE_STEPS, default=["fused", "hf"],
+                   help="Decode-step layers; the first fills the main table.")  # fmt: skip
     p.add_argument("--out", type=Path)
     args = p.parse_args(argv)
 
@@ -199,15 +206,22 @@ def main(argv: list[str] | None = None) -> int:
     bandwidth = measure_bandwidth()
     torch.cuda.empty_cache()  # the copy's 8 GiB
     model = build_model(args)
-    decoder = GreedyDecoder(model, attention=args.attention)
+    decoders = {s: GreedyDecoder(model, attention=args.attention, step=s) for s in args.step}
+    decoder = decoders[args.step[0]]
     wbytes, kvtok = weight_bytes_read(model), kv_bytes_per_token(model)
     budget = int(0.6 * decoder.free_bytes()) // kvtok  # the rule generate_greedy uses
     print(f"{name}: copy bandwidth {bandwidth / 1e12:.2f} TB/s, weights read {wbytes / 1e9:.2f} GB, "
           f"KV {kvtok / 2**10:.0f} KiB/token, KV budget {budget} tokens", flush=True)  # fmt: skip
     g = torch.Generator().manual_seed(0)
     warm = [1, *torch.randint(3, 32000, (1023,), generator=g).tolist()]
-    measure_hf(model, torch.tensor([warm], device=args.device), 4)
-    measure_static(model, decoder, warm, 2, 4)
+    if min(args.lengths) <= args.skip_hf_above:
+        measure_hf(model, torch.tensor([warm], device=args.device), 4)
+    warmup = {}
+    for s, d in decoders.items():  # compiles the fused step (batch 1, then dynamic shapes)
+        start = time.perf_counter()
+        measure_static(model, d, warm, 2, 4)
+        warmup[s] = time.perf_counter() - start
+    print(f"warm-up (compile, capture) s: {warmup}", flush=True)
     rows = []
     for length in sorted(args.lengths):
         prompt = [1, *torch.randint(3, 32000, (length - 129,), generator=g).tolist()]
@@ -217,6 +231,10 @@ def main(argv: list[str] | None = None) -> int:
         if length <= args.skip_hf_above:
             row["hf"] = measure_hf(model, torch.tensor([prompt], device=args.device), args.hf_new)
         row["static"] = measure_static(model, decoder, prompt, batch, args.steps)
+        row["steps"] = {s: measure_static(model, d, prompt, 1, args.steps, prefill=False)
+                        for s, d in decoders.items() if s != args.step[0]}  # fmt: skip
+        for v in row["steps"].values():
+            v["agreement"] = agreement(row["static"]["tokens"], v["tokens"])
         if row["hf"] is not None:
             row["agreement"] = agreement(row["hf"]["tokens"], row["static"]["tokens"])
         ctx = length  # cache slots read per row at the end of the answer
@@ -251,6 +269,17 @@ def main(argv: list[str] | None = None) -> int:
               if h else f"| {r['length']} | – | {s['prefill_s']:.3f} | – | "
               f"{s['decode_ms_b1']:.2f} | {r['floor_ms_b1']:.2f} | – | {r['rows']} | {step_b:.2f}"
               f" | {r['floor_ms_batch']:.2f} | {step_b / r['rows']:.2f} | {sps:.3f} | – | – |")  # fmt: skip
+    if len(args.step) > 1:
+        print(f"\nDecode step variants, batch 1 (agreement: greedy tokens against {args.step[0]})")
+        print("| length | step | decode ms/tok | HBM floor ms | / floor | agree |")
+        print("|---:|---|---:|---:|---:|---|")
+        for r in rows:
+            variants = {args.step[0]: r["static"], **r["steps"]}
+            for s, v in variants.items():
+                ag = v.get("agreement")
+                print(f"| {r['length']} | {s} | {v['decode_ms_b1']:.2f} | {r['floor_ms_b1']:.2f} | "
+                      f"{v['decode_ms_b1'] / r['floor_ms_b1']:.2f}× | "
+                      f"{ag and str(ag['equal']) + '/' + str(ag['compared'])} |")  # fmt: skip
     proj = {e: project(rows, e) for e in ("hf", "static")}
     for e, v in proj.items():
         if "error" in v:
@@ -269,7 +298,7 @@ def main(argv: list[str] | None = None) -> int:
             "device": name, "torch": torch.__version__, "transformers": transformers.__version__,
             "bandwidth_Bps": bandwidth, "weight_bytes": wbytes, "kv_bytes_per_token": kvtok,
             "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
-            "rows": rows, "projection": proj,
+            "rows": rows, "projection": proj, "warmup_s": warmup,
         })  # fmt: skip
         print(f"wrote {args.out}")
     return 0

@@ -83,17 +83,23 @@ def _static(model, rows, batch_size, stop_ids=(2,), suppress=(), **kw) -> list[l
     return out
 
 
-def test_static_equals_hf_without_stops(model):
+# The decode step's layers: the checkpoint's modules (the reference) and the fused step.
+STEPS = pytest.mark.parametrize("step", ["hf", "fused"])
+
+
+@STEPS
+def test_static_equals_hf_without_stops(model, step):
     rows = _prompts()
     ref = _hf(model, rows, batch_size=1, stop_ids=(VOCAB + 5,))  # a token that never occurs
     assert all(len(r) == NEW for r in ref)
     assert len({tuple(r) for r in ref}) > 1  # the prompts lead to different continuations
     for batch in (1, 3, len(rows)):
-        assert _static(model, rows, batch, stop_ids=(VOCAB + 5,)) == ref
+        assert _static(model, rows, batch, stop_ids=(VOCAB + 5,), step=step) == ref
     assert _hf(model, rows, batch_size=3, stop_ids=(VOCAB + 5,)) == ref  # the reference batched
 
 
-def test_static_equals_hf_with_early_stops(model):
+@STEPS
+def test_static_equals_hf_with_early_stops(model, step):
     rows = _prompts()
     free = _hf(model, rows, batch_size=1, stop_ids=(VOCAB + 5,))
     # Stop on tokens the rows produce at different steps: some rows stop early, some never.
@@ -102,14 +108,15 @@ def test_static_equals_hf_with_early_stops(model):
     lengths = sorted({len(r) for r in ref})
     assert len(lengths) > 1 and lengths[0] < NEW
     for batch in (1, 4, len(rows)):
-        assert _static(model, rows, batch, stop_ids=stops) == ref
+        assert _static(model, rows, batch, stop_ids=stops, step=step) == ref
     # Every row stopping at its first token ends the loop at once (and keeps that token).
     firsts = tuple({r[0] for r in free})
-    assert _static(model, rows, len(rows), stop_ids=firsts) == [[r[0]] for r in free]
+    assert _static(model, rows, len(rows), stop_ids=firsts, step=step) == [[r[0]] for r in free]
 
 
+@STEPS
 @pytest.mark.parametrize("attention", ["efficient", "flex"])
-def test_deterministic_decode_attentions_equal_hf(model, attention):
+def test_deterministic_decode_attentions_equal_hf(model, attention, step):
     """The deterministic decode kernels (flex uncompiled on CPU: the same mask, evaluated per
     slot) give hf's tokens, batched rows of mixed lengths and early stops included."""
     rows = _prompts()
@@ -117,12 +124,39 @@ def test_deterministic_decode_attentions_equal_hf(model, attention):
     stops = (free[0][3], free[3][7])
     ref = _hf(model, rows, batch_size=1, stop_ids=stops)
     for batch in (1, len(rows)):
-        assert _static(model, rows, batch, stop_ids=stops, attention=attention) == ref
+        assert _static(model, rows, batch, stop_ids=stops, attention=attention, step=step) == ref
     decoder = GreedyDecoder(model, deterministic=True)
     assert decoder.attention == "flex" and decoder.deterministic
     assert model.config._attn_implementation == "sdpa"  # the swap is undone after each step
     with pytest.raises(ValueError, match="decode attention 'cudnn'"):
         GreedyDecoder(model, attention="cudnn")
+
+
+def test_fused_step_shares_weights_and_compiles(model):
+    """The fused step's concatenated q/k/v and gate/up matrices are the modules' own memory (a
+    second decoder reuses them without a copy), and its compiled per-layer functions (inductor on
+    CPU) give hf's tokens too, batched rows of mixed lengths included."""
+    from anchorctx.models.fused_step import FusedDecodeStep
+
+    rows = _prompts()
+    ref = _hf(model, rows, batch_size=1)
+    attn, mlp = model.model.layers[1].self_attn, model.model.layers[1].mlp
+    first = GreedyDecoder(model, step="fused")
+    w = first._fused.layers[1]
+    q_rows = attn.q_proj.weight.shape[0]
+    assert attn.q_proj.weight.data_ptr() == w.wqkv.data_ptr()
+    assert attn.k_proj.weight.data_ptr() == w.wqkv[q_rows:].data_ptr()
+    assert mlp.up_proj.weight.data_ptr() == w.wgu[mlp.gate_proj.weight.shape[0] :].data_ptr()
+    assert (w.bqkv is None) == (attn.q_proj.bias is None)
+    again = FusedDecodeStep(model, compile=True)
+    assert again.layers[1].wqkv.data_ptr() == w.wqkv.data_ptr()  # already adjacent: a view
+    assert again.layers[1].wgu.data_ptr() == w.wgu.data_ptr()
+    first._fused = again
+    assert first.generate(rows, max_new_tokens=NEW, pad_id=PAD,
+                          stop=StopRules(stop_token_ids=(2,))) == ref  # fmt: skip
+    assert _hf(model, rows, batch_size=3) == ref  # the model's own forward on the shared memory
+    with pytest.raises(ValueError, match="decode step 'gpt-fast'"):
+        GreedyDecoder(model, step="gpt-fast")
 
 
 def test_first_token_suppression_matches_hf(model):
@@ -195,7 +229,7 @@ def test_cuda_graph_decode_equals_eager_and_hf(kind):
     stops, suppress = (free[0][3], free[3][7]), (free[1][0],)
     ref = _hf(model, rows, batch_size=1, stop_ids=stops, suppress=suppress)
     graph = GreedyDecoder(model)
-    assert graph.use_graph
+    assert graph.use_graph and graph.step == "fused"  # the default on CUDA
     rules = StopRules(stop_token_ids=stops, suppress_first=suppress)
     for batch in ([0, 1, 2], [3, 4, 5], [5, 0, 3]):  # one shape: the graph is captured once
         got = graph.generate([rows[i] for i in batch], max_new_tokens=NEW, pad_id=PAD, stop=rules)
@@ -204,9 +238,10 @@ def test_cuda_graph_decode_equals_eager_and_hf(kind):
     assert captured is not None
     eager = _static(model, rows, len(rows), stop_ids=stops, suppress=suppress, use_graph=False)
     assert eager == ref == _static(model, rows, len(rows), stop_ids=stops, suppress=suppress)
-    for attention in ("efficient", "flex"):  # flex compiled, captured in the graph
-        assert ref == _static(model, rows, len(rows), stop_ids=stops, suppress=suppress,
-                              attention=attention)  # fmt: skip
+    for step in ("hf", "fused"):  # the reference step and the fused one (compiled)
+        for attention in ("sdpa", "efficient", "flex"):  # flex compiled, captured in the graph
+            assert ref == _static(model, rows, len(rows), stop_ids=stops, suppress=suppress,
+                                  attention=attention, step=step)  # fmt: skip
     letters = lambda ids: "".join(chr(65 + t % 26) for t in ids)  # noqa: E731
     target = letters(free[2][2:5])
     got = graph.generate(rows, max_new_tokens=NEW, pad_id=PAD,

@@ -23,6 +23,10 @@ and the loop are ours.
   (compiled; its decoding kernel splits the keys into a fixed number of blocks and reduces them
   in a second kernel, so it is deterministic), whose mask reads the slot mask from device memory,
   so the captured graph sees the slots each replay makes visible.
+- The decode step's layers are a choice too (``DECODE_STEPS``): "hf" runs the checkpoint's
+  decoder-layer modules (the reference), "fused" the same weights through
+  :mod:`anchorctx.models.fused_step` (concatenated q/k/v and gate/up GEMVs, norms, RoPE and
+  residuals fused by ``torch.compile``), with the same attention function.
 - Rows stop on their stop tokens (the caller puts EOS among them); stop strings are checked on
   the host every ``sync_every`` steps; the loop exits once every row has stopped.
 """
@@ -58,6 +62,8 @@ DETERMINISTIC_ATTENTION = "flex"
 # count, so still deterministic; the best of bench/decode_attention_sweep.py's variants on H200
 # (7B-shaped attention alone: 0.59 ms against 0.93 ms with flex's own choice at 128K, batch 1).
 FLEX_KERNEL_OPTIONS: dict[str, int] = {"SPLIT_KV": 32, "num_stages": 3}
+# Decode-step layer implementations: "hf" = the checkpoint's modules, "fused" = fused_step.
+DECODE_STEPS = ("hf", "fused")
 # Name under which the decode step's attention function is registered with transformers.
 _DECODE_FN = "anchorctx_decode"
 
@@ -263,11 +269,15 @@ class GreedyDecoder:
     same batch gave different greedy tokens after a few dozen steps on a random 7B-shaped model);
     "efficient" and "flex" give the same tokens on every run (docs/PERFORMANCE.md has speeds).
     On CPU "sdpa" and "efficient" are the same kernel and "flex" runs uncompiled.
+
+    ``step``: the decode step's layers, one of ``DECODE_STEPS`` (default: "fused" on CUDA where
+    the model allows it, else "hf"; docs/PERFORMANCE.md section 4 has the speeds). "fused" makes
+    the model's q/k/v and gate/up parameters views into concatenated tensors (no extra memory).
     """
 
     def __init__(self, model, *, use_graph: bool | None = None, prefill_chunk: int | None = None,
                  sync_every: int = SYNC_EVERY, deterministic: bool = False,
-                 attention: str | None = None):  # fmt: skip
+                 attention: str | None = None, step: str | None = None):  # fmt: skip
         if attention is None:
             attention = DETERMINISTIC_ATTENTION if deterministic else "sdpa"
         if attention not in DECODE_ATTENTIONS:
@@ -284,6 +294,23 @@ class GreedyDecoder:
         self.prefill_chunk = prefill_chunk
         self.sync_every = sync_every
         self._batch: _Batch | None = None
+        self.step, self._fused = self._pick_step(step)
+
+    def _pick_step(self, step: str | None):
+        from anchorctx.models.fused_step import FusedDecodeStep, fused_unsupported_reason
+
+        if step is not None and step not in DECODE_STEPS:
+            raise ValueError(f"decode step {step!r}: expected one of {', '.join(DECODE_STEPS)}")
+        if step is None:
+            fusable = unsupported_reason(self.model, 0) is None
+            fusable = fusable and fused_unsupported_reason(self.model) is None
+            step = "fused" if self.device.type == "cuda" and fusable else "hf"
+        if step == "hf":
+            return step, None
+        reason = unsupported_reason(self.model, 0) or fused_unsupported_reason(self.model)
+        if reason is not None:
+            raise UnsupportedModelError(f"fused decode step: {reason}")
+        return step, FusedDecodeStep(self.model)
 
     def release(self) -> None:
         """Free the cached batch buffers and graph."""
@@ -392,9 +419,11 @@ class GreedyDecoder:
         """One token for every row; only in-place device work, so it can be graph-captured."""
         b.mask.index_fill_(3, b.cache.slot, True)  # the slot written now becomes visible
         with self._attention(b) as kwargs:
-            h = self._layers(
-                b.tok, b.pos, b.mask, b.cache, b.cache.slot, **kwargs
-            )  # [B, 1, hidden]
+            if self._fused is not None:
+                h = self._fused.hidden(b.tok, b.pos, b.mask, b.cache.k, b.cache.v, b.cache.slot,
+                                       **kwargs)  # fmt: skip  # [B, 1, hidden]
+            else:
+                h = self._layers(b.tok, b.pos, b.mask, b.cache, b.cache.slot, **kwargs)
         nxt = self._logits(h[:, -1]).argmax(-1)  # [B]
         nxt = torch.where(b.done, b.pad, nxt)
         b.out.index_copy_(1, b.step, nxt[:, None])

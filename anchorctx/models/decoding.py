@@ -7,7 +7,8 @@ the GPU time of the step itself, and ``cache_implementation="static"`` recompile
 What runs here: the checkpoint's own modules, unchanged (embeddings, rotary embedding with the
 checkpoint's RoPE scaling, decoder layers with their attention function, final norm, LM head),
 so every architecture detail (GQA, qkv bias, tied embeddings) is the model's; only the KV cache
-and the loop are ours.
+and the loop are ours. On CUDA the decode step's layers run by default through the fused step
+(below), the same weights and arithmetic in fewer kernels.
 
 - KV cache: one static buffer ``[B, H_kv, S, D]`` per layer, sized for the batch. Prompts are
   right-aligned to a common end slot ``W`` (the longest prompt), so at decode step ``i`` every

@@ -200,6 +200,10 @@ def test_unsupported_models_are_named():
 
     model = _tiny("llama")
     assert unsupported_reason(model, 100) is None
+    model.config.hidden_act = "gelu"  # the fused step implements SiLU only; hf runs any
+    with pytest.raises(UnsupportedModelError, match="fused decode step: hidden_act 'gelu'"):
+        GreedyDecoder(model, step="fused")
+    model.config.hidden_act = "silu"
     model.config.rope_parameters = {"rope_type": "dynamic", "rope_theta": 1e4, "factor": 2.0}
     with pytest.raises(UnsupportedModelError, match="dynamic"):
         GreedyDecoder(model).generate([[1, 5]], max_new_tokens=2, pad_id=PAD)

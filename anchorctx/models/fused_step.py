@@ -18,8 +18,9 @@ What this does instead, per layer, with the same weights and the same arithmetic
 
 The two halves are plain functions of (hidden state, layer weights, cache, slot, cos/sin) and are
 compiled once with ``torch.compile``: every layer has the same shapes, so one compiled graph
-serves all layers (a new batch shape recompiles once, then shapes become dynamic) and inductor
-fuses the norms, RoPE, SiLU·mul and residual adds around the cuBLAS GEMVs. cos/sin come from the
+serves all layers (the first changes of batch size and buffer length recompile, until
+automatic dynamic shapes take over: 4 + 2 compiles, ~13 s, in bench/eval_throughput.py) and
+inductor fuses the norms, RoPE, SiLU·mul and residual adds around the cuBLAS GEMVs. cos/sin come from the
 checkpoint's ``rotary_emb`` module outside the compiled code, so RoPE scaling stays the model's.
 
 Weights are not duplicated: q/k/v (and gate/up) are concatenated once and the modules' parameters

@@ -11,19 +11,21 @@ tiles and ``U`` = tiles a document mask visits (a document touching ``m`` tiles 
 engine           estimated cost (tile units)
 ===============  =================================================================
 flex, intra_doc  ``U``
-flex, anchor     ``max(U + n_q, κ·n_q)``: one extra key tile per query tile; in backward
-                 the anchor's tile accumulates dK/dV of every query tile in one program
-                 per KV head, a serial chain of ``κ·n_q`` that the rest of the work hides
-                 only while ``U`` is large (long documents)
+flex, anchor     ``U + max(n_q, κ·n_q - θ·U)``: at least one extra key tile per query
+                 tile; in backward the anchor's tile accumulates dK/dV of every query tile
+                 in one program per KV head, a serial chain that the rest of the work hides
+                 only when ``U`` is large against ``n_q`` (long documents)
 varlen           ``ν·U``, anchor adds ``λ·n_q`` (the anchor K/V gathered in front of every
                  document, its gradient scattered back)
-flex_merge       ``U + μ·n_q`` (intra_doc flex, plus three memory-bound passes of reading /
-                 writing [T, H, D] per direction); intra_doc rows: ``U``
+flex_merge       ``U + μ·n_q`` (intra_doc flex with its log-sum-exp, plus the memory-bound
+                 merge, linear in T); intra_doc rows: ``U``
 ===============  =================================================================
 
-The constants are fitted to the one-H200 measurements in docs/PERFORMANCE.md section 1 (fixed
-2K and heavy-tailed documents at 32K and 128K; see there). ``auto`` takes the cheapest engine
-that can run the call; ties keep the order of ``CANDIDATES``.
+The constants are fitted to one-H200 measurements (docs/PERFORMANCE.md section 1, 2026-11-23:
+32 query heads, 8 KV heads, d 128, bf16) as ratios to intra_doc flex on the same row, against
+``x = n_q / U``: fixed 2K documents (x = 0.118), heavy-tailed (0.066 at 32K, 0.012 at 128K) and
+tiny documents (0.243). ``auto`` takes the cheapest engine that can run the call; ties keep
+the order of ``CANDIDATES``.
 """
 
 from __future__ import annotations
@@ -34,16 +36,17 @@ from collections.abc import Sequence
 from anchorctx.attention.layout import Layout
 
 TILE = 128
-# Anchor flex backward: the serial chain through the anchor's key tile, per query tile
-# (fixed 2K documents: anchor/intra_doc = 1.72 at 128K and 1.74 at 32K give 14.6 and 14.8).
-KAPPA = 14.7
-# varlen against flex on the intra_doc mask (304/237 = 1.28 fixed 2K, 385/312 = 1.23 heavy-tailed).
-NU = 1.28
-# varlen's anchor gather/scatter per query tile (fixed 2K: 1.88 at 128K, 1.97 at 32K).
-LAMBDA = 1.9
-# flex_merge's merge per query tile: ~9 passes of 128·H·D bf16 at ~4 TB/s against a 128×128 tile
-# at ~330 TFLOP/s forward+backward, 18·330 / (1792·4) = 0.83.
-MU = 0.83
+# Anchor flex over intra_doc flex - 1: 0.38 (x = 0.066), 0.77 (0.118), 1.32-1.45 (0.243), and
+# 0.024 at x = 0.012 (hidden chain): a line through the first two, never below one tile per q tile.
+KAPPA = 7.6
+THETA = 0.12
+# varlen (anchor) over intra_doc flex - 1: 0.26 (x = 0.012), 0.36 (0.066), 0.51-0.53 (0.118),
+# 0.73 (0.243).
+NU = 1.25
+LAMBDA = 2.3
+# flex_merge over intra_doc flex - 1: 0.13 (x = 0.118, at 32K and 128K), 0.09 (0.066),
+# 0.30 (0.243): about 1.2 tiles per query tile.
+MU = 1.2
 
 # Ties keep this order: on intra_doc rows flex_merge costs what flex does, and flex skips the
 # log-sum-exp output.
@@ -64,7 +67,7 @@ def estimate(engine: str, rows: Sequence[Layout], tile: int = TILE) -> float:
     anchor_nq = [math.ceil(row.seq_len / tile) for row in rows if row.variant == "anchor"]
     nq = sum(anchor_nq)
     if engine == "flex":
-        return max(u + nq, KAPPA * max(anchor_nq, default=0))
+        return u + max(nq, KAPPA * nq - THETA * u) if nq else u
     if engine in ("varlen", "flash_attn"):
         return NU * u + LAMBDA * nq
     if engine == "flex_merge":

@@ -1,8 +1,9 @@
 """Attention engine benchmark: milliseconds and useful TFLOP/s per engine × variant × length.
 
-For each sequence length and document-length distribution (heavy-tailed, SlimPajama-like; and
-fixed), times forward and forward+backward of every engine on the anchor/intra-document masks,
-beside dense causal SDPA (cuDNN/FlashAttention) in the same run. Useful FLOPs count only
+For each sequence length and document-length distribution (heavy-tailed, SlimPajama-like;
+fixed 2K; web pages around one long book; one very long book plus short pages; many tiny
+documents), times forward and forward+backward of every engine (and ``auto``) on the
+anchor/intra-document masks, beside dense causal SDPA (cuDNN/FlashAttention) in the same run. Useful FLOPs count only
 allowed (query, key) pairs: forward 4·d·pairs per head, forward+backward 3.5× forward. Then
 checks bf16 accuracy of every engine against a float32 reference at a shorter length.
 
@@ -46,6 +47,7 @@ class Row:
     fwd_tflops: float | None = None
     fwdbwd_tflops: float | None = None
     plan_ms: float | None = None  # first build of the engine's mask / plan (once per batch)
+    picked: str = ""  # the engine ``auto`` chose
     error: str = ""
 
 
@@ -60,20 +62,42 @@ class Accuracy:
 
 
 # --------------------------------------------------------------------------------- layouts
+DISTRIBUTIONS = ("heavy_tailed", "fixed", "web_books", "one_book", "tiny")
+
+
+def _lognormal(gen: torch.Generator, mean: float, sigma: float) -> int:
+    mu = math.log(mean) - sigma**2 / 2  # the distribution's mean is ``mean``
+    return int(math.exp(mu + sigma * torch.randn(1, generator=gen).item()))
+
+
 def doc_lengths(total: int, distribution: str, seed: int, mean: int) -> list[int]:
-    """Document lengths filling ``total`` tokens (the last one truncated)."""
+    """Document lengths filling ``total`` tokens (the last one truncated).
+
+    heavy_tailed: log-normal, sigma 1.6, mean ``mean`` (SlimPajama's shape: mostly short
+    documents, a long tail of book/arXiv-sized ones); fixed: ``mean`` each; web_books: one book
+    of 54% of the row (71K of 128K) among log-normal web pages of mean 1.2K (≈ 48 documents at
+    128K); one_book: one book of 73% of the row (96K of 128K) among pages of mean 600; tiny:
+    log-normal of mean 300 capped at 1.5K (≈ 430 documents at 128K).
+    """
     gen = torch.Generator().manual_seed(seed)
+    book = {"web_books": 0.54, "one_book": 0.73}.get(distribution)
+    budget = total - (int(book * total) if book else 0)
     lens: list[int] = []
-    while sum(lens) < total:
+    while sum(lens) < budget:
         if distribution == "fixed":
             n = mean
-        else:
-            # Lognormal with sigma 1.6 (mean fixed at ``mean``): mostly short documents and a
-            # long tail of book/arXiv-sized ones, the shape of SlimPajama's length histogram.
-            sigma = 1.6
-            mu = math.log(mean) - sigma**2 / 2
-            n = int(math.exp(mu + sigma * torch.randn(1, generator=gen).item()))
-        lens.append(max(1, min(n, total - sum(lens))))
+        elif distribution == "heavy_tailed":
+            n = _lognormal(gen, mean, 1.6)
+        elif distribution == "web_books":
+            n = _lognormal(gen, 1200, 1.0)
+        elif distribution == "one_book":
+            n = _lognormal(gen, 600, 1.0)
+        else:  # tiny
+            n = min(_lognormal(gen, 300, 0.8), 1536)
+        lens.append(max(1, min(n, budget - sum(lens))))
+    if book:  # the book at a seeded place among the pages
+        at = int(torch.randint(0, len(lens) + 1, (1,), generator=gen))
+        lens.insert(at, total - budget)
     return lens
 
 
@@ -124,6 +148,8 @@ def measure(row: Row, layout: Layout, args) -> None:
         attend(q, k, v, layout, engine=row.engine)  # builds the plan; compiles flex once
     torch.cuda.synchronize()
     row.plan_ms = (time.perf_counter() - t0) * 1e3
+    if row.engine == "auto":
+        row.picked = auto_choice(q, k, v, layout)
     flops = layout.attention_flops(h, d)
     with torch.no_grad():
         row.fwd_ms = bench_ms(lambda: attend(q, k, v, layout, engine=row.engine))
@@ -137,12 +163,27 @@ def measure(row: Row, layout: Layout, args) -> None:
     row.fwdbwd_tflops = 3.5 * flops / row.fwdbwd_ms / 1e9
 
 
+def auto_choice(q, k, v, layout: Layout) -> str:
+    from anchorctx.attention.api import _as_batch
+    from anchorctx.attention.engines import AttentionCall, select_engine
+
+    batch, cache = _as_batch(layout, q.shape[0])
+    call = AttentionCall(q=q, k=k, v=v, batch=batch, cache=cache, scale=q.shape[-1] ** -0.5)
+    return select_engine(call, "auto").name
+
+
 def run_timings(args, deadline: float) -> list[Row]:
     rows: list[Row] = []
     for length in args.lengths:
         for dist in args.distributions:
-            plan = [("full", "sdpa")]  # dense causal baseline (cuDNN / FlashAttention)
-            plan += [(var, eng) for var in args.variants for eng in args.engines]
+            # dense causal baseline (cuDNN / FlashAttention); it depends on T only
+            plan = [] if args.skip_dense else [("full", "sdpa")]
+            plan += [
+                (var, eng)
+                for var in args.variants
+                for eng in args.engines
+                if not (var == "intra_doc" and eng in args.anchor_only)
+            ]
             for variant, engine in plan:
                 layout = make_layout(length, dist, variant, args.seed, args.mean_doc_len)
                 row = Row(length, dist, variant, engine, docs=layout.num_segments)
@@ -153,10 +194,26 @@ def run_timings(args, deadline: float) -> list[Row]:
                     )
                 elif time.monotonic() > deadline:
                     row.error = "skipped: --budget-s exhausted"
+                elif engine == "auto" and _reuse_pick(row, rows, layout, args):
+                    pass  # auto dispatched to an engine already timed on this row
                 else:
                     _guarded(row, measure, row, layout, args)
                 print(_row_line(row), flush=True)
     return rows
+
+
+def _reuse_pick(row: Row, rows: list[Row], layout: Layout, args) -> bool:
+    """Fill an ``auto`` row from the timed row of the engine it picks (the same kernels)."""
+    q, k, v = qkv(row.length, args.heads, args.kv_heads, args.head_dim, grad=False)
+    row.picked = auto_choice(q, k, v, layout)
+    for other in rows:
+        if (other.length, other.distribution, other.variant, other.engine) == (
+            row.length, row.distribution, row.variant, row.picked,
+        ) and not other.error:  # fmt: skip
+            for name in ("fwd_ms", "fwdbwd_ms", "fwd_tflops", "fwdbwd_tflops", "plan_ms"):
+                setattr(row, name, getattr(other, name))
+            return True
+    return False
 
 
 def _guarded(record, fn, *args) -> None:
@@ -212,7 +269,8 @@ def _fmt(x: float | None, digits: int = 1) -> str:
 
 
 def _row_line(r: Row) -> str:
-    base = f"{r.length:>7} {r.distribution:<12} {r.variant:<15} {r.engine:<10}"
+    engine = f"{r.engine}={r.picked}" if r.picked else r.engine
+    base = f"{r.length:>7} {r.distribution:<12} {r.variant:<15} {engine:<10}"
     if r.error:
         return f"{base} {r.error}"
     return (
@@ -245,7 +303,8 @@ def markdown(rows: list[Row], acc: list[Accuracy]) -> str:
             else "—"
         )
         lines.append(
-            f"| {r.length} | {r.distribution} ({r.docs}) | {r.variant} | {r.engine} "
+            f"| {r.length} | {r.distribution} ({r.docs}) | {r.variant} "
+            f"| {r.engine}{f' ({r.picked})' if r.picked else ''} "
             f"| {_fmt(r.fwd_ms, 2)} | {_fmt(r.fwdbwd_ms, 2)} | {_fmt(r.fwd_tflops)} "
             f"| {_fmt(r.fwdbwd_tflops)} | {speed} | {_fmt(r.plan_ms)} | {r.error} |"
         )
@@ -266,15 +325,76 @@ def markdown(rows: list[Row], acc: list[Accuracy]) -> str:
     return "\n".join(lines)
 
 
+ISSUE_COLUMNS = (  # (header, variant, engine) of the summary table
+    ("dense causal cuDNN", "full", "sdpa"),
+    ("anchor flex", "anchor", "flex"),
+    ("anchor varlen", "anchor", "varlen"),
+    ("intra_doc flex", "intra_doc", "flex"),
+    ("anchor flex_merge", "anchor", "flex_merge"),
+    ("anchor auto", "anchor", "auto"),
+)
+
+
+def summary(rows: list[Row]) -> str:
+    """Forward+backward useful TFLOP/s, one line per (T, distribution), the engines side by side;
+    the last columns: flex_merge (anchor) over intra_doc flex, and auto over the best single
+    anchor engine (time ratios)."""
+    by_key = {(r.length, r.distribution, r.variant, r.engine): r for r in rows}
+    heads = [h for h, _, _ in ISSUE_COLUMNS]
+    lines = [
+        "| T | documents | " + " | ".join(heads) + " | merge / intra_doc | auto / best |",
+        "|---|---|" + "---:|" * (len(heads) + 2),
+    ]
+    for length, dist in dict.fromkeys((r.length, r.distribution) for r in rows):
+        cells, docs = [], ""
+        for _, variant, engine in ISSUE_COLUMNS:
+            r = by_key.get((length, dist, variant, engine))
+            if r and variant == "anchor":
+                docs = str(r.docs)
+            tf = r.fwdbwd_tflops if r and not r.error else None
+            cells.append(_fmt(tf, 0) + (f" (= {r.picked})" if r and r.picked and tf else ""))
+
+        def ms(variant, engine, key=(length, dist)):
+            r = by_key.get((*key, variant, engine))
+            return r.fwdbwd_ms if r and not r.error else None
+
+        merge, intra = ms("anchor", "flex_merge"), ms("intra_doc", "flex")
+        # useful FLOPs differ by the anchor column only (< 1%): compare TFLOP/s, as the issue
+        ratio = "—"
+        if merge and intra:
+            r_m = by_key[(length, dist, "anchor", "flex_merge")].fwdbwd_tflops
+            r_i = by_key[(length, dist, "intra_doc", "flex")].fwdbwd_tflops
+            ratio = f"{r_m / r_i:.3f}"
+        singles = [ms("anchor", e) for e in ("flex", "varlen", "flash_attn", "flex_merge")]
+        singles = [t for t in singles if t]
+        auto = ms("anchor", "auto")
+        vs_best = f"{auto / min(singles):.3f}" if auto and singles else "—"
+        lines.append(
+            f"| {_k(length)} | {dist} ({docs}) | " + " | ".join(cells) + f" | {ratio} | {vs_best} |"
+        )
+    return "\n".join(lines)
+
+
+def _k(n: int) -> str:
+    return f"{n // 1024}K" if n % 1024 == 0 else str(n)
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--lengths", type=int, nargs="+", default=[32768, 65536, 131072])
     p.add_argument(
         "--engines",
         nargs="+",
-        default=["flex", "varlen", "flash_attn"],
-        choices=list(ENGINES),
+        default=["flex", "varlen", "flash_attn", "flex_merge", "auto"],
+        choices=[*ENGINES, "auto"],
         help="Engines on the document masks.",
+    )
+    p.add_argument(
+        "--anchor-only",
+        nargs="*",
+        default=["flex_merge", "auto", "varlen"],
+        help="Engines timed on the anchor variant only (flex_merge and auto equal flex on "
+        "intra_doc; varlen there is not in the summary).",
     )
     p.add_argument(
         "--variants",
@@ -286,8 +406,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--distributions",
         nargs="+",
-        default=["heavy_tailed", "fixed"],
-        choices=["heavy_tailed", "fixed"],
+        default=list(DISTRIBUTIONS),
+        choices=list(DISTRIBUTIONS),
     )
     p.add_argument("--mean-doc-len", type=int, default=2048)
     p.add_argument("--heads", type=int, default=32)
@@ -299,6 +419,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         type=int,
         default=16384,
         help="Longest T for the dense-mask sdpa engine (its mask is T×T bytes).",
+    )
+    p.add_argument(
+        "--skip-dense", action="store_true", help="Leave out the dense causal SDPA baseline."
+    )
+    p.add_argument(
+        "--skip-accuracy", action="store_true", help="Leave out the bf16 accuracy check."
     )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument(
@@ -324,9 +450,9 @@ def main(argv: list[str] | None = None) -> int:
         print("bench/attention.py needs a CUDA GPU", file=sys.stderr)
         return 2
     deadline = time.monotonic() + args.budget_s
-    acc = accuracy(args, deadline)
+    acc = [] if args.skip_accuracy else accuracy(args, deadline)
     rows = run_timings(args, deadline)
-    table = markdown(rows, acc)
+    table = markdown(rows, acc) + "\n\n" + summary(rows)
     print(f"\n## Attention engines — {torch.cuda.get_device_name()}, torch {torch.__version__}\n")
     print(table)
     if args.out:

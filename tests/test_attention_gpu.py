@@ -18,7 +18,9 @@ from anchorctx.attention.engines import ENGINES
 pytestmark = pytest.mark.gpu
 
 T = 3000  # not a multiple of 128
-FUSED = [name for name in ("flex", "varlen", "flash_attn") if ENGINES[name].available()[0]]
+FUSED = [
+    name for name in ("flex", "varlen", "flash_attn", "flex_merge") if ENGINES[name].available()[0]
+]
 
 
 def _row(seed: int, chunked: bool):
@@ -71,6 +73,32 @@ def test_auto_picks_a_fused_engine_and_trains(engine):
     q, k, v = (t.bfloat16().requires_grad_() for t in _inputs(1, 4, 4))
     attend(q, k, v, layout, engine="auto").sum().backward()
     assert q.grad is not None and torch.isfinite(q.grad).all()
+
+
+def test_auto_takes_flex_merge_for_anchor_rows_and_checkpointing_keeps_gradients():
+    """The cost rule puts the merge first on anchor rows; under non-reentrant activation
+    checkpointing (as training runs it) the gradients are the same as without."""
+    from torch.utils.checkpoint import checkpoint
+
+    from anchorctx.attention.api import _as_batch
+    from anchorctx.attention.engines import AttentionCall, select_engine
+
+    layout = _layout("anchor", 9, False)
+    q, k, v = (t.bfloat16() for t in _inputs(1, 8, 2))
+    batch, cache = _as_batch(layout, 1)
+    call = AttentionCall(q=q, k=k, v=v, batch=batch, cache=cache, scale=q.shape[-1] ** -0.5)
+    assert select_engine(call, "auto").name == "flex_merge"
+    grads = []
+    for wrap in (False, True):
+        x = [t.clone().requires_grad_() for t in (q, k, v)]
+        fn = lambda *a: attend(*a, layout, engine="flex_merge")  # noqa: E731
+        out = checkpoint(fn, *x, use_reentrant=False) if wrap else fn(*x)
+        out.float().square().sum().backward()
+        grads.append([t.grad for t in x])
+    # Recomputation repeats the same kernels, so any difference is rounding (bf16 outputs);
+    # a lost or doubled gradient path would be O(1).
+    for name, a, b in zip("qkv", *grads):
+        assert _rel(a, b) <= 1e-3, f"d{name} differs under checkpointing: {_rel(a, b):.2e}"
 
 
 def test_flex_reuses_compiled_kernel_for_new_layouts():

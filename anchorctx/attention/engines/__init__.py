@@ -2,21 +2,33 @@
 
 from __future__ import annotations
 
+from anchorctx.attention.engines import cost
 from anchorctx.attention.engines.base import AttentionCall, Capabilities, Engine
 from anchorctx.attention.engines.flex import FlexEngine
+from anchorctx.attention.engines.merge import FlexMergeEngine
 from anchorctx.attention.engines.sdpa import SdpaEngine
 from anchorctx.attention.engines.varlen import FlashAttnEngine, VarlenEngine
 from anchorctx.attention.errors import AttentionError
 
 ENGINES: dict[str, Engine] = {
-    e.name: e for e in (SdpaEngine(), FlexEngine(), VarlenEngine(), FlashAttnEngine())
+    e.name: e
+    for e in (SdpaEngine(), FlexEngine(), VarlenEngine(), FlashAttnEngine(), FlexMergeEngine())
 }
 ENGINE_NAMES: tuple[str, ...] = ("auto", *ENGINES)
 
-# Fastest first, per the measurements in docs/PERFORMANCE.md. ``full`` is plain causal
-# attention: dense cuDNN/FlashAttention through SDPA beats every sparse kernel there.
-_CUDA_ORDER = ("varlen", "flash_attn", "flex", "sdpa")
+# ``full`` is plain causal attention: dense cuDNN/FlashAttention through SDPA beats every
+# sparse kernel there. Document-masked rows are ranked per layout by the cost rule in
+# ``cost.py``; a batch mixing ``full`` with masked rows keeps the fixed order below.
+_CUDA_ORDER_MIXED = ("varlen", "flash_attn", "flex", "flex_merge", "sdpa")
 _CUDA_ORDER_FULL = ("sdpa", "varlen", "flash_attn", "flex")
+
+
+def _ranked(call: AttentionCall) -> tuple[str, ...]:
+    """Cost-rule order of the fused engines for this batch (computed once per batch)."""
+    key = ("auto_ranked",)
+    if key not in call.cache:
+        call.cache[key] = tuple(cost.ranked(call.rows))
+    return call.cache[key]
 
 
 def available_engines() -> list[str]:
@@ -40,8 +52,10 @@ def select_engine(call: AttentionCall, name: str = "auto") -> Engine:
         order: tuple[str, ...] = ("sdpa",)  # exact, with backward; flex on CPU is unfused
     elif all(v == "full" for v in call.batch.variants):
         order = _CUDA_ORDER_FULL
+    elif "full" in call.batch.variants:
+        order = _CUDA_ORDER_MIXED
     else:
-        order = _CUDA_ORDER
+        order = (*_ranked(call), "sdpa")
     reasons = []
     for candidate in order:
         try:

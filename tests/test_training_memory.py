@@ -1,0 +1,149 @@
+"""Long-row memory options (tiled MLP, tiled loss, checkpoint offload) and the memory model.
+
+Tiling changes only the order of float additions: the MLP and the loss are per-token, so each
+tile computes exactly the untiled per-token values, but weight gradients are summed tile by tile
+instead of in one matmul. In fp32 that reorders sums of O(100) terms of size O(1): the relative
+differences are a few fp32 ulps (~1e-7 each), so 1e-5 relative (plus 1e-6 absolute for entries
+near zero) has two orders of margin while a wrong scale, a missing tile or a dropped target
+(all ≥ 1e-2 relative here) fails it.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from anchorctx.config import ConfigError, config_from_dict
+from anchorctx.training import memory as MM
+from anchorctx.training import tiling
+from anchorctx.training.data import shard_rows
+from anchorctx.training.loss import count_targets
+from anchorctx.training.step import loss_sum
+from anchorctx.training.synthetic import synthetic_row
+
+RTOL, ATOL = 1e-5, 1e-6
+SEQ, VOCAB, HIDDEN = 160, 96, 32  # 160 tokens = 5 MLP tiles of hidden_size
+
+
+def _model(seed: int = 0):
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from anchorctx.attention.hf import register
+
+    cfg = AutoConfig.for_model(
+        "llama", vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=SEQ,
+        tie_word_embeddings=False,
+    )  # fmt: skip
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32,
+                                             attn_implementation=register())  # fmt: skip
+    model.config.use_cache = False
+    return model.train()
+
+
+def _micro_batch():
+    row = synthetic_row(SEQ, "anchor", seed=3, vocab=VOCAB, median_doc=24)
+    return shard_rows([row], "anchor", 1, 0, "cpu")
+
+
+def _loss_and_grads(model, mb, tiled_loss: bool):
+    model.zero_grad()
+    loss = loss_sum(model, mb, "sdpa", tiled=tiled_loss)
+    (loss * 0.37).backward()  # a factor ≠ 1: the step scales by scale / global targets
+    return loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}
+
+
+def _assert_same(a, b):
+    (la, ga), (lb, gb) = a, b
+    torch.testing.assert_close(la, lb, rtol=RTOL, atol=ATOL)
+    assert ga.keys() == gb.keys()
+    for name in ga:
+        torch.testing.assert_close(ga[name], gb[name], rtol=RTOL, atol=ATOL, msg=name)
+
+
+@pytest.fixture(scope="module")
+def plain():
+    mb = _micro_batch()
+    assert count_targets(mb.targets) > 100
+    return mb, _loss_and_grads(_model(), mb, tiled_loss=False)
+
+
+def test_tiled_mlp_gives_the_plain_loss_and_gradients(plain):
+    mb, ref = plain
+    model = _model()
+    assert tiling.enable_tiled_mlp(model) == 2
+    calls = []
+    orig = tiling.mlp_tiles
+    tiling.mlp_tiles = lambda t, h: calls.append(orig(t, h)) or orig(t, h)
+    try:
+        got = _loss_and_grads(model, mb, tiled_loss=False)
+    finally:
+        tiling.mlp_tiles = orig
+    assert calls and set(calls) == {SEQ // HIDDEN}  # really tiled: 5 tiles per MLP call
+    _assert_same(got, ref)
+
+
+def test_tiled_loss_gives_the_plain_loss_and_gradients(plain, monkeypatch):
+    mb, ref = plain
+    # 7 tiles of this row's fp32 logits (160 × 96 × 4 bytes), the last one shorter.
+    monkeypatch.setattr(tiling, "LOSS_TILE_BYTES", 24 * VOCAB * 4)
+    assert tiling.loss_tiles(SEQ, VOCAB) == 7
+    _assert_same(_loss_and_grads(_model(), mb, tiled_loss=True), ref)
+
+
+def test_checkpoint_offload_switches_every_layer_to_deepspeed_checkpointing():
+    # DeepSpeed's cpu_checkpointing copies a layer input to the CPU; with the CPU as the device
+    # the copy aliases the input it then empties, so its exactness is checked on a GPU
+    # (bench/alst_check.py); here: the wiring.
+    import deepspeed
+
+    model = _model()
+    with pytest.raises(ValueError, match="activation_checkpointing"):
+        tiling.enable_checkpoint_offload(model)  # nothing is checkpointed yet
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    try:
+        assert tiling.enable_checkpoint_offload(model) == 2
+        funcs = {layer._gradient_checkpointing_func for layer in model.model.layers}
+        assert funcs == {deepspeed.checkpointing.checkpoint}
+        from deepspeed.runtime.activation_checkpointing import checkpointing
+
+        assert checkpointing.CPU_CHECKPOINT is True
+    finally:
+        deepspeed.checkpointing.configure(None, checkpoint_in_cpu=False)
+
+
+def test_memory_config_is_validated():
+    base = {"name": "m", "model": {"path": "/nonexistent"}}
+
+    def cfg(**training):
+        return config_from_dict({**base, "training": training})
+
+    assert cfg().training.memory.model_dump() == {
+        "tiled_mlp": False, "tiled_loss": False, "offload_optimizer": False,
+        "offload_checkpoints": False, "init_on_device": False,
+    }  # fmt: skip
+    with pytest.raises(ConfigError, match="tiled_mpl"):
+        cfg(memory={"tiled_mpl": True})
+    with pytest.raises(ConfigError, match="activation_checkpointing"):
+        cfg(activation_checkpointing=False, memory={"offload_checkpoints": True})
+    with pytest.raises(ConfigError, match="zero_stage"):
+        cfg(zero_stage=0, memory={"offload_optimizer": True})
+
+
+def test_optimizer_offload_reaches_the_deepspeed_config():
+    from anchorctx.training.engine import deepspeed_config
+    from anchorctx.training.plan import Parallelism, TrainingError
+
+    cfg = config_from_dict({"name": "m", "model": {"path": "/nonexistent"},
+                            "training": {"memory": {"offload_optimizer": True}}})  # fmt: skip
+    par = Parallelism(world=1, sp=1, dp=1, micro=1, accum=1, device="cuda", zero_stage=3,
+                      engine="auto")  # fmt: skip
+    ds = deepspeed_config(cfg, par)
+    assert ds["zero_optimization"]["offload_optimizer"]["device"] == "cpu"
+    assert ds["zero_force_ds_cpu_optimizer"] is False
+    cfg.training.memory.offload_optimizer = False
+    assert "offload_optimizer" not in deepspeed_config(cfg, par)["zero_optimization"]
+    cfg.training.memory.offload_optimizer = True
+    with pytest.raises(TrainingError, match="offload_optimizer"):  # ZeRO-0, the CPU default
+        deepspeed_config(cfg, Parallelism(**{**par.to_dict(), "zero_stage": 0}))

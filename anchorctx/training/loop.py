@@ -174,7 +174,6 @@ def _build(cfg, par: Parallelism, pre: Preflight, device: str):
     """Model with the registered attention (and Ulysses around it), inside DeepSpeed."""
     from anchorctx.training.engine import build_engine, register_sequence_parallel
     from anchorctx.training.model import load_model
-
     from anchorctx.training.tiling import apply_memory_options, init_context
 
     dtype = "bfloat16" if cfg.training.precision == "bf16" else "float32"

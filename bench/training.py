@@ -127,6 +127,9 @@ def measure(engine, par, variant: str, seq_len: int, rank: int, args, cfg) -> di
         sync()
         if i >= args.warmup:
             times.append(time.perf_counter() - t0)
+        if rank == 0:  # long full-depth steps: each one is on record even if a later one fails
+            print(f"step {i + 1}: {time.perf_counter() - t0:.2f} s, peak "
+                  f"{M.peak_memory_gib(DEVICE):.1f} GiB", flush=True)  # fmt: skip
     dt = statistics.median(times)
     text = engine.module.config.get_text_config()
     flops = M.step_flops(M.matmul_params(engine.module), data.global_tokens,

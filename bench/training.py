@@ -182,6 +182,8 @@ def run(args) -> list[dict]:
             model = load(configs[n], device) if model is None else model
             engine = build_engine(model.to(device), configs[n], par, mpu)
             ready_s = time.perf_counter() - t0  # model built and inside DeepSpeed
+            if rank == 0:
+                print(f"{n} layers: engine ready after {ready_s:.1f} s", flush=True)
             for seq_len in lengths:
                 for variant in args.variants:
                     results.append(measure(engine, par, variant, seq_len, rank, args, configs[n]))

@@ -95,7 +95,7 @@ def load(cfg, device: str = "cpu"):
     """On the CPU unless ``training.memory.init_on_device``: a depth waiting for its turn must
     not sit in GPU memory during another depth's measurement (it would bias the per-layer
     memory slope), so on-device models are built only when their turn comes."""
-    with init_context(cfg.training.memory, device):
+    with init_context(cfg, device):
         model = load_model(cfg.model, seq_len=cfg.data.seq_len, dtype="bfloat16", device=device)
     model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     apply_memory_options(model, cfg.training.memory)

@@ -177,7 +177,7 @@ def _build(cfg, par: Parallelism, pre: Preflight, device: str):
     from anchorctx.training.tiling import apply_memory_options, init_context
 
     dtype = "bfloat16" if cfg.training.precision == "bf16" else "float32"
-    with init_context(cfg.training.memory, device):
+    with init_context(cfg, device):
         model = load_model(cfg.model, seq_len=cfg.data.seq_len, dtype=dtype, device=device,
                            tokenizer=pre.tokenizer)  # fmt: skip
     if cfg.training.activation_checkpointing:

@@ -37,7 +37,7 @@ import torch
 from anchorctx.training.loss import summed_cross_entropy
 
 if TYPE_CHECKING:
-    from anchorctx.config import MemoryConfig
+    from anchorctx.config import ExperimentConfig, MemoryConfig
     from anchorctx.training.data import MicroBatch
     from anchorctx.training.plan import Parallelism
 
@@ -202,9 +202,11 @@ def tiled_loss_sum(engine, mb: MicroBatch, attention_engine: str) -> torch.Tenso
     return tiled_summed_cross_entropy(head, hidden, mb.targets, tiles)
 
 
-def init_context(memory: MemoryConfig, device: str | torch.device):
-    """Where a new model's tensors are created: on ``device`` with ``init_on_device`` (random
-    init runs there; no full CPU copy is built and moved), else the default (CPU)."""
+def init_context(cfg: ExperimentConfig, device: str | torch.device):
+    """Where a new ``model.tiny`` model's tensors are created: on ``device`` with
+    ``training.memory.init_on_device`` (random init runs there; no full CPU copy is built and
+    moved), else the default (CPU). Models loaded from ``model.path`` are left as they load."""
     from contextlib import nullcontext
 
-    return torch.device(device) if memory.init_on_device else nullcontext()
+    on_device = cfg.training.memory.init_on_device and cfg.model.tiny is not None
+    return torch.device(device) if on_device else nullcontext()

@@ -123,13 +123,13 @@ def measure(engine, par, variant: str, seq_len: int, rank: int, args, cfg) -> di
     for i in range(args.warmup + args.steps):
         sync()
         t0 = time.perf_counter()
-        train_step(engine, data, par.engine, scale, tiled)
+        stats = train_step(engine, data, par.engine, scale, tiled)
         sync()
         if i >= args.warmup:
             times.append(time.perf_counter() - t0)
         if rank == 0:  # long full-depth steps: each one is on record even if a later one fails
-            print(f"step {i + 1}: {time.perf_counter() - t0:.2f} s, peak "
-                  f"{M.peak_memory_gib(DEVICE):.1f} GiB", flush=True)  # fmt: skip
+            print(f"step {i + 1}: {time.perf_counter() - t0:.2f} s, loss {stats.loss:.4f}, "
+                  f"peak {M.peak_memory_gib(DEVICE):.1f} GiB", flush=True)  # fmt: skip
     dt = statistics.median(times)
     text = engine.module.config.get_text_config()
     flops = M.step_flops(M.matmul_params(engine.module), data.global_tokens,
@@ -153,6 +153,7 @@ def measure(engine, par, variant: str, seq_len: int, rank: int, args, cfg) -> di
         "host_max_rss_gib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 1),
         "memory": {k: getattr(mem, k) for k in MEMORY_FLAGS},
         "step_times_s": [round(t, 4) for t in times],
+        "last_loss": round(stats.loss, 4),  # a real step: finite, ≈ ln(vocab) on random tokens
     }  # fmt: skip
 
 

@@ -104,19 +104,17 @@ def enable_checkpoint_offload(model) -> int:
     from anchorctx.training.engine import import_deepspeed
 
     deepspeed = import_deepspeed()
-    deepspeed.checkpointing.configure(None, checkpoint_in_cpu=True)
-    switched = 0
-    for layer in decoder_layers(model):
-        # transformers marks a checkpointed block with ``gradient_checkpointing = True`` and
-        # calls its ``_gradient_checkpointing_func(forward_with_kwargs, *tensors)``.
-        if getattr(layer, "gradient_checkpointing", False) is True:
-            layer._gradient_checkpointing_func = deepspeed.checkpointing.checkpoint
-            switched += 1
-    if not switched:
+    # transformers marks a checkpointed block with ``gradient_checkpointing = True`` and calls
+    # its ``_gradient_checkpointing_func(forward_with_kwargs, *tensors)``.
+    layers = [x for x in decoder_layers(model) if getattr(x, "gradient_checkpointing", False)]
+    if not layers:
         raise ValueError(
             "training.memory.offload_checkpoints needs training.activation_checkpointing=true"
         )
-    return switched
+    deepspeed.checkpointing.configure(None, checkpoint_in_cpu=True)
+    for layer in layers:
+        layer._gradient_checkpointing_func = deepspeed.checkpointing.checkpoint
+    return len(layers)
 
 
 def apply_memory_options(model, memory: MemoryConfig) -> None:

@@ -184,6 +184,40 @@ class SaveConfig(Strict):
     )
 
 
+class MemoryConfig(Strict):
+    """Long-row memory options (DeepSpeed's ALST pieces; see anchorctx.training.tiling). Each is
+    off by default: they recompute work or move data, and change results by float rounding."""
+
+    tiled_mlp: bool = Field(
+        False,
+        description="Run each decoder MLP in sequence tiles of hidden_size tokens (DeepSpeed "
+        "TiledMLP): [T, intermediate] activations never exist whole; the MLP forward runs once "
+        "more in backward.",
+    )
+    tiled_loss: bool = Field(
+        False,
+        description="LM head and cross-entropy in sequence tiles of <= 1 GiB fp32 logits "
+        "(DeepSpeed sequence_tiled_compute): T x vocab logits never exist whole; the head runs "
+        "once more in backward.",
+    )
+    offload_optimizer: bool = Field(
+        False,
+        description="ZeRO optimizer state (fp32 weights, Adam moments, fp32 gradients) in CPU "
+        "memory, stepped there. Needs zero_stage >= 1.",
+    )
+    offload_checkpoints: bool = Field(
+        False,
+        description="Keep each checkpointed layer's input ([T, hidden]) in CPU memory until "
+        "backward (DeepSpeed cpu_checkpointing). Needs activation_checkpointing.",
+    )
+    init_on_device: bool = Field(
+        False,
+        description="Build a model.tiny model directly on the training device (its random "
+        "weights then come from that device's generator) instead of on the CPU and copying it: "
+        "a 7B-shaped model reaches its first step in seconds instead of minutes.",
+    )
+
+
 class TrainingConfig(Strict):
     attention: Variant = "anchor"
     engine: Engine = "auto"
@@ -212,6 +246,7 @@ class TrainingConfig(Strict):
     grad_clip: float = Field(1.0, ge=0)
     precision: Literal["bf16", "fp32"] = "bf16"
     activation_checkpointing: bool = True
+    memory: MemoryConfig = Field(default_factory=MemoryConfig)
     save: SaveConfig = Field(default_factory=SaveConfig)
     log_every: int = Field(1, gt=0)
     peak_tflops: float | None = Field(
@@ -220,6 +255,17 @@ class TrainingConfig(Strict):
     master_port: int | None = Field(
         None, gt=0, lt=65536, description="Rendezvous port of launched runs. Default: a free one."
     )
+
+    @model_validator(mode="after")
+    def _memory_needs(self) -> TrainingConfig:
+        if self.memory.offload_checkpoints and not self.activation_checkpointing:
+            raise ValueError(
+                "memory.offload_checkpoints needs activation_checkpointing=true (it offloads the "
+                "checkpointed layer inputs)"
+            )
+        if self.memory.offload_optimizer and self.zero_stage == 0:
+            raise ValueError("memory.offload_optimizer needs ZeRO: set zero_stage to 1, 2 or 3")
+        return self
 
 
 # ---------------------------------------------------------------------------------- evaluation

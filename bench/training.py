@@ -17,6 +17,15 @@ Memory of a full-depth model: measure two depths and extrapolate linearly in dep
 (``--layers 2 4 --extrapolate-layers 32``; assumption: per-layer memory — parameters, optimiser
 state, checkpointed activations — is the same for every layer; embeddings, logits and the loss
 are depth-independent and sit in the intercept).
+
+Long rows (DeepSpeed's ALST pieces, ``training.memory``): a full-depth 7B shape, built on the GPU,
+with tiled MLP and loss and the optimizer state in CPU memory; every row also prints the
+per-component memory model's prediction beside the measured peak:
+
+    python bench/training.py --layers 32 --lengths 262144 --variants anchor --steps 1 \
+      --warmup 0 --init-on-device --tiled-mlp --tiled-loss --offload-optimizer
+
+The model's predicted longest rows per machine (no GPU needed): ``--predict``.
 """
 
 from __future__ import annotations
@@ -25,6 +34,7 @@ import argparse
 import gc
 import json
 import os
+import resource
 import statistics
 import sys
 import time
@@ -40,6 +50,7 @@ import torch  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from anchorctx.config import config_from_dict  # noqa: E402
+from anchorctx.training import memory as MM  # noqa: E402
 from anchorctx.training import metrics as M  # noqa: E402
 from anchorctx.training.data import StepData, shard_rows  # noqa: E402
 from anchorctx.training.engine import (  # noqa: E402
@@ -54,6 +65,7 @@ from anchorctx.training.model import load_model  # noqa: E402
 from anchorctx.training.plan import plan_parallelism  # noqa: E402
 from anchorctx.training.step import train_step  # noqa: E402
 from anchorctx.training.synthetic import SMOKE, VOCAB, WIDTH_7B, synthetic_row  # noqa: E402
+from anchorctx.training.tiling import apply_memory_options, init_context  # noqa: E402
 
 DEVICE = "cuda"
 
@@ -69,16 +81,24 @@ def make_config(args, layers: int, seq_len: int, world: int):
         "training": {"device": DEVICE, "engine": args.engine, "precision": "bf16",
                      "zero_stage": args.zero_stage, "activation_checkpointing": True,
                      "sequence_parallel": world, "nproc": world, "micro_batch_size": 1,
-                     "global_batch_size": 1, "steps": args.steps},
+                     "global_batch_size": 1, "steps": args.steps,
+                     "memory": {k: getattr(args, k) for k in MEMORY_FLAGS}},
     }  # fmt: skip
     return config_from_dict(raw)
 
 
-def load(cfg):
-    """On the CPU: a depth waiting for its turn must not sit in GPU memory during another
-    depth's measurement (it would bias the per-layer memory slope)."""
-    model = load_model(cfg.model, seq_len=cfg.data.seq_len, dtype="bfloat16", device="cpu")
+MEMORY_FLAGS = ("tiled_mlp", "tiled_loss", "offload_optimizer", "offload_checkpoints",
+                "init_on_device")  # fmt: skip
+
+
+def load(cfg, device: str = "cpu"):
+    """On the CPU unless ``training.memory.init_on_device``: a depth waiting for its turn must
+    not sit in GPU memory during another depth's measurement (it would bias the per-layer
+    memory slope), so on-device models are built only when their turn comes."""
+    with init_context(cfg, device):
+        model = load_model(cfg.model, seq_len=cfg.data.seq_len, dtype="bfloat16", device=device)
     model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    apply_memory_options(model, cfg.training.memory)
     return model.train()
 
 
@@ -92,9 +112,10 @@ def step_data(seq_len: int, variant: str, par, rank: int, seed: int) -> StepData
     return StepData([mb], count_targets(row.targets), row.real_tokens, pairs)
 
 
-def measure(engine, par, variant: str, seq_len: int, rank: int, args) -> dict:
+def measure(engine, par, variant: str, seq_len: int, rank: int, args, cfg) -> dict:
     data = step_data(seq_len, variant, par, rank, seed=args.seed)
     scale = loss_scale(engine, par)
+    tiled = cfg.training.memory.tiled_loss
     sync = torch.cuda.synchronize if DEVICE == "cuda" else (lambda: None)
     if DEVICE == "cuda":
         torch.cuda.reset_peak_memory_stats()
@@ -102,16 +123,24 @@ def measure(engine, par, variant: str, seq_len: int, rank: int, args) -> dict:
     for i in range(args.warmup + args.steps):
         sync()
         t0 = time.perf_counter()
-        train_step(engine, data, par.engine, scale)
+        stats = train_step(engine, data, par.engine, scale, tiled)
         sync()
         if i >= args.warmup:
             times.append(time.perf_counter() - t0)
+        if rank == 0:  # long full-depth steps: each one is on record even if a later one fails
+            print(f"step {i + 1}: {time.perf_counter() - t0:.2f} s, loss {stats.loss:.4f}, "
+                  f"peak {M.peak_memory_gib(DEVICE):.1f} GiB", flush=True)  # fmt: skip
     dt = statistics.median(times)
     text = engine.module.config.get_text_config()
     flops = M.step_flops(M.matmul_params(engine.module), data.global_tokens,
                          data.attention_pairs, text)  # fmt: skip
     peak = M.peak_tflops(DEVICE, "bf16", args.peak_tflops)
     per_gpu = flops / dt / par.world
+    mem = cfg.training.memory
+    opts = MM.Options(gpus=par.world, sp=par.sp, tiled_mlp=mem.tiled_mlp,
+                      tiled_loss=mem.tiled_loss, offload_optimizer=mem.offload_optimizer,
+                      offload_checkpoints=mem.offload_checkpoints)  # fmt: skip
+    predicted = MM.summary(MM.predict(MM.Shape.from_hf(text), seq_len, opts))
     return {
         "layers": text.num_hidden_layers, "sp": par.sp, "seq_len": seq_len, "variant": variant,
         "engine": par.engine, "zero_stage": par.zero_stage, "step_time_s": round(dt, 4),
@@ -120,7 +149,11 @@ def measure(engine, par, variant: str, seq_len: int, rank: int, args) -> dict:
         "tflops_per_gpu": round(per_gpu / 1e12, 1),
         "mfu": round(per_gpu / (peak * 1e12), 4) if peak else None,
         "peak_mem_gib": round(M.peak_memory_gib(DEVICE), 2),
+        "predicted_peak_gib": predicted["peak"], "predicted": predicted,
+        "host_max_rss_gib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 1),
+        "memory": {k: getattr(mem, k) for k in MEMORY_FLAGS},
         "step_times_s": [round(t, 4) for t in times],
+        "last_loss": round(stats.loss, 4),  # a real step: finite, ≈ ln(vocab) on random tokens
     }  # fmt: skip
 
 
@@ -131,24 +164,38 @@ def run(args) -> list[dict]:
     lengths = [args.per_gpu_tokens[0] * world] if world > 1 else args.lengths
     configs = {n: make_config(args, n, max(lengths), world) for n in args.layers}
     par = plan_parallelism(configs[args.layers[0]], world=world)
-    # Every depth's model is loaded before the Ulysses wrapper is registered: loading
-    # registers the plain attention again, which would drop the wrapper.
-    models = {n: load(cfg) for n, cfg in configs.items()}
     device = f"cuda:{local_rank}" if DEVICE == "cuda" else "cpu"
-    mpu = register_sequence_parallel(models[args.layers[0]], par, lengths[0])
+    if args.init_on_device and world > 1 and len(args.layers) > 1:
+        raise SystemExit("--init-on-device with SP measures one depth (--layers N)")
+    # Every depth's model is loaded before the Ulysses wrapper is registered: loading
+    # registers the plain attention again, which would drop the wrapper. On-device models are
+    # built when their turn comes (one depth when SP > 1).
+    t0 = time.perf_counter()
+    models = {n: None if args.init_on_device else load(cfg) for n, cfg in configs.items()}
+    first = args.layers[0]
+    if args.init_on_device:
+        models[first] = load(configs[first], device)
+    mpu = register_sequence_parallel(models[first], par, lengths[0])
     results = []
     try:
         for n in args.layers:
-            engine = build_engine(models.pop(n).to(device), configs[n], par, mpu)
+            model = models.pop(n)
+            model = load(configs[n], device) if model is None else model
+            engine = build_engine(model.to(device), configs[n], par, mpu)
+            ready_s = time.perf_counter() - t0  # model built and inside DeepSpeed
+            if rank == 0:
+                print(f"{n} layers: engine ready after {ready_s:.1f} s", flush=True)
             for seq_len in lengths:
                 for variant in args.variants:
-                    results.append(measure(engine, par, variant, seq_len, rank, args))
+                    results.append(measure(engine, par, variant, seq_len, rank, args, configs[n]))
+                    results[-1]["engine_ready_s"] = round(ready_s, 1)
                     if rank == 0:
                         print(json.dumps(results[-1]), flush=True)
-            del engine
+            del engine, model
             gc.collect()  # engines hold reference cycles; free this depth before the next
             if DEVICE == "cuda":
                 torch.cuda.empty_cache()
+            t0 = time.perf_counter()
     finally:
         shutdown_distributed()
     return results if rank == 0 else []
@@ -156,13 +203,14 @@ def run(args) -> list[dict]:
 
 def table(results: list[dict]) -> str:
     head = ("| layers | SP | seq_len | variant | engine | step s | tok/s | tok/s/GPU | TFLOP/s/GPU "
-            "| MFU | peak GiB |\n|---:|---:|---:|---|---|---:|---:|---:|---:|---:|---:|")  # fmt: skip
+            "| MFU | peak GiB | predicted GiB |\n"
+            "|---:|---:|---:|---|---|---:|---:|---:|---:|---:|---:|---:|")  # fmt: skip
     rows = [
         f"| {r['layers']} | {r['sp']} | {r['seq_len']} | {r['variant']} | {r['engine']} | "
         f"{r['step_time_s']:.3f} | {r['tokens_per_s']:,.0f} | {r['tokens_per_s_per_gpu']:,.0f} | "
         f"{r['tflops_per_gpu']:.0f} | "
         + (f"{100 * r['mfu']:.1f}%" if r["mfu"] is not None else "n/a")
-        + f" | {r['peak_mem_gib']:.1f} |"
+        + f" | {r['peak_mem_gib']:.1f} | {r['predicted_peak_gib']:.1f} |"
         for r in results
     ]
     return "\n".join([head, *rows])
@@ -197,6 +245,20 @@ def extrapolate(results: list[dict], target_layers: int) -> list[dict]:
     return out
 
 
+def predictions() -> str:
+    """The memory model's longest row per machine (SP = GPUs, one row per step, tiled MLP and
+    loss, optimizer offload; with and without checkpoint offload)."""
+    out = ["| model | machine | max tokens | + checkpoint offload |", "|---|---|---:|---:|"]
+    for name, shape in (("Llama-2-7B", MM.LLAMA2_7B), ("Llama-3-8B", MM.LLAMA3_8B)):
+        for m in MM.MACHINES:
+            opt = MM.Options(gpus=m.gpus, sp=m.gpus, tiled_mlp=True, tiled_loss=True,
+                             offload_optimizer=True)  # fmt: skip
+            off = MM.Options(**{**opt.__dict__, "offload_checkpoints": True})
+            out.append(f"| {name} | {m.name} | {MM.max_seq_len(shape, opt, m):,} | "
+                       f"{MM.max_seq_len(shape, off, m):,} |")  # fmt: skip
+    return "\n".join(out)
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--lengths", type=int, nargs="+", default=[32768, 65536, 131072])
@@ -219,7 +281,18 @@ def main() -> int:
     p.add_argument("--extrapolate-layers", type=int, default=None)
     p.add_argument("--out", type=Path, default=None)
     p.add_argument("--smoke", action="store_true", help="Tiny model on CPU (checks the script).")
+    for flag in MEMORY_FLAGS:
+        p.add_argument("--" + flag.replace("_", "-"), action="store_true",
+                       help=f"training.memory.{flag}")  # fmt: skip
+    p.add_argument(
+        "--predict",
+        action="store_true",
+        help="Print the memory model's longest rows per machine and exit.",
+    )
     args = p.parse_args()
+    if args.predict:
+        print(predictions())
+        return 0
     if args.smoke:
         global DEVICE
         DEVICE = "cpu"

@@ -133,6 +133,10 @@ def deepspeed_config(cfg: ExperimentConfig, par: Parallelism) -> dict[str, Any]:
         # Stage 3 gathers weights layer by layer; these keep whole-model saves possible.
         zero["stage3_gather_16bit_weights_on_model_save"] = True
         zero["reduce_scatter"] = True  # the averaging path loss_scale() accounts for
+    from anchorctx.training.tiling import offload_entries
+
+    zero_extra, top_extra = offload_entries(t.memory, par)  # training.memory.offload_optimizer
+    zero.update(zero_extra)
     return {
         "train_micro_batch_size_per_gpu": par.micro,
         "gradient_accumulation_steps": par.accum,
@@ -142,6 +146,7 @@ def deepspeed_config(cfg: ExperimentConfig, par: Parallelism) -> dict[str, Any]:
         "zero_allow_untested_optimizer": True,
         "steps_per_print": 2**31 - 1,
         "wall_clock_breakdown": False,
+        **top_extra,
     }
 
 

@@ -174,12 +174,15 @@ def _build(cfg, par: Parallelism, pre: Preflight, device: str):
     """Model with the registered attention (and Ulysses around it), inside DeepSpeed."""
     from anchorctx.training.engine import build_engine, register_sequence_parallel
     from anchorctx.training.model import load_model
+    from anchorctx.training.tiling import apply_memory_options, init_context
 
     dtype = "bfloat16" if cfg.training.precision == "bf16" else "float32"
-    model = load_model(cfg.model, seq_len=cfg.data.seq_len, dtype=dtype, device=device,
-                       tokenizer=pre.tokenizer)  # fmt: skip
+    with init_context(cfg, device):
+        model = load_model(cfg.model, seq_len=cfg.data.seq_len, dtype=dtype, device=device,
+                           tokenizer=pre.tokenizer)  # fmt: skip
     if cfg.training.activation_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    apply_memory_options(model, cfg.training.memory)
     model.config.use_cache = False
     model.train()
     mpu = register_sequence_parallel(model, par, padded_length(cfg.data.seq_len, par.sp))
@@ -206,7 +209,7 @@ def _loop(cfg, par, pre, engine, plan, scale, device, state) -> dict[str, Any]:
         for step in range(start + 1, t.steps + 1):
             t0 = time.perf_counter()
             data = plan.step_data(step - 1, device)
-            stats = train_step(engine, data, par.engine, scale)
+            stats = train_step(engine, data, par.engine, scale, t.memory.tiled_loss)
             _sync(par.device)
             dt = time.perf_counter() - t0
             tokens_seen += data.global_tokens

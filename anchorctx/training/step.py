@@ -25,29 +25,39 @@ class StepStats:
     lr: float
 
 
-def forward_logits(model, mb: MicroBatch, engine: str) -> torch.Tensor:
+def forward_logits(model, mb: MicroBatch, engine: str, **extra) -> torch.Tensor:
     """Logits of this rank's shard, [B, T/SP, V]. Position ids are sliced to the shard (the
-    Ulysses wrapper all-gathers them); the layouts stay whole."""
+    Ulysses wrapper all-gathers them); the layouts stay whole. ``extra``: more model kwargs."""
     from anchorctx.attention.hf import model_inputs
 
     kwargs = model_inputs(mb.layouts, engine=engine)
     kwargs["position_ids"] = kwargs["position_ids"][:, mb.shard].contiguous()
-    return model(input_ids=mb.input_ids, use_cache=False, **kwargs).logits
+    return model(input_ids=mb.input_ids, use_cache=False, **kwargs, **extra).logits
 
 
-def train_step(engine, data: StepData, attention_engine: str, scale: float) -> StepStats:
+def loss_sum(model, mb: MicroBatch, engine: str, tiled: bool = False) -> torch.Tensor:
+    """This rank's summed token loss; ``tiled``: logits never whole (training.memory.tiled_loss)."""
+    if tiled:
+        from anchorctx.training.tiling import tiled_loss_sum
+
+        return tiled_loss_sum(model, mb, engine)
+    return summed_cross_entropy(forward_logits(model, mb, engine), mb.targets)
+
+
+def train_step(
+    engine, data: StepData, attention_engine: str, scale: float, tiled_loss: bool = False
+) -> StepStats:
     """Run one optimiser step; every rank returns the same global loss and grad norm."""
     local_sum = torch.zeros((), dtype=torch.float64, device=data.micro_batches[0].input_ids.device)
     grad_norm, lr = None, engine.get_lr()[0]  # the rate this step applies
     n_targets = max(data.global_targets, 1)  # a batch without targets contributes zero
     for mb in data.micro_batches:
-        logits = forward_logits(engine, mb, attention_engine)
-        loss_sum = summed_cross_entropy(logits, mb.targets)
-        engine.backward(loss_sum * (scale / n_targets))
+        mb_loss = loss_sum(engine, mb, attention_engine, tiled_loss)
+        engine.backward(mb_loss * (scale / n_targets))
         if engine.is_gradient_accumulation_boundary():
             grad_norm = _unclipped_norm_if_untracked(engine)
         engine.step()
-        local_sum += loss_sum.detach().double()
+        local_sum += mb_loss.detach().double()
     dist.all_reduce(local_sum)  # every rank holds different targets: the sum is the total
     tracked = engine.get_global_grad_norm()
     grad_norm = float(tracked) if tracked is not None else grad_norm

@@ -1,0 +1,184 @@
+"""Per-GPU memory of one training step, by component, and the longest row that fits.
+
+The model counts bytes; it is arithmetic on the model's shape and the run's options, checked
+against measured peaks in docs/PERFORMANCE.md. Symbols: ``P`` parameters, ``N`` ranks that
+ZeRO-3 shards over (DP × SP), ``t = T / SP`` tokens per rank, ``H`` hidden, ``I`` MLP width,
+``Hkv`` KV width (kv heads × head dim), ``V`` vocabulary, ``L`` layers. bf16 weights and
+activations (2 bytes), fp32 optimizer state.
+
+Persistent (held through the whole step):
+
+- parameters: ``2P/N`` (ZeRO-3 partitions) plus two gathered decoder layers (the one
+  computing and the one prefetched);
+- gradients: ``2P/N`` bf16 partitions plus DeepSpeed's reduce bucket (5e8 elements); with
+  optimizer offload only the bucket stays on the GPU (the fp32 gradients live on the CPU);
+- optimizer state: ``12P/N`` (fp32 master weights and two Adam moments), 0 with offload;
+- checkpointed activations: each layer's input, ``L · t · H · 2``, 0 with checkpoint offload.
+
+Transient, the larger of two phases (the logits are freed before the layers' backward runs):
+
+- logits phase: ``t · V`` elements × :data:`LOGIT_BYTES` (bf16 logits, the fp32 log-softmax,
+  its fp32 gradient and the bf16 gradient); tiled: one tile's worth plus the hidden states and
+  their gradient;
+- one layer's working set during its recomputation and backward: :data:`ATTN_UNITS` tensors of
+  ``t × H`` (two RMSNorms with their fp32 copies, q, k, v and their rotated copies, attention
+  output, projections, residuals and the gradients in flight; Ulysses adds the all-to-all
+  copies), and :data:`MLP_UNITS` tensors of ``t × I`` (gate, up, activation, product, two
+  gradients) — of one tile only with the tiled MLP — plus :data:`FITTED_UNITS` ``[t, H]``
+  tensors fitted to a measurement.
+
+Host (per rank): ``16P/N`` offloaded optimizer state (fp32 weights, gradients, two moments),
+the offloaded checkpoints, and :data:`HOST_PROCESS_BYTES` for the process itself.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+GIB = 1 << 30
+BF16 = 2
+REDUCE_BUCKET = 5e8 * BF16  # DeepSpeed's default reduce_bucket_size (elements) in bf16
+LOGIT_BYTES = 12  # per logit: bf16 logits 2 + fp32 log-softmax 4 + fp32 grad 4 + bf16 grad 2
+ATTN_UNITS = 14  # [t, H] bf16 tensors live in one layer's backward (see module docstring)
+KV_UNITS = 3  # [t, Hkv] tensors: k, v, rotated k
+ULYSSES_UNITS = 4  # all-to-all copies of q, k, v (head-sharded layout) and the output
+MLP_UNITS = 6  # [t, I] tensors: gate, up, act(gate), product, two gradients
+# Fitted, not counted: the one-H200 measurement (7B shape, 256K tokens, tiled MLP and loss,
+# optimizer offload; 2026-11-23) peaked at 121.7 GiB against 112.7 GiB counted; the 9 GiB
+# difference is charged to the one term that scales with t there, as 4.5 more [t, H] tensors.
+FITTED_UNITS = 4.5
+# Host memory of one training process beside its offloaded tensors (CUDA and NCCL state, torch,
+# DeepSpeed's staging buffers): the same measurement's 116.9 GiB resident less 100.4 counted.
+HOST_PROCESS_BYTES = 16.5 * GIB
+# Memory a run cannot use: the CUDA context, NCCL buffers and the caching allocator's
+# fragmentation; 6% is what the measured runs left between their peak and the device's size.
+RESERVED_FRACTION = 0.06
+
+
+@dataclass(frozen=True)
+class Shape:
+    """A decoder-only transformer's dimensions (Llama layout: gated MLP, untied head)."""
+
+    layers: int
+    hidden: int
+    intermediate: int
+    heads: int
+    kv_heads: int
+    vocab: int
+    head_dim: int | None = None
+
+    @property
+    def kv_width(self) -> int:
+        return self.kv_heads * (self.head_dim or self.hidden // self.heads)
+
+    @property
+    def layer_params(self) -> int:
+        h, q = self.hidden, self.heads * (self.head_dim or self.hidden // self.heads)
+        return h * q * 2 + 2 * h * self.kv_width + 3 * h * self.intermediate + 2 * h
+
+    @property
+    def params(self) -> int:
+        return self.layers * self.layer_params + 2 * self.vocab * self.hidden + self.hidden
+
+    @classmethod
+    def from_hf(cls, config) -> Shape:
+        c = config.get_text_config() if hasattr(config, "get_text_config") else config
+        return cls(layers=c.num_hidden_layers, hidden=c.hidden_size,
+                   intermediate=c.intermediate_size, heads=c.num_attention_heads,
+                   kv_heads=c.num_key_value_heads, vocab=c.vocab_size,
+                   head_dim=getattr(c, "head_dim", None))  # fmt: skip
+
+
+LLAMA2_7B = Shape(layers=32, hidden=4096, intermediate=11008, heads=32, kv_heads=32, vocab=32000)
+LLAMA3_8B = Shape(layers=32, hidden=4096, intermediate=14336, heads=32, kv_heads=8, vocab=128256)
+
+
+@dataclass(frozen=True)
+class Options:
+    """The run's layout and ``training.memory`` options that change memory."""
+
+    gpus: int = 1  # ranks ZeRO-3 shards over (DP × SP)
+    sp: int = 1
+    tiled_mlp: bool = False
+    tiled_loss: bool = False
+    offload_optimizer: bool = False
+    offload_checkpoints: bool = False
+
+
+def predict(shape: Shape, seq_len: int, opt: Options) -> dict[str, float]:
+    """Bytes per GPU of each component at ``seq_len`` tokens per row (one row per step), the
+    GPU peak (``peak``) and the CPU memory one rank's offloads take (``cpu``)."""
+    from anchorctx.training.tiling import LOSS_TILE_BYTES, mlp_tiles
+
+    n, t, h = opt.gpus, seq_len / opt.sp, shape.hidden
+    p = shape.params
+    gathered = 2 * shape.layer_params * BF16
+    state = 12 * p / n
+    grads = 2 * p / n
+    ckpt = shape.layers * t * h * BF16
+    if opt.tiled_loss:
+        tile_tokens = min(t, LOSS_TILE_BYTES / (4 * shape.vocab))
+        logits = tile_tokens * shape.vocab * LOGIT_BYTES + 2 * t * h * BF16
+    else:
+        logits = t * shape.vocab * LOGIT_BYTES
+    attn_units = ATTN_UNITS + FITTED_UNITS + (ULYSSES_UNITS if opt.sp > 1 else 0)
+    mlp_tokens = t / mlp_tiles(int(t), h) if opt.tiled_mlp else t
+    layer = (attn_units * t * h + KV_UNITS * t * shape.kv_width) * BF16
+    layer += MLP_UNITS * mlp_tokens * shape.intermediate * BF16
+    out = {
+        "parameters": 2 * p / n + gathered,
+        "gradients": REDUCE_BUCKET + (0 if opt.offload_optimizer else grads),
+        "optimizer_state": 0.0 if opt.offload_optimizer else state,
+        "checkpointed_activations": 0.0 if opt.offload_checkpoints else ckpt,
+        "layer_working_set": layer,
+        "logits": logits,
+    }
+    persistent = sum(v for k, v in out.items() if k not in ("layer_working_set", "logits"))
+    out["peak"] = persistent + max(layer, logits)
+    offloaded = (16 * p / n if opt.offload_optimizer else 0.0) + (
+        ckpt if opt.offload_checkpoints else 0.0
+    )
+    out["cpu"] = offloaded + (HOST_PROCESS_BYTES if offloaded else 0.0)
+    return out
+
+
+@dataclass(frozen=True)
+class Machine:
+    name: str
+    gpus: int
+    gpu_gib: float  # memory the device reports
+    cpu_gib_per_gpu: float  # host memory per GPU
+
+
+MACHINES = (
+    Machine("1×H100", 1, 79.2, 128),
+    Machine("1×H200", 1, 139.8, 128),
+    Machine("2×H200", 2, 139.8, 128),
+    Machine("8×H100", 8, 79.2, 128),
+    Machine("8×H200", 8, 139.8, 128),
+)
+
+
+def fits(shape: Shape, seq_len: int, opt: Options, m: Machine) -> bool:
+    est = predict(shape, seq_len, opt)
+    gpu_ok = est["peak"] <= m.gpu_gib * GIB * (1 - RESERVED_FRACTION)
+    return gpu_ok and est["cpu"] <= m.cpu_gib_per_gpu * GIB
+
+
+def max_seq_len(shape: Shape, opt: Options, m: Machine, step: int = 1024) -> int:
+    """The longest row (a multiple of ``step × SP`` tokens) that fits ``m``; 0 if none."""
+    unit = step * opt.sp
+    lo, hi = 0, 1
+    while fits(shape, hi * unit, opt, m):
+        lo, hi = hi, hi * 2
+        if hi * unit > 1 << 34:
+            break
+    while hi - lo > 1:  # invariant: lo fits (or is 0), hi does not
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if fits(shape, mid * unit, opt, m) else (lo, mid)
+    return lo * unit
+
+
+def summary(est: dict[str, float]) -> dict[str, float]:
+    """The components in GiB, rounded for printing."""
+    return {k: round(v / GIB, 2) for k, v in est.items()}

@@ -1,0 +1,210 @@
+"""Long-row memory: DeepSpeed's ALST pieces wired into the project's model, loss and engine.
+
+Arctic Long Sequence Training (ALST, DeepSpeed's ``ulysses_sp`` module, which the project already
+uses for Ulysses) removes the three activations that grow as ``T × something wide``:
+
+- **Tiled MLP** (``training.memory.tiled_mlp``): each decoder MLP runs in sequence tiles through
+  DeepSpeed's ``TiledMLP`` autograd function, so the ``[T, intermediate]`` gate/up/product
+  tensors exist one tile at a time. The MLP forward is recomputed per tile in backward. The MLP
+  module's ``forward`` is replaced *on the instance* (the class and the transformers source are
+  untouched, parameter names do not change).
+- **Tiled logits + loss** (``training.memory.tiled_loss``): the LM head and the project's
+  :func:`~anchorctx.training.loss.summed_cross_entropy` run per tile through DeepSpeed's
+  ``sequence_tiled_compute``, so ``T × vocab`` logits never exist whole. That function (unlike
+  ``TiledFusedLogitsLoss``, which back-propagates inside its forward with an assumed incoming
+  gradient of 1) recomputes each tile in backward with the real incoming gradient, so the LM-head
+  weight gradient is right under the step's ``scale / global_targets`` factor.
+- **Checkpoint offload** (``training.memory.offload_checkpoints``): the decoder layers are
+  checkpointed by DeepSpeed's activation checkpointing with ``cpu_checkpointing``, which keeps
+  each layer's input (one ``[T, hidden]`` tensor per layer) in CPU memory until backward.
+
+Tile counts. Under ZeRO-3 every tile's call gathers the module's weights with a collective, so
+every rank must run the same number of tiles: the count is all-reduced (max) over the process
+group, as ALST does. MLP tiles: ``ceil(T / hidden)`` (ALST's rule: a tile's ``[tile,
+intermediate]`` activations are then no larger than one MLP weight). Loss tiles: as many as keep
+one tile's fp32 logits within :data:`LOSS_TILE_BYTES`.
+"""
+
+from __future__ import annotations
+
+import math
+import types
+from contextlib import contextmanager
+from typing import TYPE_CHECKING
+
+import torch
+
+from anchorctx.training.loss import summed_cross_entropy
+
+if TYPE_CHECKING:
+    from anchorctx.config import ExperimentConfig, MemoryConfig
+    from anchorctx.training.data import MicroBatch
+    from anchorctx.training.plan import Parallelism
+
+# fp32 logits of one loss tile (the cross-entropy upcasts them): 1 GiB keeps the tile's logits,
+# log-softmax and logit gradient (≈ 3 GiB in all) small beside a long row's activations while
+# each tile's LM-head matmul stays large enough (≥ 8K tokens at a 32K vocabulary) to run at speed.
+LOSS_TILE_BYTES = 1 << 30
+
+
+def agreed_tiles(n: int, device: torch.device) -> int:
+    """``n`` made equal on every rank (the maximum): ZeRO-3 gathers weights once per tile."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        t = torch.tensor(n, device=device)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        n = int(t.item())
+    return n
+
+
+def mlp_tiles(seq_len: int, hidden: int) -> int:
+    return max(1, math.ceil(seq_len / hidden))
+
+
+def loss_tiles(seq_len: int, vocab: int) -> int:
+    return max(1, math.ceil(seq_len * vocab * 4 / LOSS_TILE_BYTES))
+
+
+def decoder_layers(model) -> list:
+    """The decoder blocks of a Hugging Face causal LM (``model.model.layers`` for Llama,
+    Mistral, Qwen2)."""
+    layers = getattr(model.get_decoder(), "layers", None)
+    if layers is None:
+        raise ValueError(f"{type(model).__name__}: no decoder .layers to tile")
+    return list(layers)
+
+
+def _tiled_mlp_forward(self, x: torch.Tensor) -> torch.Tensor:
+    from deepspeed.runtime.sequence_parallel.ulysses_sp import TiledMLP
+
+    # x: [B, T, hidden] (or [T, hidden]); TiledMLP chunks along the sequence dim (-2).
+    tiles = agreed_tiles(mlp_tiles(x.shape[-2], x.shape[-1]), x.device)
+    return TiledMLP.apply(_untiled_mlp, self, x, tiles, list(self.parameters()))
+
+
+def _untiled_mlp(module, x: torch.Tensor) -> torch.Tensor:
+    return type(module).forward(module, x)  # the class's own forward (the instance's is tiled)
+
+
+def enable_tiled_mlp(model) -> int:
+    """Run every decoder layer's MLP through DeepSpeed's TiledMLP; returns the layers wrapped."""
+    from anchorctx.training.engine import import_deepspeed
+
+    import_deepspeed()
+    layers = decoder_layers(model)
+    for layer in layers:
+        layer.mlp.forward = types.MethodType(_tiled_mlp_forward, layer.mlp)
+    return len(layers)
+
+
+def enable_checkpoint_offload(model) -> int:
+    """Checkpoint the decoder layers with DeepSpeed's activation checkpointing, their inputs kept
+    in CPU memory; returns the layers switched. Needs gradient checkpointing enabled first."""
+    from anchorctx.training.engine import import_deepspeed
+
+    deepspeed = import_deepspeed()
+    # transformers marks a checkpointed block with ``gradient_checkpointing = True`` and calls
+    # its ``_gradient_checkpointing_func(forward_with_kwargs, *tensors)``.
+    layers = [x for x in decoder_layers(model) if getattr(x, "gradient_checkpointing", False)]
+    if not layers:
+        raise ValueError(
+            "training.memory.offload_checkpoints needs training.activation_checkpointing=true"
+        )
+    deepspeed.checkpointing.configure(None, checkpoint_in_cpu=True)
+    for layer in layers:
+        layer._gradient_checkpointing_func = deepspeed.checkpointing.checkpoint
+    return len(layers)
+
+
+def apply_memory_options(model, memory: MemoryConfig) -> None:
+    """The model-side options of ``training.memory`` (call after gradient checkpointing is on,
+    before ``deepspeed.initialize``)."""
+    if memory.tiled_mlp:
+        enable_tiled_mlp(model)
+    if memory.offload_checkpoints:
+        enable_checkpoint_offload(model)
+
+
+def offload_entries(memory: MemoryConfig, par: Parallelism) -> tuple[dict, dict]:
+    """DeepSpeed config entries of ``offload_optimizer``: (``zero_optimization`` keys, top-level
+    keys)."""
+    from anchorctx.training.plan import TrainingError
+
+    if not memory.offload_optimizer:
+        return {}, {}
+    if par.zero_stage == 0:
+        raise TrainingError(
+            "training.memory.offload_optimizer needs ZeRO (training.zero_stage 1, 2 or 3)"
+        )
+    # Not pinned: pinned pages of a 7B model's fp32 state (~110 GB) can exhaust a host whose
+    # page-locked limit is below its RAM; the copies are a small part of a long-row step.
+    # Our torch AdamW (its fused CPU kernel) steps the CPU partitions; DeepSpeed would otherwise
+    # insist on its JIT-compiled DeepSpeedCPUAdam (a compiler run on every fresh host).
+    return (
+        {"offload_optimizer": {"device": "cpu", "pin_memory": False}},
+        {"zero_force_ds_cpu_optimizer": False},
+    )
+
+
+def tiled_summed_cross_entropy(
+    lm_head: torch.nn.Module, hidden: torch.Tensor, targets: torch.Tensor, tiles: int
+) -> torch.Tensor:
+    """``summed_cross_entropy(lm_head(hidden), targets)`` computed in ``tiles`` sequence tiles.
+
+    hidden [B, T, H], targets [B, T]; fp32 scalar. Gradients flow to ``hidden`` and the head's
+    weights exactly as through the untiled expression (each tile is recomputed in backward).
+    """
+    from deepspeed.runtime.sequence_parallel.ulysses_sp import sequence_tiled_compute
+
+    def tile_loss(hidden, targets, head):
+        return summed_cross_entropy(head(hidden), targets)
+
+    return sequence_tiled_compute(
+        tile_loss, seqlen=hidden.shape[1], shards=tiles,
+        kwargs_to_shard={"hidden": hidden, "targets": targets}, kwargs_to_pass={"head": lm_head},
+        grad_requiring_tensor_key="hidden", compute_params=list(lm_head.parameters()),
+        output_unshard_dimension=0, output_reduction="sum",
+    )  # fmt: skip
+
+
+@contextmanager
+def _final_hidden(model):
+    """Captures the decoder's final (normed) hidden states, [B, T, H], during a forward."""
+    out: dict[str, torch.Tensor] = {}
+    norm = model.get_decoder().norm
+    handle = norm.register_forward_hook(lambda _m, _i, o: out.__setitem__("hidden", o))
+    try:
+        yield out
+    finally:
+        handle.remove()
+
+
+def tiled_loss_sum(engine, mb: MicroBatch, attention_engine: str) -> torch.Tensor:
+    """This rank's summed token loss without materialising its ``[B, T/SP, V]`` logits.
+
+    The forward goes through the engine (ZeRO-3's start/end-of-forward hooks run as usual) with
+    ``logits_to_keep`` empty, so the model's own LM head sees zero positions; the final hidden
+    states are taken from the decoder's norm and the head runs tile by tile.
+    """
+    from anchorctx.training.step import forward_logits
+
+    module = getattr(engine, "module", engine)
+    none = torch.empty(0, dtype=torch.long, device=mb.input_ids.device)
+    with _final_hidden(module) as captured:
+        forward_logits(engine, mb, attention_engine, logits_to_keep=none)
+    hidden = captured["hidden"]
+    head = module.get_output_embeddings()
+    vocab = module.config.get_text_config().vocab_size  # ZeRO-3 partitions head.weight itself
+    tiles = agreed_tiles(loss_tiles(hidden.shape[1], vocab), hidden.device)
+    return tiled_summed_cross_entropy(head, hidden, mb.targets, tiles)
+
+
+def init_context(cfg: ExperimentConfig, device: str | torch.device):
+    """Where a new ``model.tiny`` model's tensors are created: on ``device`` with
+    ``training.memory.init_on_device`` (random init runs there; no full CPU copy is built and
+    moved), else the default (CPU). Models loaded from ``model.path`` are left as they load."""
+    from contextlib import nullcontext
+
+    on_device = cfg.training.memory.init_on_device and cfg.model.tiny is not None
+    return torch.device(device) if on_device else nullcontext()

@@ -1,0 +1,274 @@
+"""Long-row memory options (tiled MLP, tiled loss, checkpoint offload) and the memory model.
+
+Tiling changes only the order of float additions: the MLP and the loss are per-token, so each
+tile computes exactly the untiled per-token values, but weight gradients are summed tile by tile
+instead of in one matmul. In fp32 that reorders sums of O(100) terms of size O(1): the relative
+differences are a few fp32 ulps (~1e-7 each), so 1e-5 relative (plus 1e-6 absolute for entries
+near zero) has two orders of margin while a wrong scale, a missing tile or a dropped target
+(all ≥ 1e-2 relative here) fails it.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from anchorctx.config import ConfigError, config_from_dict
+from anchorctx.training import memory as MM
+from anchorctx.training import tiling
+from anchorctx.training.data import shard_rows
+from anchorctx.training.loss import count_targets
+from anchorctx.training.step import loss_sum
+from anchorctx.training.synthetic import synthetic_row
+
+RTOL, ATOL = 1e-5, 1e-6
+# On a GPU cuBLAS picks other kernels (other split-K reduction orders) for a tile's row count
+# than for the whole row: fp32 sums of O(100) terms reorder at ~1e-6 relative; 1e-4 keeps a
+# 100× margin and still fails a wrong scale or a lost tile (≥ 1e-2).
+GPU_RTOL, GPU_ATOL = 1e-4, 1e-5
+SEQ, VOCAB, HIDDEN = 160, 96, 32  # 160 tokens = 5 MLP tiles of hidden_size
+
+
+def _model(seed: int = 0, device: str = "cpu"):
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from anchorctx.attention.hf import register
+
+    cfg = AutoConfig.for_model(
+        "llama", vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=SEQ,
+        tie_word_embeddings=False,
+    )  # fmt: skip
+    torch.manual_seed(seed)
+    with torch.device(device):
+        model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32,
+                                                 attn_implementation=register())  # fmt: skip
+    model.config.use_cache = False
+    return model.train()
+
+
+def _micro_batch(device: str = "cpu"):
+    row = synthetic_row(SEQ, "anchor", seed=3, vocab=VOCAB, median_doc=24)
+    return shard_rows([row], "anchor", 1, 0, device)
+
+
+def _loss_and_grads(model, mb, tiled_loss: bool):
+    model.zero_grad()
+    loss = loss_sum(model, mb, "sdpa", tiled=tiled_loss)
+    (loss * 0.37).backward()  # a factor ≠ 1: the step scales by scale / global targets
+    return loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}
+
+
+def _assert_same(a, b, rtol=RTOL, atol=ATOL):
+    (la, ga), (lb, gb) = a, b
+    torch.testing.assert_close(la, lb, rtol=rtol, atol=atol)
+    assert ga.keys() == gb.keys()
+    for name in ga:
+        torch.testing.assert_close(ga[name], gb[name], rtol=rtol, atol=atol, msg=name)
+
+
+@pytest.fixture(scope="module")
+def plain():
+    mb = _micro_batch()
+    assert count_targets(mb.targets) > 100
+    return mb, _loss_and_grads(_model(), mb, tiled_loss=False)
+
+
+def test_tiled_mlp_gives_the_plain_loss_and_gradients(plain):
+    mb, ref = plain
+    model = _model()
+    assert tiling.enable_tiled_mlp(model) == 2
+    calls = []
+    orig = tiling.mlp_tiles
+    tiling.mlp_tiles = lambda t, h: calls.append(orig(t, h)) or orig(t, h)
+    try:
+        got = _loss_and_grads(model, mb, tiled_loss=False)
+    finally:
+        tiling.mlp_tiles = orig
+    assert calls and set(calls) == {SEQ // HIDDEN}  # really tiled: 5 tiles per MLP call
+    _assert_same(got, ref)
+
+
+def test_tiled_loss_gives_the_plain_loss_and_gradients(plain, monkeypatch):
+    mb, ref = plain
+    # 7 tiles of this row's fp32 logits (160 × 96 × 4 bytes), the last one shorter.
+    monkeypatch.setattr(tiling, "LOSS_TILE_BYTES", 24 * VOCAB * 4)
+    assert tiling.loss_tiles(SEQ, VOCAB) == 7
+    _assert_same(_loss_and_grads(_model(), mb, tiled_loss=True), ref)
+
+
+def test_checkpoint_offload_switches_every_layer_to_deepspeed_checkpointing():
+    # DeepSpeed's cpu_checkpointing copies a layer input to the CPU; with the CPU as the device
+    # the copy aliases the input it then empties, so its exactness is checked on a GPU
+    # (bench/alst_check.py); here: the wiring.
+    import deepspeed
+
+    from anchorctx.training.engine import init_distributed, shutdown_distributed
+
+    model = _model()
+    init_distributed("cpu")  # DeepSpeed's checkpointing configuration asks for the rank
+    try:
+        with pytest.raises(ValueError, match="activation_checkpointing"):
+            tiling.enable_checkpoint_offload(model)  # nothing is checkpointed yet
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        assert tiling.enable_checkpoint_offload(model) == 2
+        funcs = {layer._gradient_checkpointing_func for layer in model.model.layers}
+        assert funcs == {deepspeed.checkpointing.checkpoint}
+        from deepspeed.runtime.activation_checkpointing import checkpointing
+
+        assert checkpointing.CPU_CHECKPOINT is True
+    finally:
+        deepspeed.checkpointing.configure(None, checkpoint_in_cpu=False)
+        shutdown_distributed()
+
+
+def test_memory_config_is_validated():
+    base = {"name": "m", "model": {"path": "/nonexistent"}}
+
+    def cfg(**training):
+        return config_from_dict({**base, "training": training})
+
+    assert cfg().training.memory.model_dump() == {
+        "tiled_mlp": False, "tiled_loss": False, "offload_optimizer": False,
+        "offload_checkpoints": False, "init_on_device": False,
+    }  # fmt: skip
+    with pytest.raises(ConfigError, match="tiled_mpl"):
+        cfg(memory={"tiled_mpl": True})
+    with pytest.raises(ConfigError, match="activation_checkpointing"):
+        cfg(activation_checkpointing=False, memory={"offload_checkpoints": True})
+    with pytest.raises(ConfigError, match="zero_stage"):
+        cfg(zero_stage=0, memory={"offload_optimizer": True})
+
+
+def test_init_on_device_builds_tiny_models_on_the_device(tiny_config):
+    raw = tiny_config.model_dump(mode="json")
+    raw["training"]["memory"] = {"init_on_device": True}
+    with tiling.init_context(config_from_dict(raw), "meta"):
+        assert torch.empty(1).device.type == "meta"
+    raw["training"]["memory"] = {}
+    with tiling.init_context(config_from_dict(raw), "meta"):
+        assert torch.empty(1).device.type == "cpu"
+    raw["training"]["memory"] = {"init_on_device": True}
+    raw["model"] = {"path": "/nonexistent"}  # a checkpoint on disk loads as it loads
+    with tiling.init_context(config_from_dict(raw), "meta"):
+        assert torch.empty(1).device.type == "cpu"
+
+
+def test_optimizer_offload_reaches_the_deepspeed_config():
+    from anchorctx.training.engine import deepspeed_config
+    from anchorctx.training.plan import Parallelism, TrainingError
+
+    cfg = config_from_dict({"name": "m", "model": {"path": "/nonexistent"},
+                            "training": {"memory": {"offload_optimizer": True}}})  # fmt: skip
+    par = Parallelism(world=1, sp=1, dp=1, micro=1, accum=1, device="cuda", zero_stage=3,
+                      engine="auto")  # fmt: skip
+    ds = deepspeed_config(cfg, par)
+    assert ds["zero_optimization"]["offload_optimizer"]["device"] == "cpu"
+    assert ds["zero_force_ds_cpu_optimizer"] is False
+    cfg.training.memory.offload_optimizer = False
+    assert "offload_optimizer" not in deepspeed_config(cfg, par)["zero_optimization"]
+    cfg.training.memory.offload_optimizer = True
+    with pytest.raises(TrainingError, match="offload_optimizer"):  # ZeRO-0, the CPU default
+        deepspeed_config(cfg, Parallelism(**{**par.to_dict(), "zero_stage": 0}))
+
+
+@pytest.mark.gpu
+def test_every_model_option_on_a_gpu_gives_the_plain_loss_and_gradients(monkeypatch):
+    """Tiled MLP + tiled loss + checkpoint offload (DeepSpeed's asynchronous CPU copies, the
+    path a GPU takes) against the plain model, both checkpointed, fp32."""
+    import deepspeed
+
+    from anchorctx.config import MemoryConfig
+    from anchorctx.training.engine import init_distributed, shutdown_distributed
+
+    monkeypatch.setattr(tiling, "LOSS_TILE_BYTES", 24 * VOCAB * 4)
+    init_distributed("cuda")
+    try:
+        mb = _micro_batch("cuda")
+        plain_model = _model(device="cuda")
+        plain_model.gradient_checkpointing_enable(
+            gradient_checkpointing_kwargs={"use_reentrant": False}
+        )
+        ref = _loss_and_grads(plain_model, mb, tiled_loss=False)
+        model = _model(device="cuda")
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        every = MemoryConfig(tiled_mlp=True, tiled_loss=True, offload_checkpoints=True)
+        tiling.apply_memory_options(model, every)
+        _assert_same(_loss_and_grads(model, mb, tiled_loss=True), ref, GPU_RTOL, GPU_ATOL)
+    finally:
+        deepspeed.checkpointing.configure(None, checkpoint_in_cpu=False)
+        shutdown_distributed()
+
+
+# ------------------------------------------------------------------------------- memory model
+def test_shape_counts_llama2_7b_parameters():
+    from transformers import LlamaConfig
+
+    assert MM.LLAMA2_7B.params == 6_738_415_616  # the published Llama-2-7B count
+    hf = LlamaConfig(hidden_size=4096, intermediate_size=11008, num_hidden_layers=32,
+                     num_attention_heads=32, num_key_value_heads=32, vocab_size=32000)  # fmt: skip
+    assert MM.Shape.from_hf(hf).params == MM.LLAMA2_7B.params
+
+
+def test_memory_model_components():
+    s, t, gib = MM.LLAMA2_7B, 262_144, MM.GIB
+    plain = MM.predict(s, t, MM.Options())
+    # Each layer's input, bf16: 32 × 262144 × 4096 × 2 bytes = 64 GiB.
+    assert plain["checkpointed_activations"] == 64 * gib
+    assert plain["optimizer_state"] == 12 * s.params
+    assert plain["logits"] == t * 32000 * MM.LOGIT_BYTES
+    assert plain["peak"] == pytest.approx(
+        sum(plain[k] for k in ("parameters", "gradients", "optimizer_state",
+                               "checkpointed_activations")) + plain["logits"]
+    )  # fmt: skip
+    opt = MM.Options(tiled_mlp=True, tiled_loss=True, offload_optimizer=True)
+    alst = MM.predict(s, t, opt)
+    assert alst["optimizer_state"] == 0
+    assert alst["cpu"] == 16 * s.params + MM.HOST_PROCESS_BYTES
+    assert alst["gradients"] == MM.REDUCE_BUCKET
+    # Tiled: the MLP keeps 1/64 of its [t, I] tensors; the logits stop growing with t except
+    # for the [t, H] hidden states and their gradient.
+    mlp = MM.MLP_UNITS * t * s.intermediate * MM.BF16
+    assert plain["layer_working_set"] - alst["layer_working_set"] == pytest.approx(mlp * 63 / 64)
+    longer = MM.predict(s, 2 * t, opt)
+    assert longer["logits"] - alst["logits"] == 2 * t * s.hidden * MM.BF16
+    # Two ranks with SP=2: half the parameters and tokens per GPU, Ulysses copies added.
+    two = MM.predict(s, 2 * t, MM.Options(gpus=2, sp=2, **{k: True for k in (
+        "tiled_mlp", "tiled_loss", "offload_optimizer")}))  # fmt: skip
+    assert two["checkpointed_activations"] == alst["checkpointed_activations"]
+    assert two["cpu"] - MM.HOST_PROCESS_BYTES == 8 * s.params
+
+
+def test_max_seq_len_is_the_boundary():
+    m = MM.MACHINES[1]  # 1×H200
+    opt = MM.Options(tiled_mlp=True, tiled_loss=True, offload_optimizer=True)
+    best = MM.max_seq_len(MM.LLAMA2_7B, opt, m)
+    assert best > 0 and best % 1024 == 0
+    assert MM.fits(MM.LLAMA2_7B, best, opt, m)
+    assert not MM.fits(MM.LLAMA2_7B, best + 1024, opt, m)
+    # Without tiling and offload the same GPU holds a far shorter row.
+    assert MM.max_seq_len(MM.LLAMA2_7B, MM.Options(), m) < best / 4
+
+
+def test_training_loop_with_tiling_matches_the_plain_loop(tiny_config, packed_demo, monkeypatch):
+    """The loop wires the options in: the same losses and gradient norms step by step."""
+    from anchorctx.io import read_jsonl
+    from anchorctx.training import train
+
+    monkeypatch.setattr(tiling, "LOSS_TILE_BYTES", 1 << 20)  # several loss tiles per row
+    tiles = {"mlp": [], "loss": []}
+    for kind, fn in (("mlp", tiling.mlp_tiles), ("loss", tiling.loss_tiles)):
+        monkeypatch.setattr(tiling, f"{kind}_tiles",
+                            lambda *a, fn=fn, kind=kind: tiles[kind].append(fn(*a)) or fn(*a))  # fmt: skip
+    rows = {}
+    for name, memory in (("plain", {}), ("tiled", {"tiled_mlp": True, "tiled_loss": True})):
+        raw = tiny_config.model_dump(mode="json")
+        raw["name"] = f"memory-{name}"
+        raw["training"].update(steps=2, memory=memory, save={"every": 2, "last": 1})
+        cfg = config_from_dict(raw)
+        train(cfg, data_dir=packed_demo)
+        rows[name] = read_jsonl(cfg.run_dir / "metrics.jsonl")
+    assert min(tiles["mlp"]) > 1 and min(tiles["loss"]) > 1  # the tiled run really tiled
+    for plain, tiled in zip(rows["plain"], rows["tiled"], strict=True):
+        assert tiled["loss"] == pytest.approx(plain["loss"], rel=RTOL)
+        assert tiled["grad_norm"] == pytest.approx(plain["grad_norm"], rel=RTOL)

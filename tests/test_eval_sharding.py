@@ -51,6 +51,25 @@ def test_plan_shards_balances_and_covers(tmp_path, demo_corpus):
     assert sharding.unit_of("ruler", "qa_1/4096/17") == "qa_1/4096"
 
 
+def test_unit_cost_counts_samples_prefill_and_decode(tmp_path, demo_corpus):
+    cfg, _ = _cfg(tmp_path, demo_corpus, "cost", checkpoint=False)
+    cfg = cfg.model_copy(deep=True)
+    r = cfg.evaluation.ruler
+    r.tasks, r.lengths, r.num_samples = ["niah_single_1", "vt", "qa_1", "niah_multikey_2"], [
+        4096, 16384, 32768], 24  # fmt: skip
+    cost = sharding.units(cfg, "ruler")
+    # niah answers in up to 128 tokens, vt in 30: same prompt length, more decode.
+    assert cost["niah_single_1/32768"] > cost["vt/32768"] > cost["niah_single_1/16384"]
+    assert cost["vt/32768"] == 24 * sharding.sample_cost(32768, 30)
+    # Against the measured per-sample seconds it is fitted to (H200, 7B shape, docs/PERFORMANCE):
+    # prefill 1.351 s at 32K; 128 decode steps of 5.47 ms each at 32K. The fit is within 4%
+    # (prefill) and 16% (decode) of each measured length, so 5% on the sum here.
+    assert sharding.sample_cost(32768, 128) == pytest.approx(1.351 + 128 * 5.47e-3, rel=0.05)
+    # Twelve units of three lengths and two answer budgets over two GPUs: LPT evens them out.
+    loads = [sum(cost[u] for u in s) for s in sharding.plan_shards(cfg, "ruler", 2)]
+    assert max(loads) / min(loads) < 1.02
+
+
 def test_sharded_equals_unsharded_and_resumes(tmp_path, demo_corpus):
     plain_cfg, plain_ckpt = _cfg(tmp_path, demo_corpus, "plain")
     ref = results.load_result(results.evaluate_checkpoint(plain_cfg, plain_ckpt, "ruler",

@@ -33,7 +33,7 @@ def config_file(cfg: ExperimentConfig) -> Path:
     return path
 
 
-def _wait(futures: list, what: str) -> list[str]:
+def wait_all(futures: list, what: str) -> list:
     for f in futures:
         f.wait()
     failed = [f.state.message or str(f.task_run_id) for f in futures if f.state.is_failed()]
@@ -59,9 +59,9 @@ def evaluate_sharded(cfg: ExperimentConfig, checkpoints: Sequence[str], suites: 
                 for plan in [plan_shards(cfg, s, len(gpus))]
                 for i, units in enumerate(plan)
             ]  # fmt: skip
-            _wait(shards, "evaluation shards")
+            wait_all(shards, "evaluation shards")
             merges = [runner.submit(finalize_task, {"config_json": config_json, "checkpoint": c,
                                                     "suite": s, "slots": slots})
                       for c, s in todo]  # fmt: skip
-            _wait(merges, "evaluation merges")
+            wait_all(merges, "evaluation merges")
     return [str(result_path(c, s)) for c, s in pairs]

@@ -88,12 +88,16 @@ def test_sharded_equals_unsharded_and_resumes(tmp_path, demo_corpus):
     assert done_first and {sharding.unit_of("ruler", k) for k in done_first} == set(three[0])
     # ... and the re-run over 2 GPUs keeps those records and generates only the rest.
     two = sharding.plan_shards(cfg, "ruler", 2)
-    made = set()
+    made, covered = set(), set(three[0])
     for i, owned in enumerate(two):
         rows = read_jsonl(sharding.run_shard(cfg, ckpt, "ruler", owned, i, 2))[1:]
         made |= {r["key"] for r in rows}
+        covered |= set(owned)
+        # The shard whose records complete the evaluation merges it; before that, none does.
+        out = sharding.finalize_if_complete(cfg, ckpt, "ruler", 2)
+        assert (out is not None) == (covered == set(sharding.units(cfg, "ruler"))), i
     assert not made & done_first and len(made | done_first) == 8
-    out = sharding.finalize(cfg, ckpt, "ruler")
+    assert sharding.finalize_if_complete(cfg, ckpt, "ruler", 2) == out  # done: left alone
     got = results.load_result(out)
     samples = dict(got["samples"])
     assert len(samples.pop("sha256")) == 64  # the records' hash, checked by cached re-runs

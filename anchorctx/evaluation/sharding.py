@@ -222,6 +222,59 @@ def merge_shards(cfg: ExperimentConfig, checkpoint: str | Path, suite: str) -> i
     return len(done)
 
 
+def is_done(cfg: ExperimentConfig, checkpoint: str | Path, suite: str) -> bool:
+    """An up-to-date result exists (this identity, intact, from the current samples file)."""
+    from anchorctx.evaluation.results import (
+        _identity,
+        _matches,
+        check_checkpoint,
+        load_result,
+        result_path,
+        samples_path,
+    )
+
+    ckpt = check_checkpoint(checkpoint)
+    ident = _identity(cfg, ckpt, suite)
+    return _matches(load_result(result_path(ckpt, suite)), ident, samples_path(ckpt, suite))
+
+
+def _complete(cfg: ExperimentConfig, checkpoint: Path, suite: str, count: int) -> bool:
+    """Every record of the evaluation is in the samples or shard files (a single shard owns
+    every unit, so once it has run nothing is missing)."""
+    if count == 1 or suite != "ruler":
+        return True
+    from anchorctx.evaluation.ruler.runner import _plan, data_paths, selected_tasks
+
+    r = cfg.evaluation.ruler
+    done = _records(cfg, checkpoint, suite)
+    pending, _ = _plan(selected_tasks(r.tasks, r.exclude), r.lengths, r.num_samples,
+                       data_paths(cfg), done)  # fmt: skip
+    return not any(pending.values())
+
+
+def finalize_if_complete(cfg: ExperimentConfig, checkpoint: str | Path, suite: str, count: int,
+                         *, progress: bool = False) -> Path | None:  # fmt: skip
+    """Called by a shard when it is done: the shard that completes the evaluation merges it
+    and writes the result in its own process, where the model is loaded already, so that no
+    merge process loads it again. Returns the result, or None while other shards still run.
+
+    The check runs under a lock on the evaluation directory: each shard's records are written
+    before it checks, so of shards finishing together the last to check sees them all."""
+    import fcntl
+
+    from anchorctx.evaluation.results import check_checkpoint, result_path
+
+    ckpt = check_checkpoint(checkpoint)
+    out = result_path(ckpt, suite)
+    with open(out.with_name(f"{suite}.finalize.lock"), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if is_done(cfg, ckpt, suite):
+            return out
+        if not _complete(cfg, ckpt, suite, count):
+            return None
+        return finalize(cfg, ckpt, suite, progress=progress)
+
+
 def finalize(cfg: ExperimentConfig, checkpoint: str | Path, suite: str, *,
              progress: bool = False) -> Path:  # fmt: skip
     """Merge the shards and write ``<suite>.json`` (generating whatever is still missing)."""
@@ -239,6 +292,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--shard", nargs=2, type=int, metavar=("INDEX", "COUNT"))
     p.add_argument("--units", nargs="*", default=[WHOLE])
     p.add_argument("--finalize", action="store_true")
+    p.add_argument("--finalize-when-complete", action="store_true",
+                   help="With --shard: the shard that completes the evaluation also merges it.")  # fmt: skip
     args = p.parse_args(argv)
     from anchorctx.config import ExperimentConfig
 
@@ -250,6 +305,9 @@ def main(argv: list[str] | None = None) -> int:
         out = run_shard(cfg, args.checkpoint, args.suite, args.units, *args.shard, timing=timing)
         # Where a shard's time goes (the bench reads it); the last line stays the shard file.
         print(json.dumps({"shard_timing": {k: round(v, 3) for k, v in timing.items()}}))
+        if args.finalize_when_complete:
+            result = finalize_if_complete(cfg, args.checkpoint, args.suite, args.shard[1])
+            print(f"merged: {result}" if result else "merged: not yet (other shards running)")
         print(out)
     else:
         print("give --shard INDEX COUNT or --finalize", file=sys.stderr)

@@ -84,12 +84,16 @@ def overlap_training_gpus(cfg: ExperimentConfig, arms: Sequence[ExperimentConfig
 
 
 def shard_command(config_json: str | Path, checkpoint: str, suite: str, *,
-                  shard: tuple[int, int] | None, units: Sequence[str] = ()) -> list[str]:  # fmt: skip
+                  shard: tuple[int, int] | None, units: Sequence[str] = (),
+                  merge: bool = False) -> list[str]:  # fmt: skip
+    """``merge``: the shard that completes the evaluation also merges it (saves a process and
+    a model load per evaluation; the merge task then finds the result done)."""
     cmd = [sys.executable, "-m", "anchorctx.evaluation.sharding", "--config", str(config_json),
            "--checkpoint", checkpoint, "--suite", suite]  # fmt: skip
     if shard is None:
         return [*cmd, "--finalize"]
-    return [*cmd, "--shard", str(shard[0]), str(shard[1]), "--units", *units]
+    merging = ["--finalize-when-complete"] if merge else []
+    return [*cmd, "--shard", str(shard[0]), str(shard[1]), *merging, "--units", *units]
 
 
 def _run_on_gpu(cmd: list[str], slots: str) -> str:
@@ -120,7 +124,8 @@ def _shard_run_name() -> str:
 def evaluate_shard_task(config_json: str, checkpoint: str, suite: str, index: int, count: int,
                         units: list[str], slots: str) -> str:  # fmt: skip
     """One shard of one (checkpoint, suite) evaluation; returns its records file."""
-    cmd = shard_command(config_json, checkpoint, suite, shard=(index, count), units=units)
+    cmd = shard_command(config_json, checkpoint, suite, shard=(index, count), units=units,
+                        merge=True)  # fmt: skip
     return _run_on_gpu(cmd, slots)
 
 

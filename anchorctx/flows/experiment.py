@@ -18,6 +18,7 @@ one, the flows check that its files still exist and recompute when they do not.
 from __future__ import annotations
 
 import os
+import threading
 from pathlib import Path
 from typing import Any, Literal
 
@@ -73,6 +74,9 @@ from anchorctx.tasks.training import list_checkpoint_paths, train_task
 # Evaluation tasks running at once in one flow run. One by default: on a single GPU (or two CPU
 # cores) parallel evaluations only compete for the device; raise it on multi-GPU hosts.
 EVAL_WORKERS = int(os.environ.get("ANCHORCTX_EVAL_WORKERS", "1"))
+
+# Tracker runs (W&B, MLflow) are process-global state: opened from one thread at a time.
+_TRACKING_LOCK = threading.Lock()
 
 # Image artifacts of the experiment report, by report path key: (artifact key suffix, title).
 REPORT_PLOTS = {
@@ -211,7 +215,8 @@ def evaluate_flow(
     ensure_eval_fixtures_task(cfg)
     results = _evaluate_all(cfg, checkpoints, suites, force, gpus)
     summary = summarize_task(str(run), cfg.evaluation.last_k)
-    log_evaluation(cfg, run)  # every score per checkpoint and the averages, to the trackers
+    with _TRACKING_LOCK:  # arms evaluated side by side (overlap) open one tracker run at a time
+        log_evaluation(cfg, run)  # every score per checkpoint and the averages, to the trackers
     for name, rows in summary_tables(summary).items():
         publish_table(f"{cfg.name}-{run.name}-{name}", rows,
                       f"{run}: {name}, mean ± std over the last {cfg.evaluation.last_k} checkpoints")  # fmt: skip

@@ -24,6 +24,7 @@ from typing import Any, Literal
 
 from prefect import flow, get_run_logger, unmapped
 from prefect import task as prefect_task
+from prefect.cache_policies import NO_CACHE
 from prefect.futures import as_completed
 from prefect.runtime import flow_run
 from prefect.task_runners import ThreadPoolTaskRunner
@@ -281,7 +282,9 @@ def _evaluate_all(
     return [f.result() for f in futures]
 
 
-@prefect_task(name="evaluate-arm", task_run_name="evaluate-arm-{cfg.variant_name}")
+# Never a cache hit of its own: the evaluate flow inside decides what is cached (by content).
+@prefect_task(name="evaluate-arm", task_run_name="evaluate-arm-{cfg.variant_name}",
+              cache_policy=NO_CACHE, persist_result=False)  # fmt: skip
 def evaluate_arm_task(cfg: ExperimentConfig, suites: list[str], force: bool,
                       gpus: list[str]) -> dict[str, Any]:  # fmt: skip
     """The evaluate flow of one arm as a task, so full-experiment can run it beside training

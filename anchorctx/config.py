@@ -356,6 +356,12 @@ class EvaluationConfig(Strict):
         None, gt=0, description="Shards per (checkpoint, suite) on the work pool. Default: the "
         "pool's online workers."
     )  # fmt: skip
+    overlap: Literal["auto", "off"] = Field(
+        "auto", description="full-experiment on a host with more GPUs than training takes "
+        "(training.nproc on one node): evaluate each finished arm on the other GPUs while the next "
+        "arm trains, and on every GPU once training ends (auto). off: evaluate each arm after it "
+        "trains. One GPU, CPU or a work pool: always the latter."
+    )  # fmt: skip
 
 
 # ------------------------------------------------------------------------------------ analysis

@@ -51,6 +51,25 @@ def test_plan_shards_balances_and_covers(tmp_path, demo_corpus):
     assert sharding.unit_of("ruler", "qa_1/4096/17") == "qa_1/4096"
 
 
+def test_unit_cost_counts_samples_prefill_and_decode(tmp_path, demo_corpus):
+    cfg, _ = _cfg(tmp_path, demo_corpus, "cost", checkpoint=False)
+    cfg = cfg.model_copy(deep=True)
+    r = cfg.evaluation.ruler
+    r.tasks, r.lengths, r.num_samples = ["niah_single_1", "vt", "qa_1", "niah_multikey_2"], [
+        4096, 16384, 32768], 24  # fmt: skip
+    cost = sharding.units(cfg, "ruler")
+    # niah answers in up to 128 tokens, vt in 30: same prompt length, more decode.
+    assert cost["niah_single_1/32768"] > cost["vt/32768"] > cost["niah_single_1/16384"]
+    assert cost["vt/32768"] == 24 * sharding.sample_cost(32768, 30)
+    # Against the measured per-sample seconds it is fitted to (H200, 7B shape, docs/PERFORMANCE):
+    # prefill 1.351 s at 32K; 128 decode steps of 5.47 ms each at 32K. The fit is within 4%
+    # (prefill) and 16% (decode) of each measured length, so 5% on the sum here.
+    assert sharding.sample_cost(32768, 128) == pytest.approx(1.351 + 128 * 5.47e-3, rel=0.05)
+    # Twelve units of three lengths and two answer budgets over two GPUs: LPT evens them out.
+    loads = [sum(cost[u] for u in s) for s in sharding.plan_shards(cfg, "ruler", 2)]
+    assert max(loads) / min(loads) < 1.02
+
+
 def test_sharded_equals_unsharded_and_resumes(tmp_path, demo_corpus):
     plain_cfg, plain_ckpt = _cfg(tmp_path, demo_corpus, "plain")
     ref = results.load_result(results.evaluate_checkpoint(plain_cfg, plain_ckpt, "ruler",
@@ -69,12 +88,16 @@ def test_sharded_equals_unsharded_and_resumes(tmp_path, demo_corpus):
     assert done_first and {sharding.unit_of("ruler", k) for k in done_first} == set(three[0])
     # ... and the re-run over 2 GPUs keeps those records and generates only the rest.
     two = sharding.plan_shards(cfg, "ruler", 2)
-    made = set()
+    made, covered = set(), set(three[0])
     for i, owned in enumerate(two):
         rows = read_jsonl(sharding.run_shard(cfg, ckpt, "ruler", owned, i, 2))[1:]
         made |= {r["key"] for r in rows}
+        covered |= set(owned)
+        # The shard whose records complete the evaluation merges it; before that, none does.
+        out = sharding.finalize_if_complete(cfg, ckpt, "ruler", 2)
+        assert (out is not None) == (covered == set(sharding.units(cfg, "ruler"))), i
     assert not made & done_first and len(made | done_first) == 8
-    out = sharding.finalize(cfg, ckpt, "ruler")
+    assert sharding.finalize_if_complete(cfg, ckpt, "ruler", 2) == out  # done: left alone
     got = results.load_result(out)
     samples = dict(got["samples"])
     assert len(samples.pop("sha256")) == 64  # the records' hash, checked by cached re-runs

@@ -87,7 +87,7 @@ class _Cfg:
 
 
 def _partial_training(run_dir, exc):
-    def fake(cfg, dataset, resume, timeout_s):
+    def fake(cfg, dataset, resume, timeout_s, gpus):
         (run_dir / "checkpoints").mkdir(parents=True)  # the new run had started writing
         raise exc
 

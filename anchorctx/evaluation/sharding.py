@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -38,16 +39,36 @@ if TYPE_CHECKING:
 WHOLE = "*"  # the unit of a suite that is not split
 
 
+# Seconds per sample of the static engine on one H200, Llama-2-7B shape (docs/PERFORMANCE.md,
+# section 4), fitted over 4K-128K with L in thousands of tokens: prefill ≈ a·L + b·L² (0.116 s at
+# 4K, 1.35 s at 32K, 11.6 s at 128K; the fit is within 4% of each), and one decode step per
+# sample, at the batch rows the memory rule picks, ≈ c + d·L (0.94 ms at 4K, 5.5 ms at 32K,
+# 21.6 ms at 128K; within 16%). Only ratios matter for balancing, so other models and GPUs
+# share the fit.
+PREFILL_S_PER_KTOKEN = 0.027
+PREFILL_S_PER_KTOKEN2 = 4.96e-4
+DECODE_S_PER_TOKEN = 3e-4
+DECODE_S_PER_TOKEN_KTOKEN = 1.66e-4
+
+
+def sample_cost(length: int, new_tokens: int) -> float:
+    """Estimated seconds of one sample: prefill of ``length`` tokens, then ``new_tokens`` steps."""
+    k = length / 1024
+    prefill = PREFILL_S_PER_KTOKEN * k + PREFILL_S_PER_KTOKEN2 * k * k
+    return prefill + new_tokens * (DECODE_S_PER_TOKEN + DECODE_S_PER_TOKEN_KTOKEN * k)
+
+
 def units(cfg: ExperimentConfig, suite: str) -> dict[str, float]:
-    """The suite's work units and their relative cost."""
+    """The suite's work units and their estimated cost (seconds, by :func:`sample_cost`)."""
     if suite != "ruler":
         return {WHOLE: 1.0}
+    from anchorctx.evaluation.ruler.constants import task_spec
     from anchorctx.evaluation.ruler.runner import selected_tasks
 
     r = cfg.evaluation.ruler
-    # Seconds per sample grow like a·L + b·L² (prefill); measured on H200 for the 7B shape,
-    # 128K costs ≈65× 4K, which L·(1 + L/64K) approximates (90×) well enough to balance shards.
-    return {f"{task}/{length}": length * (1 + length / 65536)
+    # Every unit has num_samples samples (QA tasks may have fewer when their question file is
+    # short; the estimate ignores that, as reading the file would cost each planner its parse).
+    return {f"{task}/{length}": r.num_samples * sample_cost(length, task_spec(task).max_new_tokens)
             for task in selected_tasks(r.tasks, r.exclude) for length in r.lengths}  # fmt: skip
 
 
@@ -145,8 +166,11 @@ class _OwnedOnly(Mapping):
 
 
 def run_shard(cfg: ExperimentConfig, checkpoint: str | Path, suite: str, owned: list[str],
-              index: int, count: int, *, progress: bool = False) -> Path:  # fmt: skip
-    """Generate the records of ``owned`` units not recorded yet; returns the shard file."""
+              index: int, count: int, *, progress: bool = False,
+              timing: dict[str, float] | None = None) -> Path:  # fmt: skip
+    """Generate the records of ``owned`` units not recorded yet; returns the shard file.
+    ``timing`` receives the seconds of its phases (setup, model load, generation)."""
+    start = time.perf_counter()
     from anchorctx.evaluation.results import (
         HEADER_KEY,
         _cached_model,
@@ -172,9 +196,14 @@ def run_shard(cfg: ExperimentConfig, checkpoint: str | Path, suite: str, owned: 
         view: Mapping[str, dict[str, Any]] = done
     else:
         view = _OwnedOnly(done, suite, set(owned))
+    loading = time.perf_counter()
     model, tokenizer = _cached_model(ckpt, cfg, ident["checkpoint_hash"])
+    generating = time.perf_counter()
     _runner(spec)(model, tokenizer, cfg, done=view, on_sample=lambda rec: append_jsonl(out, rec),
                   progress=progress)  # fmt: skip
+    if timing is not None:
+        timing.update(setup_s=loading - start, load_s=generating - loading,
+                      generate_s=time.perf_counter() - generating)  # fmt: skip
     return out
 
 
@@ -191,6 +220,59 @@ def merge_shards(cfg: ExperimentConfig, checkpoint: str | Path, suite: str) -> i
     for path in _shard_files(ckpt, suite):
         path.unlink()
     return len(done)
+
+
+def is_done(cfg: ExperimentConfig, checkpoint: str | Path, suite: str) -> bool:
+    """An up-to-date result exists (this identity, intact, from the current samples file)."""
+    from anchorctx.evaluation.results import (
+        _identity,
+        _matches,
+        check_checkpoint,
+        load_result,
+        result_path,
+        samples_path,
+    )
+
+    ckpt = check_checkpoint(checkpoint)
+    ident = _identity(cfg, ckpt, suite)
+    return _matches(load_result(result_path(ckpt, suite)), ident, samples_path(ckpt, suite))
+
+
+def _complete(cfg: ExperimentConfig, checkpoint: Path, suite: str, count: int) -> bool:
+    """Every record of the evaluation is in the samples or shard files (a single shard owns
+    every unit, so once it has run nothing is missing)."""
+    if count == 1 or suite != "ruler":
+        return True
+    from anchorctx.evaluation.ruler.runner import _plan, data_paths, selected_tasks
+
+    r = cfg.evaluation.ruler
+    done = _records(cfg, checkpoint, suite)
+    pending, _ = _plan(selected_tasks(r.tasks, r.exclude), r.lengths, r.num_samples,
+                       data_paths(cfg), done)  # fmt: skip
+    return not any(pending.values())
+
+
+def finalize_if_complete(cfg: ExperimentConfig, checkpoint: str | Path, suite: str, count: int,
+                         *, progress: bool = False) -> Path | None:  # fmt: skip
+    """Called by a shard when it is done: the shard that completes the evaluation merges it
+    and writes the result in its own process, where the model is loaded already, so that no
+    merge process loads it again. Returns the result, or None while other shards still run.
+
+    The check runs under a lock on the evaluation directory: each shard's records are written
+    before it checks, so of shards finishing together the last to check sees them all."""
+    import fcntl
+
+    from anchorctx.evaluation.results import check_checkpoint, result_path
+
+    ckpt = check_checkpoint(checkpoint)
+    out = result_path(ckpt, suite)
+    with open(out.with_name(f"{suite}.finalize.lock"), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if is_done(cfg, ckpt, suite):
+            return out
+        if not _complete(cfg, ckpt, suite, count):
+            return None
+        return finalize(cfg, ckpt, suite, progress=progress)
 
 
 def finalize(cfg: ExperimentConfig, checkpoint: str | Path, suite: str, *,
@@ -210,6 +292,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--shard", nargs=2, type=int, metavar=("INDEX", "COUNT"))
     p.add_argument("--units", nargs="*", default=[WHOLE])
     p.add_argument("--finalize", action="store_true")
+    p.add_argument("--finalize-when-complete", action="store_true",
+                   help="With --shard: the shard that completes the evaluation also merges it.")  # fmt: skip
     args = p.parse_args(argv)
     from anchorctx.config import ExperimentConfig
 
@@ -217,7 +301,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.finalize:
         print(finalize(cfg, args.checkpoint, args.suite))
     elif args.shard:
-        print(run_shard(cfg, args.checkpoint, args.suite, args.units, *args.shard))
+        timing: dict[str, float] = {}
+        out = run_shard(cfg, args.checkpoint, args.suite, args.units, *args.shard, timing=timing)
+        # Where a shard's time goes (the bench reads it); the last line stays the shard file.
+        print(json.dumps({"shard_timing": {k: round(v, 3) for k, v in timing.items()}}))
+        if args.finalize_when_complete:
+            result = finalize_if_complete(cfg, args.checkpoint, args.suite, args.shard[1])
+            print(f"merged: {result}" if result else "merged: not yet (other shards running)")
+        print(out)
     else:
         print("give --shard INDEX COUNT or --finalize", file=sys.stderr)
         return 2

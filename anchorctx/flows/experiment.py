@@ -18,17 +18,20 @@ one, the flows check that its files still exist and recompute when they do not.
 from __future__ import annotations
 
 import os
+import threading
 from pathlib import Path
 from typing import Any, Literal
 
 from prefect import flow, get_run_logger, unmapped
+from prefect import task as prefect_task
+from prefect.cache_policies import NO_CACHE
 from prefect.futures import as_completed
 from prefect.runtime import flow_run
 from prefect.task_runners import ThreadPoolTaskRunner
 
 from anchorctx.config import ExperimentConfig
 from anchorctx.evaluation.tracking import log_evaluation, log_report
-from anchorctx.flows.sharded import evaluate_sharded
+from anchorctx.flows.sharded import evaluate_sharded, wait_all
 from anchorctx.tasks.artifacts import (
     Progress,
     artifact_key,
@@ -60,12 +63,21 @@ from anchorctx.tasks.reuse import (
     tagged,
     will_be_cached,
 )
-from anchorctx.tasks.sharding import visible_gpus
+from anchorctx.tasks.sharding import (
+    give_gpus,
+    gpu_slots,
+    overlap_training_gpus,
+    take_gpus,
+    visible_gpus,
+)
 from anchorctx.tasks.training import list_checkpoint_paths, train_task
 
 # Evaluation tasks running at once in one flow run. One by default: on a single GPU (or two CPU
 # cores) parallel evaluations only compete for the device; raise it on multi-GPU hosts.
 EVAL_WORKERS = int(os.environ.get("ANCHORCTX_EVAL_WORKERS", "1"))
+
+# Tracker runs (W&B, MLflow) are process-global state: opened from one thread at a time.
+_TRACKING_LOCK = threading.Lock()
 
 # Image artifacts of the experiment report, by report path key: (artifact key suffix, title).
 REPORT_PLOTS = {
@@ -127,6 +139,7 @@ def train_flow(
     resume: bool = True,
     timeout_s: float | None = None,
     dataset: str | None = None,
+    gpus: list[str] | None = None,
 ) -> list[str]:
     """Train one arm (``cfg.variant``) and return its checkpoints.
 
@@ -134,13 +147,15 @@ def train_flow(
     prepared first (a cache hit when it exists). ``timeout_s`` kills the training process group
     after that many seconds. ``resume`` continues an interrupted run (a finished one returns at
     once); ``force`` trains from scratch, keeping the earlier run until the new one finishes
-    (a cancelled or failed forced run puts it back).
+    (a cancelled or failed forced run puts it back). ``gpus``: the device ids training may
+    use (default: every visible GPU).
     """
     if dataset is None or not dataset_exists(dataset):
         dataset = prepare_data_flow(cfg, force=force)
     task = tagged(train_task.with_options(refresh_cache=force), {"cfg": cfg, "dataset": dataset},
                   force)  # fmt: skip
-    state = task(cfg, dataset, resume=resume, timeout_s=timeout_s, fresh=force, return_state=True)
+    state = task(cfg, dataset, resume=resume, timeout_s=timeout_s, fresh=force, gpus=gpus,
+                 return_state=True)  # fmt: skip
     checkpoints = state.result()
     cached = mark_cached(state)
     if cached and all(Path(c).is_dir() for c in checkpoints):
@@ -148,7 +163,8 @@ def train_flow(
     elif cached:
         get_run_logger().warning("cached run's checkpoints are gone from %s: training again",
                                  cfg.run_dir)  # fmt: skip
-        checkpoints = train_task.with_options(refresh_cache=True)(cfg, dataset, resume, timeout_s)
+        checkpoints = train_task.with_options(refresh_cache=True)(cfg, dataset, resume, timeout_s,
+                                                                  gpus=gpus)  # fmt: skip
     publish_summary(
         f"{cfg.name}-{cfg.variant_name}-train",
         run_summary_markdown(
@@ -183,11 +199,13 @@ def evaluate_flow(
     run_dir: str | None = None,
     suites: list[str] | None = None,
     force: bool = False,
+    gpus: list[str] | None = None,
 ) -> dict[str, Any]:
     """Evaluate every existing checkpoint of a run on each suite, then average the last k.
 
     The run is ``run_dir`` if given, else the arm named ``variant``, else ``cfg.run_dir``.
     Unchanged checkpoints with unchanged evaluation settings and code are cache hits.
+    ``gpus``: the device ids to shard over (default: every visible GPU).
     """
     cfg = _arm(cfg, variant)
     run = Path(run_dir) if run_dir else cfg.run_dir
@@ -196,9 +214,10 @@ def evaluate_flow(
         raise FileNotFoundError(f"no checkpoints under {run / 'checkpoints'}: run `train` first")
     suites = list(suites or cfg.evaluation.suites)
     ensure_eval_fixtures_task(cfg)
-    results = _evaluate_all(cfg, checkpoints, suites, force)
+    results = _evaluate_all(cfg, checkpoints, suites, force, gpus)
     summary = summarize_task(str(run), cfg.evaluation.last_k)
-    log_evaluation(cfg, run)  # every score per checkpoint and the averages, to the trackers
+    with _TRACKING_LOCK:  # arms evaluated side by side (overlap) open one tracker run at a time
+        log_evaluation(cfg, run)  # every score per checkpoint and the averages, to the trackers
     for name, rows in summary_tables(summary).items():
         publish_table(f"{cfg.name}-{run.name}-{name}", rows,
                       f"{run}: {name}, mean ± std over the last {cfg.evaluation.last_k} checkpoints")  # fmt: skip
@@ -214,8 +233,9 @@ def evaluate_flow(
 
 
 def _evaluate_all(
-    cfg: ExperimentConfig, checkpoints: list[str], suites: list[str], force: bool
-) -> list[str]:
+    cfg: ExperimentConfig, checkpoints: list[str], suites: list[str], force: bool,
+    gpus: list[str] | None = None,
+) -> list[str]:  # fmt: skip
     """Map the (checkpoint, suite) pairs onto evaluation tasks; pairs whose result file is
     missing (or all of them, with ``force``) bypass the cache. On a host with several GPUs
     the pairs are sharded over all of them (flows/sharded.py)."""
@@ -223,7 +243,10 @@ def _evaluate_all(
         from anchorctx.flows.pool import evaluate_on_pool
 
         return evaluate_on_pool(cfg, checkpoints, suites, force)
-    gpus = visible_gpus() if cfg.evaluation.device != "cpu" else []
+    if cfg.evaluation.device == "cpu":
+        gpus = []
+    elif gpus is None:
+        gpus = visible_gpus()
     if len(gpus) > 1:
         return evaluate_sharded(cfg, checkpoints, suites, force, gpus)
     pairs = [(c, s) for c in checkpoints for s in suites]
@@ -257,6 +280,16 @@ def _evaluate_all(
     if failed:
         raise RuntimeError(f"{len(failed)} of {len(futures)} evaluations failed: {failed[:3]}")
     return [f.result() for f in futures]
+
+
+# Never a cache hit of its own: the evaluate flow inside decides what is cached (by content).
+@prefect_task(name="evaluate-arm", task_run_name="evaluate-arm-{cfg.variant_name}",
+              cache_policy=NO_CACHE, persist_result=False)  # fmt: skip
+def evaluate_arm_task(cfg: ExperimentConfig, suites: list[str], force: bool,
+                      gpus: list[str]) -> dict[str, Any]:  # fmt: skip
+    """The evaluate flow of one arm as a task, so full-experiment can run it beside training
+    (it still shows as its own flow run, a child of this task run)."""
+    return evaluate_flow(cfg, suites=suites, force=force, gpus=gpus)
 
 
 # ------------------------------------------------------------------------ full-experiment
@@ -293,13 +326,33 @@ def full_experiment(
             if key not in datasets:
                 datasets[key] = prepare_data_flow(arm, force="data" in forced)
             logger.info("arm %s: dataset %s", arm.variant_name, datasets[key])
-    for arm in selected:
-        if "train" in run_stages:
-            train_flow(arm, force="train" in forced, timeout_s=train_timeout_s,
-                       dataset=datasets[data_key(arm)])  # fmt: skip
-        arm_suites = [x for x in arm.evaluation.suites if not suites or x in suites]
-        if "evaluate" in run_stages and arm_suites:
-            evaluate_flow(arm, suites=arm_suites, force="evaluate" in forced)
+    gpus, train_gpus = [], None
+    if {"train", "evaluate"} <= set(run_stages) and len(selected) > 1:
+        gpus = visible_gpus()
+        train_gpus = overlap_training_gpus(cfg, selected, gpus)
+    # With overlap, training holds its GPUs out of the slot pool the evaluation shards draw
+    # from, and each finished arm's evaluation runs as a task beside the next arm's training.
+    slots = gpu_slots(gpus) if train_gpus is not None else ""
+    held = take_gpus(slots, len(train_gpus)) if train_gpus is not None else None
+    if held is not None:
+        logger.info("overlap: training on GPU(s) %s; finished arms evaluate on the others "
+                    "meanwhile, then on all of %s", held or "none", gpus)  # fmt: skip
+    evaluations = []
+    try:
+        for arm in selected:
+            if "train" in run_stages:
+                train_flow(arm, force="train" in forced, timeout_s=train_timeout_s,
+                           dataset=datasets[data_key(arm)], gpus=held)  # fmt: skip
+            arm_suites = [x for x in arm.evaluation.suites if not suites or x in suites]
+            if "evaluate" in run_stages and arm_suites and held is not None:
+                evaluations.append(evaluate_arm_task.submit(arm, arm_suites,
+                                                            "evaluate" in forced, gpus))  # fmt: skip
+            elif "evaluate" in run_stages and arm_suites:
+                evaluate_flow(arm, suites=arm_suites, force="evaluate" in forced)
+    finally:
+        if held is not None:  # training is over: its GPUs join the evaluation
+            give_gpus(slots, held)
+    wait_all(evaluations, "arm evaluations")
     out: dict[str, Any] = {"experiment_dir": str(cfg.experiment_dir)}
     if "report" in run_stages:
         # Loss curves, attention work (of the arms whose dataset this run resolved), RoPE study.

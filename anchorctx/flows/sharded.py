@@ -3,8 +3,8 @@
 Called from a flow. Pairs with an up-to-date result are skipped (the cached re-run); the rest
 are split by :func:`anchorctx.evaluation.sharding.plan_shards` into as many shards as GPUs, all
 shards of all pairs run on a thread pool as wide as the GPU pool (each in a child process on one
-GPU), then each pair's shards are merged and its result written. The records, hence the scores,
-are the same whatever the number of GPUs (see :mod:`anchorctx.evaluation.sharding`).
+GPU); the shard that completes a pair merges it and writes its result. The records, hence the
+scores, are the same whatever the number of GPUs (see :mod:`anchorctx.evaluation.sharding`).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from prefect.task_runners import ThreadPoolTaskRunner
 
 from anchorctx.config import ExperimentConfig
 from anchorctx.evaluation.results import result_path
-from anchorctx.evaluation.sharding import plan_shards, prepare
+from anchorctx.evaluation.sharding import is_done, plan_shards, prepare
 from anchorctx.io import atomic_write_text
 from anchorctx.tasks.sharding import evaluate_shard_task, finalize_task, gpu_slots
 
@@ -33,7 +33,7 @@ def config_file(cfg: ExperimentConfig) -> Path:
     return path
 
 
-def _wait(futures: list, what: str) -> list[str]:
+def wait_all(futures: list, what: str) -> list:
     for f in futures:
         f.wait()
     failed = [f.state.message or str(f.task_run_id) for f in futures if f.state.is_failed()]
@@ -59,9 +59,11 @@ def evaluate_sharded(cfg: ExperimentConfig, checkpoints: Sequence[str], suites: 
                 for plan in [plan_shards(cfg, s, len(gpus))]
                 for i, units in enumerate(plan)
             ]  # fmt: skip
-            _wait(shards, "evaluation shards")
+            wait_all(shards, "evaluation shards")
+            # The shard that completed a pair merged it already; a merge task is left only
+            # where that did not happen (e.g. shards resumed from another attempt's records).
             merges = [runner.submit(finalize_task, {"config_json": config_json, "checkpoint": c,
                                                     "suite": s, "slots": slots})
-                      for c, s in todo]  # fmt: skip
-            _wait(merges, "evaluation merges")
+                      for c, s in todo if not is_done(cfg, c, s)]  # fmt: skip
+            wait_all(merges, "evaluation merges")
     return [str(result_path(c, s)) for c, s in pairs]

@@ -3,6 +3,8 @@
 GPU slots are a per-flow-process pool of device ids: a task takes one, runs its shard with
 ``CUDA_VISIBLE_DEVICES`` set to it (so the child sees one GPU as ``cuda:0``) and gives it back.
 The flow runs these tasks on a thread pool as wide as the pool, so every GPU stays busy.
+full-experiment holds its training GPUs out of the same pool while training (so evaluation
+shards run on the others) and returns them when training ends.
 """
 
 from __future__ import annotations
@@ -13,11 +15,15 @@ import sys
 import threading
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from prefect import get_run_logger, task
 from prefect.runtime import task_run
 
 from anchorctx.tasks.process import run_process_group
+
+if TYPE_CHECKING:
+    from anchorctx.config import ExperimentConfig
 
 _POOLS: dict[str, queue.Queue[str]] = {}
 _LOCK = threading.Lock()
@@ -45,13 +51,49 @@ def gpu_slots(gpus: Sequence[str]) -> str:
     return name
 
 
+def take_gpus(slots: str, count: int) -> list[str]:
+    """Hold ``count`` device ids of the pool (waiting for them to be free) until
+    :func:`give_gpus`; shards meanwhile run on the rest."""
+    pool = _POOLS[slots]
+    return [pool.get() for _ in range(count)]
+
+
+def give_gpus(slots: str, gpus: Sequence[str]) -> None:
+    """Return held device ids: shards waiting for a slot start on them at once."""
+    for gpu in gpus:
+        _POOLS[slots].put(gpu)
+
+
+def overlap_training_gpus(cfg: ExperimentConfig, arms: Sequence[ExperimentConfig],
+                          gpus: Sequence[str]) -> list[str] | None:  # fmt: skip
+    """The GPUs full-experiment trains on while evaluating finished arms on the others, or
+    None: no overlap (off, evaluation on CPU or a work pool, fewer than two GPUs, or training
+    needs every GPU: ``training.nproc`` unset, multi-node or a hostfile)."""
+    ev = cfg.evaluation
+    if ev.overlap == "off" or ev.work_pool or ev.device == "cpu" or len(gpus) < 2:
+        return None
+    need = 0
+    for arm in arms:
+        t = arm.training
+        if t.device == "cpu":  # trains on CPU processes: every GPU evaluates
+            continue
+        if t.nproc is None or t.nnodes > 1 or t.hostfile is not None:
+            return None
+        need = max(need, t.nproc)
+    return list(gpus[:need]) if need < len(gpus) else None
+
+
 def shard_command(config_json: str | Path, checkpoint: str, suite: str, *,
-                  shard: tuple[int, int] | None, units: Sequence[str] = ()) -> list[str]:  # fmt: skip
+                  shard: tuple[int, int] | None, units: Sequence[str] = (),
+                  merge: bool = False) -> list[str]:  # fmt: skip
+    """``merge``: the shard that completes the evaluation also merges it (saves a process and
+    a model load per evaluation; the merge task then finds the result done)."""
     cmd = [sys.executable, "-m", "anchorctx.evaluation.sharding", "--config", str(config_json),
            "--checkpoint", checkpoint, "--suite", suite]  # fmt: skip
     if shard is None:
         return [*cmd, "--finalize"]
-    return [*cmd, "--shard", str(shard[0]), str(shard[1]), "--units", *units]
+    merging = ["--finalize-when-complete"] if merge else []
+    return [*cmd, "--shard", str(shard[0]), str(shard[1]), *merging, "--units", *units]
 
 
 def _run_on_gpu(cmd: list[str], slots: str) -> str:
@@ -82,7 +124,8 @@ def _shard_run_name() -> str:
 def evaluate_shard_task(config_json: str, checkpoint: str, suite: str, index: int, count: int,
                         units: list[str], slots: str) -> str:  # fmt: skip
     """One shard of one (checkpoint, suite) evaluation; returns its records file."""
-    cmd = shard_command(config_json, checkpoint, suite, shard=(index, count), units=units)
+    cmd = shard_command(config_json, checkpoint, suite, shard=(index, count), units=units,
+                        merge=True)  # fmt: skip
     return _run_on_gpu(cmd, slots)
 
 

@@ -81,6 +81,7 @@ def train_task(
     resume: bool = True,
     timeout_s: float | None = None,
     fresh: bool = False,
+    gpus: list[str] | None = None,
 ) -> list[str]:
     """Train one arm in a child process group; returns its checkpoint directories.
 
@@ -88,7 +89,8 @@ def train_task(
     retrains. With ``resume`` an interrupted run continues from ``<run_dir>/resume`` and a
     finished one returns at once; ``fresh`` trains from scratch while the earlier run directory
     waits as ``<run>.previous``: renamed ``<run>.old-<time>`` once the new run finishes, put
-    back if it does not.
+    back if it does not. ``gpus``: the device ids the child may use (``CUDA_VISIBLE_DEVICES``;
+    default: every visible GPU).
     """
     from anchorctx.training.loop import run_lock
 
@@ -108,9 +110,9 @@ def train_task(
             logger.info("forced: training from scratch; previous run kept in %s until this one "
                         "finishes", previous_dir(run_dir))  # fmt: skip
     if not fresh:
-        return _train(cfg, dataset, resume, timeout_s)
+        return _train(cfg, dataset, resume, timeout_s, gpus)
     try:
-        checkpoints = _train(cfg, dataset, resume, timeout_s)
+        checkpoints = _train(cfg, dataset, resume, timeout_s, gpus)
     except BaseException:
         if restore_previous(run_dir) is not None:
             logger.warning("forced run did not finish: previous run restored in %s", run_dir)
@@ -120,7 +122,8 @@ def train_task(
     return checkpoints
 
 
-def _train(cfg: ExperimentConfig, dataset: str, resume: bool, timeout_s: float | None) -> list[str]:
+def _train(cfg: ExperimentConfig, dataset: str, resume: bool, timeout_s: float | None,
+           gpus: list[str] | None) -> list[str]:  # fmt: skip
     logger = get_run_logger()
     run_dir = cfg.run_dir
     config_path = task_config_path(cfg)
@@ -136,7 +139,8 @@ def _train(cfg: ExperimentConfig, dataset: str, resume: bool, timeout_s: float |
     def tick() -> None:
         progress.update(last_step(metrics) / cfg.training.steps)
 
-    run_process_group(cmd, on_line=logger.info, on_tick=tick, timeout_s=timeout_s)
+    env = {"CUDA_VISIBLE_DEVICES": ",".join(gpus)} if gpus is not None else None
+    run_process_group(cmd, on_line=logger.info, on_tick=tick, timeout_s=timeout_s, env=env)
     progress.update(1.0, force=True)
     checkpoints = list_checkpoint_paths(run_dir)
     logger.info("%d checkpoint(s) in %s", len(checkpoints), run_dir / "checkpoints")

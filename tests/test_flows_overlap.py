@@ -1,0 +1,108 @@
+"""full-experiment on a multi-GPU host overlaps evaluating a finished arm with training the
+next: the same checkpoints, records and scores as the sequential run, and arm 1's evaluation
+starts before arm 2's training ends. The GPUs are faked with CUDA_VISIBLE_DEVICES on a machine
+without CUDA (every child process runs on CPU), as in tests/test_eval_sharding.py."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from anchorctx.config import ExperimentConfig, config_from_dict
+from anchorctx.evaluation import results
+from anchorctx.io import read_jsonl
+from anchorctx.tasks.sharding import overlap_training_gpus
+
+
+def _raw(root: Path, demo_corpus, overlap: str) -> dict:
+    fixtures = root.parent / "eval_data"
+    return {
+        "name": "overlap", "run_root": str(root), "seed": 0,
+        "model": {"tiny": {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+                           "num_attention_heads": 4, "num_key_value_heads": 2},
+                  "tokenizer": str(demo_corpus.tokenizer_dir), "dtype": "float32"},
+        "data": {"sources": [{"path": str(demo_corpus.data_dir)}], "seq_len": 512,
+                 "token_budget": 20_000},
+        # device auto + nproc 1: one GPU for training where there are GPUs (CPU here)
+        "training": {"device": "auto", "nproc": 1, "engine": "sdpa", "precision": "fp32",
+                     "steps": 2, "global_batch_size": 2, "micro_batch_size": 1, "zero_stage": 0,
+                     "activation_checkpointing": False, "save": {"every": 2, "last": None}},
+        "evaluation": {
+            "suites": ["ruler"], "demo_fixtures": str(fixtures), "device": "auto",
+            "dtype": "float32", "batch_size": 2, "overlap": overlap,
+            "ruler": {"tasks": ["niah_single_1"], "lengths": [512], "num_samples": 1,
+                      "squad_path": str(fixtures / "squad.json")},
+        },
+        "variants": [{"name": "full", "attention": "full"},
+                     {"name": "anchor", "attention": "anchor"}],
+    }  # fmt: skip
+
+
+def _cfg(root: Path, demo_corpus, overlap: str) -> ExperimentConfig:
+    return config_from_dict(_raw(root, demo_corpus, overlap))
+
+
+def test_overlap_needs_spare_gpus(tmp_path, demo_corpus):
+    cfg = _cfg(tmp_path / "runs", demo_corpus, "auto")
+    arms = cfg.arms()
+    assert overlap_training_gpus(cfg, arms, ["0", "1", "2"]) == ["0"]
+    assert overlap_training_gpus(cfg, arms, ["0"]) is None  # one GPU: sequential
+    for key, value in (("evaluation", {"overlap": "off"}), ("evaluation", {"device": "cpu"}),
+                       ("evaluation", {"work_pool": "pool"}), ("training", {"nproc": None}),
+                       ("training", {"nproc": 3}), ("training", {"nnodes": 2})):  # fmt: skip
+        raw = _raw(tmp_path / "runs", demo_corpus, "auto")
+        raw[key].update(value)
+        other = config_from_dict(raw)
+        assert overlap_training_gpus(other, other.arms(), ["0", "1", "2"]) is None, value
+    raw = _raw(tmp_path / "runs", demo_corpus, "auto")
+    raw["training"]["device"] = "cpu"  # training takes no GPU: all of them evaluate
+    cpu = config_from_dict(raw)
+    assert overlap_training_gpus(cpu, cpu.arms(), ["0", "1"]) == []
+
+
+def _outputs(cfg: ExperimentConfig) -> dict:
+    out = {}
+    for arm in cfg.arms():
+        for ckpt in sorted((arm.run_dir / "checkpoints").iterdir()):
+            got = results.load_result(results.result_path(ckpt, "ruler"))
+            records = read_jsonl(results.samples_path(ckpt, "ruler"))[1:]
+            out[(arm.variant_name, ckpt.name)] = (got["scores"], got["counts"], records)
+    return out
+
+
+@pytest.mark.slow
+def test_overlapped_experiment_equals_sequential(tmp_path, demo_corpus, monkeypatch):
+    """Three fake GPUs: arm 1 trains on one, then evaluates on the other two while arm 2
+    trains, and arm 2 evaluates on all three. Reference: the same checkpoints evaluated again
+    one after the other in this process (the CPU path, no sharding)."""
+    import asyncio
+
+    from prefect import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterName
+    from prefect.testing.utilities import prefect_test_harness
+
+    from anchorctx.flows.experiment import full_experiment
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1,2")
+    cfg = _cfg(tmp_path / "runs", demo_corpus, "auto")
+    names = ["train-overlap-anchor", "evaluate-overlap-full"]
+    with prefect_test_harness(server_startup_timeout=120):
+        full_experiment(cfg, stages=["data", "train", "evaluate"])
+
+        async def flow_runs() -> dict:
+            async with get_client() as client:
+                found = await client.read_flow_runs(
+                    flow_run_filter=FlowRunFilter(name=FlowRunFilterName(any_=names)))  # fmt: skip
+            return {r.name: r for r in found}
+
+        runs = asyncio.run(flow_runs())
+    # Arm 1's evaluation began while arm 2 was training.
+    assert runs["evaluate-overlap-full"].start_time < runs["train-overlap-anchor"].end_time
+    overlapped = _outputs(cfg)
+    assert len(overlapped) == 2
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    for arm in cfg.arms():
+        for ckpt in (arm.run_dir / "checkpoints").iterdir():
+            results.evaluate_checkpoint(arm, ckpt, "ruler", force=True, progress=False)
+    assert _outputs(cfg) == overlapped

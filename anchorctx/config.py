@@ -75,7 +75,7 @@ class ModelConfig(Strict):
     rope_fp32: bool = Field(
         False,
         description="Apply RoPE to q/k in float32 inside a bf16 model, rounding the rotated q/k "
-        "to bf16 once (anchorctx.training.rope.enable_fp32_rope). A no-op in float32.",
+        "to bf16 once (anchorctx.models.rope.enable_fp32_rope). A no-op in float32.",
     )
 
     @model_validator(mode="after")

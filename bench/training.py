@@ -40,6 +40,8 @@ import torch  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from anchorctx.config import config_from_dict  # noqa: E402
+from anchorctx.demo.synthetic import SMOKE, VOCAB, WIDTH_7B, synthetic_row  # noqa: E402
+from anchorctx.models.loading import load_model  # noqa: E402
 from anchorctx.training import metrics as M  # noqa: E402
 from anchorctx.training.data import StepData, shard_rows  # noqa: E402
 from anchorctx.training.engine import (  # noqa: E402
@@ -50,10 +52,8 @@ from anchorctx.training.engine import (  # noqa: E402
     shutdown_distributed,
 )
 from anchorctx.training.loss import count_targets  # noqa: E402
-from anchorctx.training.model import load_model  # noqa: E402
 from anchorctx.training.plan import plan_parallelism  # noqa: E402
 from anchorctx.training.step import train_step  # noqa: E402
-from anchorctx.training.synthetic import SMOKE, VOCAB, WIDTH_7B, synthetic_row  # noqa: E402
 
 DEVICE = "cuda"
 

@@ -54,6 +54,7 @@ def _step_outputs(rank: int, world: int, cfg_yaml: str, data_dir: str, out: str,
     import yaml
 
     from anchorctx.config import config_from_dict
+    from anchorctx.models.loading import load_model
     from anchorctx.packing import load_packed
     from anchorctx.training.data import BatchPlan
     from anchorctx.training.engine import (
@@ -65,7 +66,6 @@ def _step_outputs(rank: int, world: int, cfg_yaml: str, data_dir: str, out: str,
     )  # fmt: skip
     from anchorctx.training.loop import preflight
     from anchorctx.training.loss import IGNORE_INDEX
-    from anchorctx.training.model import load_model
     from anchorctx.training.plan import plan_parallelism
     from anchorctx.training.step import forward_logits, train_step
 

@@ -7,7 +7,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from anchorctx.evaluation.results import SUITES
+from anchorctx.demo import ensure_demo_corpus, ensure_eval_fixtures
+from anchorctx.evaluation.results import SUITES, EvaluationError
+from anchorctx.models.checkpoints import list_checkpoints
 
 
 def _positive(text: str) -> int:
@@ -17,21 +19,13 @@ def _positive(text: str) -> int:
     return value
 
 
-def _run_checkpoints(run_dir: Path) -> list[Path]:
-    from anchorctx.training.checkpoints import list_checkpoints
-
-    return list_checkpoints(run_dir)
-
-
 def _checkpoints(args: argparse.Namespace) -> list[Path]:
     """Explicit --checkpoint dirs, else the complete checkpoints of the run (newest last_k)."""
     if args.checkpoint:
         return [Path(c) for c in args.checkpoint]
     run_dir = Path(args.run_dir) if args.run_dir else args.cfg.run_dir
-    found = _run_checkpoints(run_dir)
+    found = list_checkpoints(run_dir)
     if not found:
-        from anchorctx.evaluation.results import EvaluationError
-
         raise EvaluationError(f"no complete checkpoints under {run_dir / 'checkpoints'}: train "
                               "first, or pass --checkpoint DIR")  # fmt: skip
     return found[-args.last_k :] if args.last_k else found
@@ -52,7 +46,8 @@ def evaluate_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def evaluate(args: argparse.Namespace) -> int:
-    from anchorctx.evaluation.results import EvaluationError, evaluate_checkpoint, load_result
+    # Imported here (as in the other commands): torch and transformers stay out of --help.
+    from anchorctx.evaluation.results import evaluate_checkpoint, load_result
     from anchorctx.evaluation.tracking import log_evaluation
     from anchorctx.tracking import TrackingError, check_backends
 
@@ -60,6 +55,7 @@ def evaluate(args: argparse.Namespace) -> int:
     suites = args.suite or list(cfg.evaluation.suites)
     try:
         check_backends(cfg)
+        ensure_eval_fixtures(cfg)  # demo configs: the evaluation inputs
         checkpoints = _checkpoints(args)
         for ckpt in checkpoints:
             for suite in suites:
@@ -125,6 +121,7 @@ def report(args: argparse.Namespace) -> int:
             log_evaluation(arm)
         else:
             print(f"note: {arm.run_dir} has no evaluation results yet", file=sys.stderr)
+    ensure_demo_corpus(cfg, progress=False)  # demo configs: an arm's dataset may need packing
     _arm_comparison(cfg)
     out = write_experiment_report(cfg.experiment_dir, [arm.variant_name for arm in arms])
     log_report(cfg, out)
@@ -166,7 +163,7 @@ def average_weights(args: argparse.Namespace) -> int:
     cfg = args.cfg
     run_dir = Path(args.run_dir) if args.run_dir else cfg.run_dir
     k = args.last_k or cfg.evaluation.last_k
-    found = _run_checkpoints(run_dir)
+    found = list_checkpoints(run_dir)
     if not found:
         print(f"anchorctx average-weights: no complete checkpoints under {run_dir / 'checkpoints'}",
               file=sys.stderr)  # fmt: skip

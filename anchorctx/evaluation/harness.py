@@ -297,7 +297,7 @@ def make_lm(model: Any, tokenizer: Any, batch_size: int) -> Any:
     project's anchor rule for every scored context (see the module docstring)."""
     from lm_eval.models.huggingface import HFLM
 
-    from anchorctx.training.model import anchor_token_id
+    from anchorctx.models.loading import anchor_token_id
 
     class AnchoredHFLM(_AnchoredEncoding, HFLM):
         anchor_id = anchor_token_id(tokenizer)
@@ -312,7 +312,7 @@ def harness_reference(tokenizer: Any) -> dict[str, Any]:
     """What results record about lm-eval: its version and how contexts were anchored."""
     import importlib.metadata
 
-    from anchorctx.training.model import anchor_token_id
+    from anchorctx.models.loading import anchor_token_id
 
     return {"lm_eval": importlib.metadata.version("lm-eval"), "pinned": LM_EVAL_VERSION,
             "add_bos_token": ADD_BOS_TOKEN, "anchor_token_id": anchor_token_id(tokenizer)}  # fmt: skip

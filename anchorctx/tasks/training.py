@@ -42,7 +42,7 @@ def last_step(metrics_path: Path) -> int:
 
 
 def list_checkpoint_paths(run_dir: Path) -> list[str]:
-    from anchorctx.training.checkpoints import list_checkpoints
+    from anchorctx.models.checkpoints import list_checkpoints
 
     return [str(p) for p in list_checkpoints(run_dir)] if run_dir.is_dir() else []
 

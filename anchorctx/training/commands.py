@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import argparse
 
+from anchorctx.demo import ensure_demo_corpus
+from anchorctx.tracking import check_backends
+from anchorctx.training.nodes import resolve_nodes
+
 
 def train_arguments(parser: argparse.ArgumentParser) -> None:
     mode = parser.add_mutually_exclusive_group()
@@ -36,11 +40,23 @@ def train_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def train(args: argparse.Namespace) -> int:
-    from anchorctx.tracking import check_backends
+    # Imported here: the launcher's imports reach torch, which `anchorctx --help` skips.
     from anchorctx.training.launch import launch
 
     # Errors (config, data, tracker, busy or corrupt run directory) become one line in
     # anchorctx.cli, with exit status 2 or 1 (see there).
     check_backends(args.cfg)  # before any work: a missing tracker package is one line
+    if _first_node(args):  # demo configs: the corpus, on the node that prepares the data
+        ensure_demo_corpus(args.cfg)
     return launch(args.cfg, resume=args.resume, force=args.force, node_rank=args.node_rank,
                   master_addr=args.master_addr)  # fmt: skip
+
+
+def _first_node(args: argparse.Namespace) -> bool:
+    """Whether this node prepares the data (node 0, or the only one; see training.launch)."""
+    t = args.cfg.training
+    if t.nnodes == 1 or t.hostfile is not None:
+        return True
+    nodes = resolve_nodes(t.nnodes, node_rank=args.node_rank, master_addr=args.master_addr,
+                          master_port=t.master_port)  # fmt: skip
+    return nodes.node_rank == 0

@@ -26,6 +26,7 @@ from anchorctx.io import (
     read_jsonl,
     sha256_file,
 )
+from anchorctx.models.checkpoints import list_checkpoints
 from anchorctx.tracking import Tracker, train_metrics
 from anchorctx.training import checkpoints as ckpt
 from anchorctx.training.plan import (
@@ -57,8 +58,8 @@ def preflight(
 ) -> Preflight:
     """Every check that needs no GPU. The packed dataset is ``data_dir`` when given (a
     launcher already prepared it), else built by ``prepare_data`` if missing."""
+    from anchorctx.models.loading import build_hf_config, load_tokenizer
     from anchorctx.packing import load_packed, prepare_data
-    from anchorctx.training.model import build_hf_config, load_tokenizer
 
     check_model_source(cfg)
     tokenizer = load_tokenizer(cfg.model)
@@ -172,8 +173,8 @@ def _run(cfg, par, pre: Preflight, dataset, rank, local_rank, state) -> dict[str
 
 def _build(cfg, par: Parallelism, pre: Preflight, device: str):
     """Model with the registered attention (and Ulysses around it), inside DeepSpeed."""
+    from anchorctx.models.loading import load_model
     from anchorctx.training.engine import build_engine, register_sequence_parallel
-    from anchorctx.training.model import load_model
 
     dtype = "bfloat16" if cfg.training.precision == "bf16" else "float32"
     model = load_model(cfg.model, seq_len=cfg.data.seq_len, dtype=dtype, device=device,
@@ -279,7 +280,7 @@ def _summary(cfg, step: int, tokens_seen: int, loss, start: int) -> dict[str, An
         "resumed_from": start or None,
         "tokens_seen": tokens_seen,
         "final_loss": loss,
-        "checkpoints": [str(p) for p in ckpt.list_checkpoints(cfg.run_dir)],
+        "checkpoints": [str(p) for p in list_checkpoints(cfg.run_dir)],
     }
 
 
@@ -304,7 +305,7 @@ def restart_state(cfg: ExperimentConfig, par: Parallelism, resume: bool) -> dict
     """
     run_dir = cfg.run_dir
     if not resume:
-        found = ckpt.list_checkpoints(run_dir)
+        found = list_checkpoints(run_dir)
         held = (["resume state"] if ckpt.has_resume_state(run_dir) else []) + (
             [f"{len(found)} checkpoint(s)"] if found else []
         )
@@ -317,7 +318,7 @@ def restart_state(cfg: ExperimentConfig, par: Parallelism, resume: bool) -> dict
     state = ckpt.read_trainer_state(run_dir, par.world)
     if state is not None:
         _check_resumable(cfg, par, state)
-    elif ckpt.list_checkpoints(run_dir):
+    elif list_checkpoints(run_dir):
         raise TrainingError(
             f"{run_dir} holds checkpoints of an earlier run but no resume state to continue "
             "from; start over with --force (moves it aside), or choose another name or variant"

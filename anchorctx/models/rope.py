@@ -32,7 +32,7 @@ Integration: call it after the attention implementation is final, e.g. at the en
 ``load_model``::
 
     if model_cfg.rope_fp32:
-        from anchorctx.training.rope import enable_fp32_rope
+        from anchorctx.models.rope import enable_fp32_rope
         model = enable_fp32_rope(model)
 
 Anything that later wraps the model's attention by name (DeepSpeed ALST

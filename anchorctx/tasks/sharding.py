@@ -17,7 +17,7 @@ from pathlib import Path
 from prefect import get_run_logger, task
 from prefect.runtime import task_run
 
-from anchorctx.tasks.process import run_process_group
+from anchorctx.process import run_process_group
 
 _POOLS: dict[str, queue.Queue[str]] = {}
 _LOCK = threading.Lock()

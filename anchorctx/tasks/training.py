@@ -3,7 +3,7 @@
 The task writes the arm's resolved config beside the run directory and runs
 ``python -m anchorctx train CONFIG [--resume]`` (which itself launches torchrun when the config
 asks for several processes; the child holds the run directory's writer lock). See
-:mod:`anchorctx.tasks.process` for how the process tree is killed on cancellation, crash or
+:mod:`anchorctx.process` for how the process tree is killed on cancellation, crash or
 deadline.
 """
 
@@ -17,9 +17,9 @@ from prefect import get_run_logger, task
 
 from anchorctx.config import ExperimentConfig, dump_config
 from anchorctx.io import read_jsonl
+from anchorctx.process import run_process_group
 from anchorctx.tasks.artifacts import Progress, artifact_key
 from anchorctx.tasks.caching import train_cache_key
-from anchorctx.tasks.process import run_process_group
 
 
 def train_command(config_path: Path, *, resume: bool) -> list[str]:

@@ -18,9 +18,10 @@ over the whole sequence-data-parallel group, pinned with ``reduce_scatter: true`
 from __future__ import annotations
 
 import os
-import socket
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from anchorctx.process import free_port
 
 if TYPE_CHECKING:
     import torch
@@ -74,12 +75,6 @@ def import_deepspeed():
             f"{err}); install it with `pip install 'deepspeed>=0.18,<0.20'`"
         ) from err
     return deepspeed
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 _SINGLE_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR",

@@ -27,13 +27,11 @@ multi-node job only node 0 (or the host that runs DeepSpeed's launcher) holds it
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
 import sys
 from pathlib import Path
 
 from anchorctx.config import ExperimentConfig, dump_config
+from anchorctx.process import free_port, run_process_group
 from anchorctx.training.nodes import NodeSpec, rendezvous_args, resolve_nodes
 from anchorctx.training.plan import (
     Parallelism,
@@ -100,7 +98,9 @@ def _launch_group(
         )
     dump_config(cfg, cfg_path)
     cmd = launcher_command(cfg, nproc, cfg_path, resume, data_dir, nodes)
-    code = run_process_group(cmd, pass_fds=(lock_fd,))
+    print("launching: " + " ".join(cmd), flush=True)
+    # Output inherited: the ranks' lines (and a progress bar on a terminal) pass through as is.
+    code = run_process_group(cmd, on_line=None, pass_fds=(lock_fd,), check=False)
     if code != 0 and nodes is not None:
         print(f"anchorctx train: node {nodes.node_rank} of {nodes.nnodes}: the distributed job "
               f"failed (exit {code}); if a node died, start every node again with --resume",
@@ -113,8 +113,6 @@ def launcher_command(
     nodes: NodeSpec | None = None,
 ) -> list[str]:  # fmt: skip
     t = cfg.training
-    from anchorctx.training.engine import free_port
-
     worker = ["-m", "anchorctx.training.worker", str(cfg_path),
               *(["--data-dir", str(data_dir)] if data_dir is not None else []),
               *(["--resume"] if resume else [])]  # fmt: skip
@@ -131,32 +129,3 @@ def launcher_command(
     return [sys.executable, "-m", "torch.distributed.run", "--nnodes=1",
             f"--nproc-per-node={nproc}", "--master-addr=127.0.0.1", f"--master-port={port}",
             *worker]  # fmt: skip
-
-
-def run_process_group(
-    cmd: list[str], env: dict[str, str] | None = None, pass_fds: tuple[int | None, ...] = ()
-) -> int:
-    """Run ``cmd`` in a new session; kill its whole process group if we are interrupted.
-    ``pass_fds``: descriptors the child inherits (the run lock, so it outlives this process)."""
-    print("launching: " + " ".join(cmd), flush=True)
-    proc = subprocess.Popen(cmd, start_new_session=True, env={**os.environ, **(env or {})},
-                            pass_fds=tuple(fd for fd in pass_fds if fd is not None))  # fmt: skip
-    try:
-        return proc.wait()
-    except BaseException:
-        _terminate_group(proc)
-        raise
-
-
-def _terminate_group(proc: subprocess.Popen, grace_s: float = 15.0) -> None:
-    """SIGTERM the group (torchrun forwards it to the workers), then SIGKILL what is left."""
-    try:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(timeout=grace_s)
-    except (ProcessLookupError, subprocess.TimeoutExpired):
-        pass
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        return
-    proc.wait()

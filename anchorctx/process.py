@@ -98,7 +98,7 @@ def free_port(host: str = "127.0.0.1") -> int:
 def run_process_group(
     cmd: Sequence[str],
     *,
-    on_line: Callable[[str], None] | None,
+    on_line: Callable[[str], None] | None = None,
     on_tick: Callable[[], None] | None = None,
     tick_s: float = 5.0,
     timeout_s: float | None = None,

@@ -16,7 +16,7 @@ from safetensors.torch import load_file
 
 from anchorctx.cli import main
 from anchorctx.io import read_jsonl
-from anchorctx.training.launch import run_process_group
+from anchorctx.process import run_process_group
 
 
 @pytest.mark.distributed

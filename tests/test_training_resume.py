@@ -16,7 +16,7 @@ from safetensors.torch import load_file
 from anchorctx.config import config_from_dict
 from anchorctx.io import read_jsonl
 from anchorctx.models.checkpoints import list_checkpoints
-from anchorctx.training import train
+from anchorctx.training.loop import train
 from anchorctx.training.plan import TrainingError
 
 

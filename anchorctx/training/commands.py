@@ -6,7 +6,6 @@ import argparse
 
 from anchorctx.demo import ensure_demo_corpus
 from anchorctx.tracking import check_backends
-from anchorctx.training.nodes import resolve_nodes
 
 
 def train_arguments(parser: argparse.ArgumentParser) -> None:
@@ -46,17 +45,8 @@ def train(args: argparse.Namespace) -> int:
     # Errors (config, data, tracker, busy or corrupt run directory) become one line in
     # anchorctx.cli, with exit status 2 or 1 (see there).
     check_backends(args.cfg)  # before any work: a missing tracker package is one line
-    if _first_node(args):  # demo configs: the corpus, on the node that prepares the data
-        ensure_demo_corpus(args.cfg)
+    # Demo configs: the launcher writes the corpus where it prepares the data (node 0, under
+    # the run lock), before its checks read the tokenizer.
     return launch(args.cfg, resume=args.resume, force=args.force, node_rank=args.node_rank,
-                  master_addr=args.master_addr)  # fmt: skip
+                  master_addr=args.master_addr, prepare_inputs=ensure_demo_corpus)  # fmt: skip
 
-
-def _first_node(args: argparse.Namespace) -> bool:
-    """Whether this node prepares the data (node 0, or the only one; see training.launch)."""
-    t = args.cfg.training
-    if t.nnodes == 1 or t.hostfile is not None:
-        return True
-    nodes = resolve_nodes(t.nnodes, node_rank=args.node_rank, master_addr=args.master_addr,
-                          master_port=t.master_port)  # fmt: skip
-    return nodes.node_rank == 0

@@ -49,4 +49,3 @@ def train(args: argparse.Namespace) -> int:
     # the run lock), before its checks read the tokenizer.
     return launch(args.cfg, resume=args.resume, force=args.force, node_rank=args.node_rank,
                   master_addr=args.master_addr, prepare_inputs=ensure_demo_corpus)  # fmt: skip
-

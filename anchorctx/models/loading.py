@@ -155,13 +155,16 @@ def load_model(
     ``attn_implementation=None`` keeps the model's stock attention (used as the reference in
     tests); ``"anchorctx"`` registers and selects the project's implementation.
     """
+    # Imported here: torch and transformers cost seconds, and the tokenizer rule, device and
+    # directory checks in this module serve light callers (the CLI, packing, pre-flight checks).
     import torch
     from transformers import AutoModelForCausalLM
 
+    from anchorctx.attention.hf import register
+    from anchorctx.models.rope import enable_fp32_rope
+
     torch_dtype = getattr(torch, DTYPES[dtype or model_cfg.dtype])
     if attn_implementation == "anchorctx":
-        from anchorctx.attention.hf import register
-
         attn_implementation = register()
     vocab = len(tokenizer) if tokenizer is not None else None
     hf = build_hf_config(model_cfg, seq_len=seq_len, vocab_size=vocab)
@@ -183,8 +186,6 @@ def load_model(
         model = AutoModelForCausalLM.from_config(hf, dtype=torch_dtype, **extra)
     if model_cfg.rope_fp32:
         # The ablation of the paper's Section 2: rotate q/k in float32 inside bf16 training.
-        # Anything that wraps attention by name must then use model.config._attn_implementation.
-        from anchorctx.models.rope import enable_fp32_rope
-
+        # Anything that wraps attention by name must then use attention_name(model).
         model = enable_fp32_rope(model)
     return model.to(device)

@@ -18,6 +18,8 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from anchorctx.io import atomic_write_text
+
 Variant = Literal["full", "intra_doc", "intra_doc_reset", "anchor"]
 Engine = Literal["auto", "sdpa", "flex", "varlen", "flash_attn"]
 VARIANTS: tuple[str, ...] = ("full", "intra_doc", "intra_doc_reset", "anchor")
@@ -627,6 +629,4 @@ def _list_index(node: list, part: str, where: str, what: str) -> int:
 
 def dump_config(cfg: ExperimentConfig, path: Path) -> None:
     """Write the resolved config atomically (``config.yaml`` beside every run's outputs)."""
-    from anchorctx.io import atomic_write_text
-
     atomic_write_text(path, cfg.to_yaml())

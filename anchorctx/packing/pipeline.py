@@ -35,7 +35,7 @@ from anchorctx.packing.sources import (
     read_file,
     resolve_files,
 )
-from anchorctx.packing.tokens import DocIndex, TokenStore, encode_batches, scan
+from anchorctx.packing.tokens import DocIndex, TokenStore, encode_batches, encode_texts, scan
 
 if TYPE_CHECKING:
     import datasets
@@ -105,8 +105,6 @@ def _records(
 
 
 def _special_tokens(data: DataConfig, tok: Any, domains: list[str]) -> tuple[dict, np.ndarray]:
-    from anchorctx.packing.tokens import encode_texts
-
     if data.separator == "eos":
         if tok.eos_token_id is None:
             raise DataError("data.separator=eos but the tokenizer has no EOS token; set a text")

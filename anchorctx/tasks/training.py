@@ -17,6 +17,7 @@ from prefect import get_run_logger, task
 
 from anchorctx.config import ExperimentConfig, dump_config
 from anchorctx.io import read_jsonl
+from anchorctx.models.checkpoints import list_checkpoints
 from anchorctx.process import run_process_group
 from anchorctx.tasks.artifacts import Progress, artifact_key
 from anchorctx.tasks.caching import train_cache_key
@@ -42,8 +43,6 @@ def last_step(metrics_path: Path) -> int:
 
 
 def list_checkpoint_paths(run_dir: Path) -> list[str]:
-    from anchorctx.models.checkpoints import list_checkpoints
-
     return [str(p) for p in list_checkpoints(run_dir)] if run_dir.is_dir() else []
 
 
@@ -90,6 +89,7 @@ def train_task(
     waits as ``<run>.previous``: renamed ``<run>.old-<time>`` once the new run finishes, put
     back if it does not.
     """
+    # Imported here: the training loop imports torch, which the flow process otherwise skips.
     from anchorctx.training.loop import run_lock
 
     logger = get_run_logger()

@@ -131,11 +131,10 @@ def run(args) -> list[dict]:
     lengths = [args.per_gpu_tokens[0] * world] if world > 1 else args.lengths
     configs = {n: make_config(args, n, max(lengths), world) for n in args.layers}
     par = plan_parallelism(configs[args.layers[0]], world=world)
-    # Every depth's model is loaded before the Ulysses wrapper is registered: loading
-    # registers the plain attention again, which would drop the wrapper.
     models = {n: load(cfg) for n, cfg in configs.items()}
     device = f"cuda:{local_rank}" if DEVICE == "cuda" else "cpu"
-    mpu = register_sequence_parallel(models[args.layers[0]], par, lengths[0])
+    for model in models.values():  # one Ulysses wrapper (and mpu), selected on every model
+        mpu = register_sequence_parallel(model, par, lengths[0])
     results = []
     try:
         for n in args.layers:

@@ -50,6 +50,7 @@ from anchorctx.io import (
 )
 from anchorctx.manifest import code_version, git_revision, package_versions
 from anchorctx.models.checkpoints import checkpoint_step, model_dir_problem
+from anchorctx.models.loading import resolve_device
 
 if TYPE_CHECKING:
     from anchorctx.config import ExperimentConfig
@@ -337,10 +338,10 @@ def _cached_model(checkpoint: Path, cfg: ExperimentConfig, ckpt_hash: str) -> tu
     key = (str(checkpoint.resolve()), ckpt_hash, cfg.evaluation.device, cfg.evaluation.dtype)
     if getattr(_LOCAL, "key", None) != key:
         clear_model_cache()
+        # Outside the try: a device this machine lacks is a config mistake, not a bad checkpoint.
+        device = resolve_device(cfg.evaluation.device, "evaluation.device")
         try:
-            loaded = load_eval_model(
-                checkpoint, device=cfg.evaluation.device, dtype=cfg.evaluation.dtype
-            )
+            loaded = load_eval_model(checkpoint, device=device, dtype=cfg.evaluation.dtype)
         except Exception as err:  # safetensors, transformers, OS errors: name the checkpoint
             detail = " ".join(str(err).split())
             raise CheckpointLoadError(

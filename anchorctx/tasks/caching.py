@@ -5,16 +5,17 @@ hashing a pydantic config or a checkpoint path as an *input* says nothing about 
 behind it. Each cached task therefore gets a ``cache_key_fn`` that hashes what actually
 determines its output:
 
-- packed dataset: data config + tokenizer content + input file listing + seed + code version;
+- packed dataset: the packing fingerprint (data config, seed, tokenizer fingerprint, input file
+  listing: :func:`anchorctx.packing.pipeline.data_fingerprint`) + code version;
 - training: the arm's full resolved config + the packed dataset's manifest + code version;
 - evaluation: the checkpoint's content hash + the suite's evaluation fingerprint (settings and
   input data) + evaluation code version (``anchorctx.evaluation.identity``).
 
 "Code version" is :func:`anchorctx.manifest.code_version`: the package version plus a hash of
 the source that computes results, so editing the library invalidates results it produced, while
-re-running unchanged code on unchanged inputs is a cache hit. The dataset's identity is the
-packing fingerprint itself (:func:`anchorctx.packing.pipeline.dataset_fingerprint`). A cache record only says "this was computed"; the flows check that the output
-still exists on disk and refresh the task when it does not (see ``anchorctx.flows``).
+re-running unchanged code on unchanged inputs is a cache hit. A cache record only says "this
+was computed"; the flows check that the output still exists on disk and refresh the task when it
+does not (see ``anchorctx.flows``).
 """
 
 from __future__ import annotations

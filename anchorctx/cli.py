@@ -1,10 +1,10 @@
 """The ``anchorctx`` command.
 
 Each subcommand lives beside the library code it drives (``<package>/commands.py``) and provides
-two functions: ``<name>_arguments(parser)`` adds its options, ``<name>(args) -> int`` runs it.
-Commands that take an experiment config get ``CONFIG`` and ``--set a.b=value`` here, and find the
-validated config in ``args.cfg``. Heavy imports (torch, transformers) happen inside the command,
-so ``anchorctx --help`` stays fast.
+two functions, listed in :data:`COMMANDS`: ``<name>_arguments(parser)`` adds its options,
+``<name>(args) -> int`` runs it. Commands that take an experiment config get ``CONFIG`` and
+``--set a.b=value`` here, and find the validated config in ``args.cfg``. Heavy imports (torch,
+transformers, Prefect, DeepSpeed) happen inside the command, so ``anchorctx --help`` stays fast.
 
 Errors: every failure is one line on stderr, ``anchorctx <command>: <what went wrong>``, with
 exit status 2 for a usage or config mistake (fix the command line or the config) and 1 for a
@@ -15,46 +15,25 @@ traceback is printed only with ``anchorctx --debug <command> ...``.
 from __future__ import annotations
 
 import argparse
-import importlib
 import os
 import sys
 import traceback
+from collections.abc import Callable
 from typing import NamedTuple
 
+from anchorctx.analysis import commands as analysis_commands
 from anchorctx.config import ConfigError, load_config
+from anchorctx.evaluation import commands as evaluation_commands
+from anchorctx.flows import commands as flows_commands
+from anchorctx.packing import commands as packing_commands
+from anchorctx.training import commands as training_commands
 
 
 class Command(NamedTuple):
-    module: str
-    function: str
+    run: Callable[[argparse.Namespace], int]
+    arguments: Callable[[argparse.ArgumentParser], None]
     help: str
     takes_config: bool
-
-
-COMMANDS: dict[str, Command] = {
-    "config": Command("anchorctx.cli", "show_config", "Validate a config and print it resolved.", True),
-    "demo-corpus": Command("anchorctx.packing.commands", "demo_corpus",
-                           "Write the seeded synthetic corpus and its tokenizer.", False),
-    "prepare-data": Command("anchorctx.packing.commands", "prepare_data",
-                            "Sample, tokenise and pack the corpus into a packed dataset.", True),
-    "train": Command("anchorctx.training.commands", "train",
-                     "Train one variant (in-process, or launching torchrun for several ranks).", True),
-    "evaluate": Command("anchorctx.evaluation.commands", "evaluate",
-                        "Evaluate checkpoints: RULER, LongBench, MMLU, HellaSwag.", True),
-    "average-weights": Command("anchorctx.evaluation.commands", "average_weights",
-                               "Write a weight-averaged checkpoint of the last k checkpoints.", True),
-    "report": Command("anchorctx.evaluation.commands", "report",
-                      "Average the last k checkpoints and write the experiment report.", True),
-    "rope-precision": Command("anchorctx.analysis.commands", "rope_precision",
-                              "The BF16 RoPE precision study (paper Section 2).", True),
-    "serve": Command("anchorctx.flows.commands", "serve",
-                     "Serve all Prefect deployments against the configured Prefect API.", False),
-    "run": Command("anchorctx.flows.commands", "run",
-                   "Run a deployment (full-experiment/demo by default), optionally one arm, stage "
-                   "or suite, and follow its progress in the terminal.", False),
-    "eval-worker": Command("anchorctx.flows.commands", "eval_worker",
-                           "Run one evaluation worker (one GPU slot) of a Prefect work pool.", False),
-}  # fmt: skip
 
 
 def show_config_arguments(parser: argparse.ArgumentParser) -> None:
@@ -67,6 +46,35 @@ def show_config(args: argparse.Namespace) -> int:
         print(f"# run directory: {cfg.run_dir}")
         print(cfg.to_yaml())
     return 0
+
+
+COMMANDS: dict[str, Command] = {
+    "config": Command(show_config, show_config_arguments,
+                      "Validate a config and print it resolved.", True),
+    "demo-corpus": Command(packing_commands.demo_corpus, packing_commands.demo_corpus_arguments,
+                           "Write the seeded synthetic corpus and its tokenizer.", False),
+    "prepare-data": Command(packing_commands.prepare_data, packing_commands.prepare_data_arguments,
+                            "Sample, tokenise and pack the corpus into a packed dataset.", True),
+    "train": Command(training_commands.train, training_commands.train_arguments,
+                     "Train one variant (in-process, or launching torchrun for several ranks).", True),
+    "evaluate": Command(evaluation_commands.evaluate, evaluation_commands.evaluate_arguments,
+                        "Evaluate checkpoints: RULER, LongBench, MMLU, HellaSwag.", True),
+    "average-weights": Command(evaluation_commands.average_weights,
+                               evaluation_commands.average_weights_arguments,
+                               "Write a weight-averaged checkpoint of the last k checkpoints.", True),
+    "report": Command(evaluation_commands.report, evaluation_commands.report_arguments,
+                      "Average the last k checkpoints and write the experiment report.", True),
+    "rope-precision": Command(analysis_commands.rope_precision,
+                              analysis_commands.rope_precision_arguments,
+                              "The BF16 RoPE precision study (paper Section 2).", True),
+    "serve": Command(flows_commands.serve, flows_commands.serve_arguments,
+                     "Serve all Prefect deployments against the configured Prefect API.", False),
+    "run": Command(flows_commands.run, flows_commands.run_arguments,
+                   "Run a deployment (full-experiment/demo by default), optionally one arm, stage "
+                   "or suite, and follow its progress in the terminal.", False),
+    "eval-worker": Command(flows_commands.eval_worker, flows_commands.eval_worker_arguments,
+                           "Run one evaluation worker (one GPU slot) of a Prefect work pool.", False),
+}  # fmt: skip
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -87,8 +95,7 @@ def build_parser() -> argparse.ArgumentParser:
                 "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                 help="Override a config value, e.g. --set training.steps=20 (repeatable).",
             )  # fmt: skip
-        module = importlib.import_module(cmd.module)
-        getattr(module, f"{cmd.function}_arguments")(p)
+        cmd.arguments(p)
     return parser
 
 
@@ -134,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if cmd.takes_config:
             args.cfg = load_config(args.config, args.overrides)
-        return int(getattr(importlib.import_module(cmd.module), cmd.function)(args) or 0)
+        return int(cmd.run(args) or 0)
     except KeyboardInterrupt:
         print(f"anchorctx {args.command}: interrupted", file=sys.stderr)
         return 130

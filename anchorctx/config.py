@@ -18,6 +18,8 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from anchorctx.io import atomic_write_text
+
 Variant = Literal["full", "intra_doc", "intra_doc_reset", "anchor"]
 Engine = Literal["auto", "sdpa", "flex", "varlen", "flash_attn", "flex_merge"]
 VARIANTS: tuple[str, ...] = ("full", "intra_doc", "intra_doc_reset", "anchor")
@@ -75,7 +77,7 @@ class ModelConfig(Strict):
     rope_fp32: bool = Field(
         False,
         description="Apply RoPE to q/k in float32 inside a bf16 model, rounding the rotated q/k "
-        "to bf16 once (anchorctx.training.rope.enable_fp32_rope). A no-op in float32.",
+        "to bf16 once (anchorctx.models.rope.enable_fp32_rope). A no-op in float32.",
     )
 
     @model_validator(mode="after")
@@ -679,6 +681,4 @@ def _list_index(node: list, part: str, where: str, what: str) -> int:
 
 def dump_config(cfg: ExperimentConfig, path: Path) -> None:
     """Write the resolved config atomically (``config.yaml`` beside every run's outputs)."""
-    from anchorctx.io import atomic_write_text
-
     atomic_write_text(path, cfg.to_yaml())

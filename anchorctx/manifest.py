@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import importlib.metadata
 import os
 import platform
@@ -16,6 +18,38 @@ PACKAGES = (
     "anchorctx", "torch", "transformers", "datasets", "tokenizers", "deepspeed", "flash-attn",
     "prefect", "lm-eval", "pydantic", "numpy",
 )  # fmt: skip
+
+
+# Source files whose edits can change what anchorctx produces (data, tokenizers, configs).
+SOURCE_PATTERNS = ("*.py", "*.yaml", "*.json", "*.txt")
+# Orchestration only: Prefect tasks and flows decide what runs, not what it computes.
+ORCHESTRATION = ("tasks", "flows")
+
+
+@functools.lru_cache(maxsize=16)
+def code_version(include: tuple[str, ...] = ("",), exclude: tuple[str, ...] = ORCHESTRATION) -> str:
+    """``<anchorctx version>+<hash>`` of the package's source files under ``include`` (paths
+    relative to the package: folders or files; ``""`` is the whole package) that are not under
+    ``exclude``. Editing the library changes it, so cached results of older code are not served.
+    The default covers everything that computes results; the evaluation narrows it to the code
+    that can change a score (``anchorctx.evaluation.results``)."""
+    import anchorctx
+
+    root = Path(anchorctx.__file__).resolve().parent
+    files: set[Path] = set()
+    for rel in include:
+        base = root / rel
+        found = (
+            [base] if base.is_file() else [p for pat in SOURCE_PATTERNS for p in base.rglob(pat)]
+        )
+        files.update(p for p in found if "__pycache__" not in p.parts)
+    skip = tuple(root / rel for rel in exclude)
+    h = hashlib.sha256()
+    for path in sorted(files):
+        if path == root or any(path == s or s in path.parents for s in skip):
+            continue
+        h.update(path.relative_to(root).as_posix().encode() + b"\0" + path.read_bytes())
+    return f"{anchorctx.__version__}+{h.hexdigest()[:12]}"
 
 
 def package_versions(names: tuple[str, ...] = PACKAGES) -> dict[str, str | None]:

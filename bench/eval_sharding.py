@@ -121,8 +121,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path)
     args = p.parse_args(argv)
 
-    from anchorctx.evaluation.fixtures import ensure_eval_fixtures
-    from anchorctx.packing.demo import write_demo_corpus
+    from anchorctx.demo.corpus import write_demo_corpus
+    from anchorctx.demo.fixtures import ensure_eval_fixtures
 
     work = args.work.resolve()
     corpus = write_demo_corpus(work / "corpus", seed=0, docs_per_domain=12, progress=False)

@@ -32,10 +32,10 @@ def _cfg(corpus: Path, tokenizer: Path, workers: int, run_root: Path):
 
 
 def _tokenize_only(cfg) -> int:
+    from anchorctx.models.loading import load_tokenizer
     from anchorctx.packing.pipeline import _records, _resolve_inputs
     from anchorctx.packing.sources import BadInput
     from anchorctx.packing.tokens import encode_batches
-    from anchorctx.training.model import load_tokenizer
 
     tok = load_tokenizer(cfg.model)
     bad = BadInput(skip=False)
@@ -91,7 +91,7 @@ def main() -> None:
     if args.child:
         child(args.child, args.corpus, args.tokenizer, args.workers)
         return
-    from anchorctx.packing.demo import write_demo_corpus
+    from anchorctx.demo.corpus import write_demo_corpus
 
     rows = []
     with tempfile.TemporaryDirectory() as tmp:

@@ -32,6 +32,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from anchorctx.attention import build_layout  # noqa: E402
 from anchorctx.attention.hf import model_inputs  # noqa: E402
 from anchorctx.config import config_from_dict  # noqa: E402
+from anchorctx.demo.synthetic import SMOKE, VOCAB, WIDTH_7B, synthetic_row  # noqa: E402
+from anchorctx.models.loading import load_model  # noqa: E402
 from anchorctx.training.data import shard_rows  # noqa: E402
 from anchorctx.training.engine import (  # noqa: E402
     build_engine,
@@ -39,10 +41,8 @@ from anchorctx.training.engine import (  # noqa: E402
     register_sequence_parallel,
     shutdown_distributed,
 )
-from anchorctx.training.model import load_model  # noqa: E402
 from anchorctx.training.plan import plan_parallelism  # noqa: E402
 from anchorctx.training.step import forward_logits  # noqa: E402
-from anchorctx.training.synthetic import SMOKE, VOCAB, WIDTH_7B, synthetic_row  # noqa: E402
 
 
 def make_config(args, world: int):

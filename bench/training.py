@@ -50,6 +50,8 @@ import torch  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from anchorctx.config import config_from_dict  # noqa: E402
+from anchorctx.demo.synthetic import SMOKE, VOCAB, WIDTH_7B, synthetic_row  # noqa: E402
+from anchorctx.models.loading import load_model  # noqa: E402
 from anchorctx.training import memory as MM  # noqa: E402
 from anchorctx.training import metrics as M  # noqa: E402
 from anchorctx.training.data import StepData, shard_rows  # noqa: E402
@@ -61,10 +63,8 @@ from anchorctx.training.engine import (  # noqa: E402
     shutdown_distributed,
 )
 from anchorctx.training.loss import count_targets  # noqa: E402
-from anchorctx.training.model import load_model  # noqa: E402
 from anchorctx.training.plan import plan_parallelism  # noqa: E402
 from anchorctx.training.step import train_step  # noqa: E402
-from anchorctx.training.synthetic import SMOKE, VOCAB, WIDTH_7B, synthetic_row  # noqa: E402
 from anchorctx.training.tiling import apply_memory_options, init_context  # noqa: E402
 
 DEVICE = "cuda"
@@ -167,20 +167,17 @@ def run(args) -> list[dict]:
     device = f"cuda:{local_rank}" if DEVICE == "cuda" else "cpu"
     if args.init_on_device and world > 1 and len(args.layers) > 1:
         raise SystemExit("--init-on-device with SP measures one depth (--layers N)")
-    # Every depth's model is loaded before the Ulysses wrapper is registered: loading
-    # registers the plain attention again, which would drop the wrapper. On-device models are
-    # built when their turn comes (one depth when SP > 1).
+    # On-device models are built when their turn comes (one depth when SP > 1), so a depth
+    # waiting for its turn does not sit in GPU memory.
     t0 = time.perf_counter()
     models = {n: None if args.init_on_device else load(cfg) for n, cfg in configs.items()}
-    first = args.layers[0]
-    if args.init_on_device:
-        models[first] = load(configs[first], device)
-    mpu = register_sequence_parallel(models[first], par, lengths[0])
     results = []
     try:
         for n in args.layers:
             model = models.pop(n)
             model = load(configs[n], device) if model is None else model
+            # One Ulysses wrapper (and mpu), selected on each depth's model.
+            mpu = register_sequence_parallel(model, par, lengths[0])
             engine = build_engine(model.to(device), configs[n], par, mpu)
             ready_s = time.perf_counter() - t0  # model built and inside DeepSpeed
             if rank == 0:

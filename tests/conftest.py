@@ -35,7 +35,7 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture(scope="session")
 def demo_corpus(tmp_path_factory):
     """A small seeded demo corpus (SlimPajama layout) and its byte-level BPE tokenizer."""
-    from anchorctx.packing.demo import write_demo_corpus
+    from anchorctx.demo.corpus import write_demo_corpus
 
     return write_demo_corpus(
         tmp_path_factory.mktemp("demo_corpus"), seed=0, docs_per_domain=12, progress=False

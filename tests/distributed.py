@@ -17,20 +17,15 @@ registration) out of the pytest process.
 from __future__ import annotations
 
 import os
-import socket
 from collections.abc import Callable
 from typing import Any
 
 import pytest
 
+from anchorctx.process import free_port
+
 # DeepSpeed JIT-builds a shared-memory comm op on CPU (~40 s); build it once per cache dir.
 _EXT_ENV = "TORCH_EXTENSIONS_DIR"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _entry(rank: int, fn: Callable, world: int, port: int, env: dict, args: tuple) -> None:

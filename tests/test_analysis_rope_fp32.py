@@ -1,4 +1,4 @@
-"""model.rope_fp32: RoPE evaluated in float32 inside a bf16 model (anchorctx.training.rope)."""
+"""model.rope_fp32: RoPE evaluated in float32 inside a bf16 model (anchorctx.models.rope)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import torch
 
 from anchorctx.analysis.probe import capture
 from anchorctx.analysis.probe import register as register_probe
-from anchorctx.training.rope import (
+from anchorctx.models.rope import (
     SUFFIX,
     Fp32RotaryEmbedding,
     disable_fp32_rope,

@@ -173,7 +173,7 @@ def test_command_writes_json_figure_and_table(tiny_config, demo_corpus, tmp_path
 
 def test_packed_dataset_sequences(tiny_config, packed_demo):
     from anchorctx.analysis.rope_precision import load_sequences
-    from anchorctx.training.model import anchor_token_id, load_tokenizer
+    from anchorctx.models.loading import anchor_token_id, load_tokenizer
 
     cfg = config_from_dict(tiny_config.model_dump(mode="json"),
                            ["analysis.rope_precision.seq_len=700", "analysis.rope_precision.num_sequences=2",

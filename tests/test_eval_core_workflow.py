@@ -12,6 +12,7 @@ from checkpoints import save_checkpoint
 
 from anchorctx.cli import main
 from anchorctx.config import config_from_dict
+from anchorctx.demo import ensure_eval_fixtures
 from anchorctx.evaluation import results
 
 
@@ -30,6 +31,7 @@ def workflow(tmp_path: Path, demo_corpus):
         },
     }  # fmt: skip
     cfg = config_from_dict(raw)
+    ensure_eval_fixtures(cfg)  # as `anchorctx evaluate` does before evaluating
     for step, seed in ((5, 0), (10, 1), (15, 2)):
         ckpt = cfg.run_dir / "checkpoints" / f"step-{step:06d}"
         save_checkpoint(ckpt, demo_corpus.tokenizer_dir, seed=seed, step=step)

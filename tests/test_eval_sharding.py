@@ -9,6 +9,7 @@ import pytest
 from checkpoints import save_checkpoint
 
 from anchorctx.config import ExperimentConfig, config_from_dict
+from anchorctx.demo import ensure_eval_fixtures
 from anchorctx.evaluation import results, sharding
 from anchorctx.io import read_jsonl
 
@@ -27,6 +28,7 @@ def _cfg(
         },
     }  # fmt: skip
     cfg = config_from_dict(raw)
+    ensure_eval_fixtures(cfg)  # as the commands and flows do before evaluating
     ckpt = cfg.run_dir / "checkpoints" / "step-000010"
     if checkpoint:
         save_checkpoint(ckpt, demo_corpus.tokenizer_dir, seed=3, step=10)

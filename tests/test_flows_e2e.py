@@ -243,7 +243,7 @@ def test_demo_deployment_completes_with_artifacts(served):
 
 
 def test_second_evaluate_is_cached_and_changed_checkpoint_reevaluates(served):
-    from anchorctx.training.checkpoints import list_checkpoints
+    from anchorctx.models.checkpoints import list_checkpoints
 
     arm = {a.variant_name: a for a in served.cfg.arms()}["anchor"]
     checkpoints = list_checkpoints(arm.run_dir)

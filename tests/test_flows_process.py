@@ -9,7 +9,7 @@ import time
 import psutil
 import pytest
 
-from anchorctx.tasks.process import ProcessFailed, ProcessTimeout, run_process_group
+from anchorctx.process import ProcessFailed, ProcessTimeout, run_process_group
 
 # A child that starts a grandchild in its own process group, reports both pids, then waits.
 TREE = (

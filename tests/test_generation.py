@@ -32,7 +32,7 @@ def tokenizer(demo_corpus):
 
 @pytest.fixture(scope="module")
 def model(tiny_config, tokenizer):
-    from anchorctx.training.model import load_model
+    from anchorctx.models.loading import load_model
 
     m = load_model(tiny_config.model, tokenizer=tokenizer, attn_implementation="sdpa")
     # float64: batched and unbatched runs differ in matmul shapes; in double precision the

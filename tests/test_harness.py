@@ -9,13 +9,13 @@ from pathlib import Path
 
 import pytest
 
+from anchorctx.demo.fixtures import MMLU_FIXTURE_SUBJECTS, write_eval_fixtures
 from anchorctx.evaluation import harness
-from anchorctx.evaluation.fixtures import MMLU_FIXTURE_SUBJECTS, write_eval_fixtures
 
 
 @pytest.fixture(scope="module")
 def setup(tiny_config, tmp_path_factory):
-    from anchorctx.training.model import load_model, load_tokenizer
+    from anchorctx.models.loading import load_model, load_tokenizer
 
     paths = write_eval_fixtures(tmp_path_factory.mktemp("eval_fixtures"))
     # 2 subjects x 3 questions: drop the third subject (reported as not run).

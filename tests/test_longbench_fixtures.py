@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from anchorctx.evaluation.fixtures import KEYS, ensure_eval_fixtures, write_eval_fixtures
+from anchorctx.demo.fixtures import KEYS, ensure_eval_fixtures, write_eval_fixtures
 from anchorctx.evaluation.longbench.runner import load_rows, sample_keys
 from anchorctx.evaluation.longbench.tasks import ENGLISH_DATASETS
 from anchorctx.io import hash_tree

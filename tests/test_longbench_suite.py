@@ -6,7 +6,7 @@ import shutil
 
 import pytest
 
-from anchorctx.evaluation.fixtures import write_eval_fixtures
+from anchorctx.demo.fixtures import write_eval_fixtures
 from anchorctx.evaluation.longbench import run_suite
 from anchorctx.evaluation.longbench.runner import fit_prompt, load_rows
 from anchorctx.evaluation.longbench.tasks import build_prompt, score_sample
@@ -16,7 +16,7 @@ DATASETS = ["hotpotqa", "passage_retrieval_en", "trec", "musique"]
 
 @pytest.fixture(scope="module")
 def setup(tiny_config, tmp_path_factory):
-    from anchorctx.training.model import load_model, load_tokenizer
+    from anchorctx.models.loading import load_model, load_tokenizer
 
     paths = write_eval_fixtures(tmp_path_factory.mktemp("eval_fixtures"))
     (paths["longbench_dir"] / "musique.jsonl").unlink()  # a dataset the user does not have

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from anchorctx.packing.demo import DOMAINS, write_demo_corpus
+from anchorctx.demo.corpus import DOMAINS, write_demo_corpus
 
 
 def _records(data_dir):

@@ -44,6 +44,7 @@ from anchorctx.io import (
     atomic_write_text,
     file_mode,
 )
+from anchorctx.models.checkpoints import list_checkpoints
 from anchorctx.packing.sources import BadInput, DataError, read_file
 from anchorctx.training import checkpoints as ckpt
 from anchorctx.training.launch import launch
@@ -285,7 +286,7 @@ def test_resume_state_needs_no_pickle(trained):
 
 def test_outputs_follow_the_umask(trained, tmp_path):
     run = trained.run_dir
-    ck = ckpt.list_checkpoints(run)[-1]
+    ck = list_checkpoints(run)[-1]
     for path in (run / "config.yaml", run / "manifest.json", ck / "model.safetensors",
                  ck / "anchorctx.json", run / "resume" / "trainer.json"):  # fmt: skip
         assert _mode(path) == 0o644, path
@@ -505,7 +506,7 @@ def test_checkpoint_that_cannot_load_is_named(tmp_path, fake):
 
 def test_truncated_weights_in_model_path_name_the_path(tmp_path):
     from anchorctx.config import ModelConfig
-    from anchorctx.training.model import ModelFileError, load_model
+    from anchorctx.models.loading import ModelFileError, load_model
 
     ck = save_tiny_checkpoint(tmp_path / "base", seed=0)
     _truncate(ck / "model.safetensors", 0.3)

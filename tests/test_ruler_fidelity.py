@@ -105,7 +105,7 @@ def test_missing_punkt_model_is_a_clear_error(tmp_path):
 
 
 def test_punkt_model_read_from_configured_directory(tmp_path):
-    from anchorctx.evaluation.fixtures import write_empty_punkt
+    from anchorctx.demo.fixtures import write_empty_punkt
 
     root = write_empty_punkt(tmp_path / "nltk_data")
     # An abbreviation learnt by the model keeps "Dr." inside its sentence: proof the files in

@@ -7,8 +7,8 @@ import re
 
 import pytest
 
+from anchorctx.demo.fixtures import write_ruler_fixtures
 from anchorctx.evaluation.ruler import TASKS, MissingDataError, generate
-from anchorctx.evaluation.ruler.fixtures import write_ruler_fixtures
 from anchorctx.evaluation.ruler.generate import token_counter
 
 # The published prompts, copied here independently of the library's constants (NVIDIA/RULER

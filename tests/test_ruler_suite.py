@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from anchorctx.config import config_from_dict
+from anchorctx.demo.fixtures import write_ruler_fixtures
 from anchorctx.evaluation.ruler import PAPER_EXCLUDE, TASKS, RulerLengthError, run_suite, score
-from anchorctx.evaluation.ruler.fixtures import write_ruler_fixtures
 from anchorctx.evaluation.ruler.runner import selected_tasks
 
 
@@ -19,7 +19,7 @@ def tokenizer(demo_corpus):
 
 @pytest.fixture(scope="module")
 def model(tiny_config, tokenizer):
-    from anchorctx.training.model import load_model
+    from anchorctx.models.loading import load_model
 
     return load_model(tiny_config.model, tokenizer=tokenizer, attn_implementation="sdpa").eval()
 

@@ -82,7 +82,7 @@ def test_training_logs_every_step_to_every_backend(
     tmp_path,
     torch_extensions,  # noqa: F811
 ):
-    from anchorctx.training import train
+    from anchorctx.training.loop import train
 
     cfg = _cfg(tiny_config, tmp_path)
     train(cfg, data_dir=packed_demo)

@@ -38,7 +38,7 @@ def test_sp_and_kv_heads_must_split_or_replicate(tiny_config):
 
 
 def test_kv_heads_replicated_when_sp_exceeds_them(tiny_config):
-    from anchorctx.training.model import build_hf_config
+    from anchorctx.models.loading import build_hf_config
     from anchorctx.training.plan import check_heads
 
     check_heads(build_hf_config(tiny_config.model, seq_len=512, vocab_size=100), 4)  # 4 q, 2 kv
@@ -73,7 +73,7 @@ def test_parallel_plan_on_cpu_defaults(tiny_config):
 
 @pytest.fixture(scope="module")
 def tokenizer(tiny_config):
-    from anchorctx.training.model import load_tokenizer
+    from anchorctx.models.loading import load_tokenizer
 
     return load_tokenizer(tiny_config.model)
 

@@ -8,8 +8,8 @@ import pytest
 
 from anchorctx.config import config_from_dict
 from anchorctx.io import read_jsonl
-from anchorctx.training import train
-from anchorctx.training.checkpoints import list_checkpoints
+from anchorctx.models.checkpoints import list_checkpoints
+from anchorctx.training.loop import train
 
 
 @pytest.mark.gpu

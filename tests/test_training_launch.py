@@ -16,7 +16,7 @@ from safetensors.torch import load_file
 
 from anchorctx.cli import main
 from anchorctx.io import read_jsonl
-from anchorctx.training.launch import run_process_group
+from anchorctx.process import run_process_group
 
 
 @pytest.mark.distributed
@@ -80,3 +80,29 @@ def test_interrupt_kills_the_whole_process_group(tmp_path):
     while any(_alive(p) for p in started) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not any(_alive(p) for p in started)
+
+
+def test_one_process_plans_and_checks_once(tiny_config, packed_demo, tmp_path, monkeypatch):
+    """`anchorctx train` of one process plans the layout, runs the pre-flight checks and reads
+    the restart state once each (the launcher passes them to the loop in place)."""
+    from anchorctx.training import launch as launch_mod
+    from anchorctx.training import loop
+
+    calls: dict[str, int] = {}
+    for name in ("plan_parallelism", "preflight", "restart_state"):
+        for module in (launch_mod, loop):
+            real = getattr(module, name)
+
+            def counted(*args, _real=real, _name=name, **kwargs):
+                calls[_name] = calls.get(_name, 0) + 1
+                return _real(*args, **kwargs)
+
+            monkeypatch.setattr(module, name, counted)
+    cfg = tiny_config.model_copy(update={
+        "run_root": tmp_path,
+        "training": tiny_config.training.model_copy(update={"steps": 1}),
+        "data": tiny_config.data.model_copy(update={"output_dir": packed_demo}),
+    })  # fmt: skip
+    assert launch_mod.launch(cfg) == 0
+    assert calls == {"plan_parallelism": 1, "preflight": 1, "restart_state": 1}
+    assert [p.name for p in (cfg.run_dir / "checkpoints").iterdir()] == ["step-000001"]

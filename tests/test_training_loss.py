@@ -8,7 +8,8 @@ import torch
 import torch.nn.functional as F
 
 from anchorctx.config import SaveConfig
-from anchorctx.training.checkpoints import list_checkpoints, should_save
+from anchorctx.models.checkpoints import list_checkpoints
+from anchorctx.training.checkpoints import should_save
 from anchorctx.training.data import BatchPlan, make_row
 from anchorctx.training.loss import IGNORE_INDEX, shifted_targets, summed_cross_entropy
 from anchorctx.training.plan import Parallelism

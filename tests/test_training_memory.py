@@ -14,12 +14,12 @@ import pytest
 import torch
 
 from anchorctx.config import ConfigError, config_from_dict
+from anchorctx.demo.synthetic import synthetic_row
 from anchorctx.training import memory as MM
 from anchorctx.training import tiling
 from anchorctx.training.data import shard_rows
 from anchorctx.training.loss import count_targets
 from anchorctx.training.step import loss_sum
-from anchorctx.training.synthetic import synthetic_row
 
 RTOL, ATOL = 1e-5, 1e-6
 # On a GPU cuBLAS picks other kernels (other split-K reduction orders) for a tile's row count

@@ -15,8 +15,8 @@ from safetensors.torch import load_file
 
 from anchorctx.config import config_from_dict
 from anchorctx.io import read_jsonl
-from anchorctx.training import train
-from anchorctx.training.checkpoints import list_checkpoints
+from anchorctx.models.checkpoints import list_checkpoints
+from anchorctx.training.loop import train
 from anchorctx.training.plan import TrainingError
 
 

@@ -54,6 +54,7 @@ def _step_outputs(rank: int, world: int, cfg_yaml: str, data_dir: str, out: str,
     import yaml
 
     from anchorctx.config import config_from_dict
+    from anchorctx.models.loading import load_model
     from anchorctx.packing import load_packed
     from anchorctx.training.data import BatchPlan
     from anchorctx.training.engine import (
@@ -65,7 +66,6 @@ def _step_outputs(rank: int, world: int, cfg_yaml: str, data_dir: str, out: str,
     )  # fmt: skip
     from anchorctx.training.loop import preflight
     from anchorctx.training.loss import IGNORE_INDEX
-    from anchorctx.training.model import load_model
     from anchorctx.training.plan import plan_parallelism
     from anchorctx.training.step import forward_logits, train_step
 
@@ -74,11 +74,11 @@ def _step_outputs(rank: int, world: int, cfg_yaml: str, data_dir: str, out: str,
     base = plan_parallelism(cfg, world=world)
     pre = preflight(cfg, base, data_dir=Path(data_dir))
     dataset, _ = load_packed(pre.data_dir)
-    # Load every stage's model before the Ulysses wrapper replaces the registered attention
-    # (one registration per process; loading registers the plain attention again).
+    # Every stage's model runs inside the Ulysses wrapper (one wrapper and mpu per layout).
     models = {z: load_model(cfg.model, seq_len=cfg.data.seq_len, dtype="float32",
                             tokenizer=pre.tokenizer) for z in STAGES}  # fmt: skip
-    mpu = register_sequence_parallel(models[0], base, cfg.data.seq_len)
+    for model in models.values():
+        mpu = register_sequence_parallel(model, base, cfg.data.seq_len)
     results = {}
     for stage in STAGES:
         par = replace(base, zero_stage=stage)
@@ -163,3 +163,63 @@ def test_comparison_catches_one_dropped_token(tiny_config, packed_demo, tmp_path
             _compare_gradients(stage, single[stage], broken[stage])
     with pytest.raises(AssertionError, match="loss"):
         _compare(single, broken)
+
+
+def _wrapped_then_loaded(rank: int, world: int, cfg_yaml: str, data_dir: str) -> None:
+    """One rank: wrap a model for Ulysses, THEN load another (the order that used to undo the
+    wrapper: loading registers the plain attention again); the first must still run SP."""
+    import torch.distributed as dist
+    import yaml
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    from anchorctx.attention.hf import anchorctx_attention, attention_name, model_inputs
+    from anchorctx.config import config_from_dict
+    from anchorctx.models.loading import load_model
+    from anchorctx.packing import load_packed
+    from anchorctx.training.data import BatchPlan
+    from anchorctx.training.engine import (
+        init_distributed,
+        register_sequence_parallel,
+        shutdown_distributed,
+    )
+    from anchorctx.training.loop import preflight
+    from anchorctx.training.plan import plan_parallelism
+    from anchorctx.training.step import forward_logits
+
+    cfg = config_from_dict(yaml.safe_load(cfg_yaml))
+    init_distributed("cpu")
+    par = plan_parallelism(cfg, world=world)
+    pre = preflight(cfg, par, data_dir=Path(data_dir))
+    dataset, _ = load_packed(pre.data_dir)
+
+    def load():
+        return load_model(cfg.model, seq_len=cfg.data.seq_len, dtype="float32",
+                          tokenizer=pre.tokenizer)  # fmt: skip
+
+    wrapped = load()
+    mpu = register_sequence_parallel(wrapped, par, cfg.data.seq_len)
+    later = load()  # the "wrong" order
+    assert register_sequence_parallel(wrapped, par, cfg.data.seq_len) is mpu  # idempotent
+    assert attention_name(wrapped) == "anchorctx+ulysses" and attention_name(later) == "anchorctx"
+    assert ALL_ATTENTION_FUNCTIONS["anchorctx"] is anchorctx_attention
+    assert ALL_ATTENTION_FUNCTIONS["anchorctx+ulysses"] is not anchorctx_attention
+
+    mb = BatchPlan(dataset, seed=cfg.seed, par=par, seq_len=cfg.data.seq_len, variant="anchor",
+                   pad_id=0, rank=rank).step_data(0, "cpu").micro_batches[0]  # fmt: skip
+    with torch.no_grad():
+        local = forward_logits(wrapped, mb, "sdpa")  # [B, T/SP, V]: this rank's shard
+        shards = [torch.empty_like(local) for _ in range(world)]
+        dist.all_gather(shards, local.contiguous())
+        ids = [torch.empty_like(mb.input_ids) for _ in range(world)]
+        dist.all_gather(ids, mb.input_ids.contiguous())
+        # The reference: the plain model on the whole row (no SP involved).
+        full = later(input_ids=torch.cat(ids, dim=1), use_cache=False,
+                     **model_inputs(mb.layouts, engine="sdpa")).logits  # fmt: skip
+    assert _rel(torch.cat(shards, dim=1), full) <= RTOL, "the Ulysses wrapper was undone"
+    shutdown_distributed()
+
+
+@pytest.mark.distributed
+def test_ulysses_wrapper_survives_a_later_model_load(tiny_config, packed_demo, torch_extensions):  # noqa: F811
+    cfg = _config(tiny_config, sp=2, world=2)
+    run_distributed(_wrapped_then_loaded, 2, cfg.to_yaml(), str(packed_demo))

@@ -5,6 +5,9 @@ from __future__ import annotations
 import argparse
 import sys
 
+from anchorctx.demo import ensure_demo_corpus
+from anchorctx.io import read_json
+
 
 def rope_precision_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
@@ -15,11 +18,13 @@ def rope_precision_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def rope_precision(args: argparse.Namespace) -> int:
+    # Imported here: the study imports torch and transformers, which `anchorctx --help` skips.
     from anchorctx.analysis.rope_precision import StudyInputError, run_study
-    from anchorctx.io import read_json
-    from anchorctx.training.model import ModelLoadError
+    from anchorctx.models.loading import ModelLoadError
 
     try:
+        # Demo configs: the corpus provides the tokenizer and the input text.
+        ensure_demo_corpus(args.cfg, progress=not args.no_progress)
         path = run_study(args.cfg, out_dir=args.out, progress=not args.no_progress)
     except (StudyInputError, ModelLoadError) as err:
         print(f"anchorctx rope-precision: {err}", file=sys.stderr)

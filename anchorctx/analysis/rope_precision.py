@@ -6,7 +6,7 @@ measures by how much, on the same weights in several precision modes:
 
 ``fp32``            float32 parameters and activations (the exact reference);
 ``bf16``            bfloat16 parameters and activations, stock RoPE (what the authors train with);
-``bf16_rope_fp32``  bfloat16 with ``model.rope_fp32`` (:mod:`anchorctx.training.rope`).
+``bf16_rope_fp32``  bfloat16 with ``model.rope_fp32`` (:mod:`anchorctx.models.rope`).
 
 Our reading of the paper's definitions (stated here because every number depends on it):
 
@@ -47,9 +47,23 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
+from tqdm.auto import tqdm
+from transformers import AutoModelForCausalLM
 
 from anchorctx.analysis.metrics import column_normalizer, first_token_logits, key_abs_diff
-from anchorctx.analysis.probe import capture
+from anchorctx.analysis.plot import plot_study
+from anchorctx.analysis.probe import capture, register
+from anchorctx.io import atomic_write_json, atomic_write_text, read_json
+from anchorctx.manifest import base_manifest
+from anchorctx.models.loading import (
+    anchor_token_id,
+    build_hf_config,
+    load_model,
+    load_tokenizer,
+    resolve_device,
+)
+from anchorctx.models.rope import disable_fp32_rope, enable_fp32_rope
+from anchorctx.packing import load_packed, prepare_data
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -70,7 +84,6 @@ class StudyInputError(ValueError):
 # ------------------------------------------------------------------------------ model and modes
 def set_mode(model: PreTrainedModel, mode: str) -> None:
     """Put the (bf16-grid) model into one precision mode: parameter dtype and RoPE path."""
-    from anchorctx.training.rope import disable_fp32_rope, enable_fp32_rope
 
     if mode not in MODES:
         raise ValueError(f"unknown precision mode {mode!r}; choose from {', '.join(MODES)}")
@@ -91,7 +104,6 @@ def round_to_bf16_grid(model: PreTrainedModel) -> None:
 
 def prepare_model(model: PreTrainedModel) -> PreTrainedModel:
     """Select the probe attention, freeze, and round weights to the shared bf16 grid."""
-    from anchorctx.analysis.probe import register
 
     model.set_attn_implementation(register())
     model.eval().requires_grad_(False)
@@ -219,7 +231,6 @@ def measure(
 
     Returns the result mapping written to ``rope_precision.json`` (without config/manifest).
     """
-    from tqdm.auto import tqdm
 
     need = max(spec.seq_len, *spec.lengths)
     if sequences.ndim != 2 or sequences.shape[1] < need:
@@ -322,7 +333,6 @@ def _text_token_lists(paths: Sequence[Path], tokenizer) -> Iterable[list[int]]:
 
 def _packed_token_lists(cfg: ExperimentConfig, progress: bool) -> Iterable[list[int]]:
     """Rows of the experiment's packed dataset, each without its leading anchor token."""
-    from anchorctx.packing import load_packed, prepare_data
 
     dataset, _ = load_packed(prepare_data(cfg, progress=progress))
     for row in dataset:
@@ -337,7 +347,6 @@ def load_sequences(
     Documents (text files, or packed rows without their anchor) are concatenated and cut into
     windows that each start with the anchor token (BOS), like a packed training row.
     """
-    from anchorctx.training.model import anchor_token_id
 
     spec = cfg.analysis.rope_precision
     length = max(spec.seq_len, *spec.lengths)
@@ -362,20 +371,8 @@ def random_sequences(n: int, length: int, vocab_size: int, anchor: int, seed: in
 
 
 # ---------------------------------------------------------------------------------- entry point
-def resolve_device(name: str) -> torch.device:
-    if name == "cuda" and not torch.cuda.is_available():
-        raise StudyInputError("analysis.rope_precision.device=cuda but CUDA is not available")
-    if name == "auto":
-        name = "cuda" if torch.cuda.is_available() else "cpu"
-    return torch.device(name)
-
-
 def load_study_model(cfg: ExperimentConfig, tokenizer, device: torch.device) -> tuple[Any, str]:
     """The model in float32 with the probe attention, and a description of its weights."""
-    from transformers import AutoModelForCausalLM
-
-    from anchorctx.analysis.probe import register
-    from anchorctx.training.model import build_hf_config, load_model
 
     spec = cfg.analysis.rope_precision
     positions = max(spec.seq_len, *spec.lengths) + max(
@@ -404,14 +401,9 @@ def run_study(
     Output directory: ``out_dir`` or ``<run_dir>/analysis/``. Returns the JSON path (the PNG
     and a Markdown table lie beside it).
     """
-    from anchorctx.packing import ensure_demo_corpus
-    from anchorctx.training.model import load_tokenizer
 
     spec = cfg.analysis.rope_precision
-    device = resolve_device(spec.device)
-    ensure_demo_corpus(
-        cfg, progress=progress
-    )  # demo configs: the corpus also provides the tokenizer
+    device = torch.device(resolve_device(spec.device, "analysis.rope_precision.device"))
     tokenizer = load_tokenizer(cfg.model)
     sequences, source = load_sequences(cfg, tokenizer, progress=progress)
     model, weights = load_study_model(cfg, tokenizer, device)
@@ -428,8 +420,6 @@ def write_study(result: dict[str, Any], out_dir: Path, *, figure: bool = True) -
     ``figure=False`` skips the PNG (machines without matplotlib); render it later with
     :func:`render_figure` from the JSON.
     """
-    from anchorctx.io import atomic_write_json, atomic_write_text
-    from anchorctx.manifest import base_manifest
 
     out_dir.mkdir(parents=True, exist_ok=True)
     result = {**result, "manifest": base_manifest(command="rope-precision")}
@@ -442,8 +432,6 @@ def write_study(result: dict[str, Any], out_dir: Path, *, figure: bool = True) -
 
 def render_figure(json_path: str | Path, target: str | Path | None = None) -> Path:
     """Render the three-panel PNG of a ``rope_precision.json`` (default: beside it), atomically."""
-    from anchorctx.analysis.plot import plot_study
-    from anchorctx.io import read_json
 
     json_path = Path(json_path)
     target = Path(target) if target is not None else json_path.with_name(PNG_NAME)

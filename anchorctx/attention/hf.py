@@ -78,11 +78,35 @@ def _reject_unsupported(module: torch.nn.Module, t: int, dropout: float, kwargs:
 
 
 def register() -> str:
-    """Register ``"anchorctx"`` with transformers' ``AttentionInterface`` (idempotent)."""
+    """Register ``"anchorctx"`` with transformers' ``AttentionInterface`` (idempotent).
+
+    Wrappers of this function (Ulysses sequence parallelism, float32 RoPE) are registered under
+    names of their own and selected per model, so registering the plain name again (every
+    ``load_model`` does) never undoes a wrapper, in whatever order models are loaded.
+    """
     from transformers import AttentionInterface
 
     AttentionInterface.register(NAME, anchorctx_attention)
     return NAME
+
+
+def attention_name(model: torch.nn.Module) -> str:
+    """The attention implementation ``model`` dispatches to. transformers (5.17-5.23) has a
+    public setter (``set_attn_implementation``) but no public getter: the config's
+    ``_attn_implementation`` is read here and nowhere else in the library."""
+    return model.config._attn_implementation
+
+
+def select_attention(model: torch.nn.Module, name: str) -> None:
+    """Make ``model`` dispatch to the registered implementation ``name`` (public API), or raise
+    if the model does not dispatch through ``AttentionInterface``."""
+    if hasattr(model, "set_attn_implementation"):
+        model.set_attn_implementation(name)
+    if attention_name(model) != name:
+        raise RuntimeError(
+            f"{type(model).__name__} did not accept attn_implementation={name!r}: it must "
+            "dispatch attention through transformers' AttentionInterface"
+        )
 
 
 def model_inputs(

@@ -27,7 +27,10 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from anchorctx.evaluation.averaging import collect_results, result_step
 from anchorctx.io import atomic_write_json, read_json, read_jsonl
+from anchorctx.packing.pipeline import load_packed
+from anchorctx.training.plan import Parallelism
 
 if TYPE_CHECKING:
     from anchorctx.config import ExperimentConfig
@@ -106,8 +109,6 @@ def suite_sample_counts(run_dir: str | Path) -> dict[str, dict[str, int]]:
     Every checkpoint of a run is evaluated on the same samples, so the newest result's counts
     stand for all of them; the mean over k checkpoints is still one sample set's accuracy.
     """
-    from anchorctx.evaluation.averaging import collect_results, result_step
-
     out: dict[str, dict[str, int]] = {}
     for suite, results in collect_results(run_dir).items():
         if not results:
@@ -142,7 +143,7 @@ def plot_loss_curves(curves: dict[str, list[tuple[int, float]]], path: Path) -> 
     from matplotlib.figure import Figure
     from matplotlib.ticker import MaxNLocator
 
-    from anchorctx.evaluation.report import atomic_write_bytes
+    from anchorctx.evaluation.report import atomic_write_bytes  # report imports this module
 
     drawn = {v: c for v, c in curves.items() if c}
     ref_name = "full" if "full" in drawn else next(iter(drawn), None)
@@ -179,8 +180,8 @@ def trained_row_indices(dataset: Any, *, seed: int, global_batch: int, steps: in
     Uses the loop's own :class:`BatchPlan` order: it depends on the seed and the global batch
     only, not on how the batch is split over ranks, micro-batches or sequence parallelism.
     """
+    # Imported here: the training data module imports torch, which the report path otherwise skips.
     from anchorctx.training.data import BatchPlan
-    from anchorctx.training.plan import Parallelism
 
     par = Parallelism(world=1, sp=1, dp=1, micro=global_batch, accum=1, device="cpu",
                       zero_stage=0, engine="sdpa")  # fmt: skip
@@ -189,6 +190,7 @@ def trained_row_indices(dataset: Any, *, seed: int, global_batch: int, steps: in
 
 
 def _row_layout(seg_lens, seg_doc, seq_len: int, variant: str):
+    # Imported here: attention and training data import torch (see trained_row_indices).
     from anchorctx.attention import build_layout
     from anchorctx.training.data import truncate_segments
 
@@ -241,6 +243,7 @@ def _rope_inputs(cfg: ExperimentConfig) -> dict[str, Any]:
 
 def ensure_rope_study(cfg: ExperimentConfig, out_dir: Path) -> dict[str, Any]:
     """Run the RoPE precision study into ``out_dir`` unless a result with equal inputs is there."""
+    # Imported here: the study imports torch and transformers, needed only when it runs.
     from anchorctx.analysis.rope_precision import JSON_NAME, MD_NAME, PNG_NAME, run_study
 
     json_path = out_dir / JSON_NAME
@@ -303,8 +306,6 @@ def write_arm_comparison(
     ``datasets``: the packed dataset each arm trained on, by variant name. ``rope_study``:
     run the RoPE precision study too (default: ``analysis.rope_precision.in_report``).
     """
-    from anchorctx.packing.pipeline import load_packed
-
     if rope_study is None:
         rope_study = cfg.analysis.rope_precision.in_report
     out_dir = cfg.experiment_dir

@@ -17,12 +17,12 @@ Checkpoints without a step (e.g. a weight-averaged checkpoint) are listed separa
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 from anchorctx.io import atomic_write_json, atomic_write_text, read_json
+from anchorctx.models.checkpoints import step_from_name
 
 SUMMARY_JSON = "summary.json"
 SUMMARY_MD = "summary.md"
@@ -81,8 +81,7 @@ def result_step(result: dict[str, Any]) -> int | None:
     step = result.get("step")
     if isinstance(step, int):
         return step
-    m = re.fullmatch(r"step-(\d+)", str(result.get("checkpoint_name", "")))
-    return int(m.group(1)) if m else None
+    return step_from_name(str(result.get("checkpoint_name", "")))
 
 
 def collect_results(run_dir: str | Path) -> dict[str, list[dict[str, Any]]]:

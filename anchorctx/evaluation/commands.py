@@ -7,7 +7,17 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from anchorctx.evaluation.results import SUITES
+from anchorctx.demo import ensure_demo_corpus, ensure_eval_fixtures
+from anchorctx.evaluation.arm_comparison import write_arm_comparison
+from anchorctx.evaluation.averaging import length_label, markdown_table, sorted_keys, summarize_run
+from anchorctx.evaluation.report import write_experiment_report
+from anchorctx.evaluation.results import SUITES, EvaluationError, evaluate_checkpoint, load_result
+from anchorctx.evaluation.tracking import log_evaluation, log_report
+from anchorctx.evaluation.weights import WeightAveragingError
+from anchorctx.evaluation.weights import average_weights as _average
+from anchorctx.models.checkpoints import list_checkpoints
+from anchorctx.packing.pipeline import prepare_data
+from anchorctx.tracking import TrackingError, check_backends
 
 
 def _positive(text: str) -> int:
@@ -18,8 +28,6 @@ def _positive(text: str) -> int:
 
 
 def _run_checkpoints(run_dir: Path) -> list[Path]:
-    from anchorctx.training.checkpoints import list_checkpoints
-
     return list_checkpoints(run_dir)
 
 
@@ -30,8 +38,6 @@ def _checkpoints(args: argparse.Namespace) -> list[Path]:
     run_dir = Path(args.run_dir) if args.run_dir else args.cfg.run_dir
     found = _run_checkpoints(run_dir)
     if not found:
-        from anchorctx.evaluation.results import EvaluationError
-
         raise EvaluationError(f"no complete checkpoints under {run_dir / 'checkpoints'}: train "
                               "first, or pass --checkpoint DIR")  # fmt: skip
     return found[-args.last_k :] if args.last_k else found
@@ -52,14 +58,11 @@ def evaluate_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def evaluate(args: argparse.Namespace) -> int:
-    from anchorctx.evaluation.results import EvaluationError, evaluate_checkpoint, load_result
-    from anchorctx.evaluation.tracking import log_evaluation
-    from anchorctx.tracking import TrackingError, check_backends
-
     cfg = args.cfg
     suites = args.suite or list(cfg.evaluation.suites)
     try:
         check_backends(cfg)
+        ensure_eval_fixtures(cfg)  # demo configs: the evaluation inputs
         checkpoints = _checkpoints(args)
         for ckpt in checkpoints:
             for suite in suites:
@@ -78,8 +81,6 @@ def evaluate(args: argparse.Namespace) -> int:
 
 def results_table(result: dict[str, Any]) -> str:
     """One result's scores as a Markdown table (tasks x lengths/splits), plus not-run tasks."""
-    from anchorctx.evaluation.averaging import length_label, markdown_table, sorted_keys
-
     scores = result["scores"]
     keys = sorted_keys(k for by_key in scores.values() if isinstance(by_key, dict) for k in by_key)
     rows = [
@@ -106,11 +107,6 @@ def report_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def report(args: argparse.Namespace) -> int:
-    from anchorctx.evaluation.averaging import summarize_run
-    from anchorctx.evaluation.report import write_experiment_report
-    from anchorctx.evaluation.tracking import log_evaluation, log_report
-    from anchorctx.tracking import TrackingError, check_backends
-
     cfg = args.cfg
     last_k = args.last_k or cfg.evaluation.last_k
     try:
@@ -125,6 +121,7 @@ def report(args: argparse.Namespace) -> int:
             log_evaluation(arm)
         else:
             print(f"note: {arm.run_dir} has no evaluation results yet", file=sys.stderr)
+    ensure_demo_corpus(cfg, progress=False)  # demo configs: an arm's dataset may need packing
     _arm_comparison(cfg)
     out = write_experiment_report(cfg.experiment_dir, [arm.variant_name for arm in arms])
     log_report(cfg, out)
@@ -139,9 +136,6 @@ def _arm_comparison(cfg) -> None:
 
     The packed dataset of each arm is looked up (packed first only when it is missing).
     """
-    from anchorctx.evaluation.arm_comparison import write_arm_comparison
-    from anchorctx.packing.pipeline import prepare_data
-
     datasets = {}
     for arm in cfg.arms():
         if (arm.run_dir / "metrics.jsonl").is_file():  # only arms that trained
@@ -160,9 +154,6 @@ def average_weights_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def average_weights(args: argparse.Namespace) -> int:
-    from anchorctx.evaluation.weights import WeightAveragingError
-    from anchorctx.evaluation.weights import average_weights as _average
-
     cfg = args.cfg
     run_dir = Path(args.run_dir) if args.run_dir else cfg.run_dir
     k = args.last_k or cfg.evaluation.last_k

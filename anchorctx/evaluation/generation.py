@@ -18,8 +18,10 @@ from typing import TYPE_CHECKING
 
 from tqdm.auto import tqdm
 
+from anchorctx.config import ModelConfig
+from anchorctx.models.checkpoints import model_dir_problem
 from anchorctx.models.decoding import StopRules
-from anchorctx.training.model import anchor_token_id
+from anchorctx.models.loading import anchor_token_id, load_model, resolve_device
 
 if TYPE_CHECKING:
     import torch
@@ -30,31 +32,18 @@ class CheckpointError(FileNotFoundError):
     """The checkpoint directory is missing or is not a Hugging Face model with tokenizer."""
 
 
-def resolve_device(device: str | None) -> str:
-    import torch
-
-    if device in (None, "auto"):
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    return device
-
-
 def load_eval_model(
     checkpoint: str | Path, *, device: str | None = "auto", dtype: str = "bfloat16"
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """Model (stock SDPA attention, eval mode) and tokenizer from a checkpoint directory."""
     from transformers import AutoTokenizer
 
-    from anchorctx.config import ModelConfig
-    from anchorctx.training.model import load_model
-
     path = Path(checkpoint)
-    if not (path / "config.json").is_file():
-        raise CheckpointError(f"not a Hugging Face checkpoint (no config.json): {path}")
-    if not any((path / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json")):
-        raise CheckpointError(f"checkpoint has no tokenizer files: {path}")
+    if problem := model_dir_problem(path, tokenizer=True):
+        raise CheckpointError(f"not a Hugging Face checkpoint with tokenizer ({problem}): {path}")
     tokenizer = AutoTokenizer.from_pretrained(str(path))
     model_cfg = ModelConfig(path=path, dtype=dtype)
-    model = load_model(model_cfg, dtype=dtype, device=resolve_device(device),
+    model = load_model(model_cfg, dtype=dtype, device=resolve_device(device, "evaluation.device"),
                        attn_implementation="sdpa", tokenizer=tokenizer)  # fmt: skip
     return model.eval(), tokenizer
 

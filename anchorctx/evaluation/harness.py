@@ -46,6 +46,8 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
+from anchorctx.models.loading import anchor_token_id
+
 if TYPE_CHECKING:
     from anchorctx.config import ExperimentConfig
 
@@ -297,8 +299,6 @@ def make_lm(model: Any, tokenizer: Any, batch_size: int) -> Any:
     project's anchor rule for every scored context (see the module docstring)."""
     from lm_eval.models.huggingface import HFLM
 
-    from anchorctx.training.model import anchor_token_id
-
     class AnchoredHFLM(_AnchoredEncoding, HFLM):
         anchor_id = anchor_token_id(tokenizer)
 
@@ -311,8 +311,6 @@ def make_lm(model: Any, tokenizer: Any, batch_size: int) -> Any:
 def harness_reference(tokenizer: Any) -> dict[str, Any]:
     """What results record about lm-eval: its version and how contexts were anchored."""
     import importlib.metadata
-
-    from anchorctx.training.model import anchor_token_id
 
     return {"lm_eval": importlib.metadata.version("lm-eval"), "pinned": LM_EVAL_VERSION,
             "add_bos_token": ADD_BOS_TOKEN, "anchor_token_id": anchor_token_id(tokenizer)}  # fmt: skip

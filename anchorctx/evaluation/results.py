@@ -20,8 +20,8 @@ loading the model, after checking it is the file that was written: the result re
 SHA-256 of its per-sample records and of its own content, so a hand-edited result or samples
 file is recomputed from the samples (no model generation is repeated) instead of served.
 
-Suite runners are looked up in :data:`SUITES` (name -> :class:`Suite`); real runners are imported
-lazily so this module stays light. Every runner has the signature
+Suite runners are the functions in :data:`SUITES` (name -> :class:`Suite`). Every runner has the
+signature
 ``run_suite(model, tokenizer, cfg, *, done, on_sample, progress=True) -> dict`` and returns at
 least ``scores`` (``{task: {length_or_split: score}}``), ``counts`` and ``not_run``.
 """
@@ -29,9 +29,7 @@ least ``scores`` (``{task: {length_or_split: score}}``), ``counts`` and ``not_ru
 from __future__ import annotations
 
 import hashlib
-import importlib
 import json
-import re
 import sys
 import threading
 import time
@@ -40,6 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from anchorctx.evaluation import harness, longbench, ruler
 from anchorctx.io import (
     WriterLock,
     append_jsonl,
@@ -49,6 +48,9 @@ from anchorctx.io import (
     read_jsonl,
     sha256_file,
 )
+from anchorctx.manifest import code_version, git_revision, package_versions
+from anchorctx.models.checkpoints import checkpoint_step, model_dir_problem
+from anchorctx.models.loading import resolve_device
 
 if TYPE_CHECKING:
     from anchorctx.config import ExperimentConfig
@@ -57,10 +59,15 @@ Runner = Callable[..., dict[str, Any]]
 
 HEADER_KEY = "__header__"
 RESULT_SCHEMA = 1
-# Files of this package whose code cannot change a score: edits to them keep cached results.
-_SCORE_NEUTRAL_SOURCES = frozenset({"__init__.py", "averaging.py", "commands.py", "report.py", "sharding.py", "weights.py"})  # fmt: skip
-# Code outside this package that produces the predictions (relative to the anchorctx package).
-_SCORE_SOURCES_OUTSIDE = ("models/decoding.py",)
+# The code that can change a score (relative to the anchorctx package): this package, and the
+# model layer that loads the checkpoint and decodes the predictions ...
+SCORE_SOURCES = ("evaluation", "models")
+# ... except files of this package whose code cannot: edits to them keep cached results.
+SCORE_NEUTRAL_SOURCES = tuple(
+    f"evaluation/{name}"
+    for name in ("__init__.py", "averaging.py", "commands.py", "report.py", "sharding.py",
+                 "weights.py")
+)  # fmt: skip
 _WEIGHT_PATTERNS = ("*.safetensors", "pytorch_model*.bin")
 
 
@@ -80,7 +87,7 @@ class CheckpointLoadError(EvaluationError):
 class Suite:
     """How to run one suite and which part of ``cfg.evaluation`` determines its scores."""
 
-    runner: str | Runner  # "package.module:function" (imported lazily) or a callable
+    runner: Runner
     section: str | None = None  # sub-section of cfg.evaluation, e.g. "ruler"
     ignore: tuple[str, ...] = ()  # fields of that section that do not affect this suite
     required: tuple[str, ...] = ()  # path fields of that section that must be set
@@ -90,16 +97,14 @@ class Suite:
 
 
 SUITES: dict[str, Suite] = {
-    "ruler": Suite("anchorctx.evaluation.ruler:run_suite", "ruler"),
-    "longbench": Suite(
-        "anchorctx.evaluation.longbench:run_suite", "longbench", required=("data_dir",)
-    ),
+    "ruler": Suite(ruler.run_suite, "ruler"),
+    "longbench": Suite(longbench.run_suite, "longbench", required=("data_dir",)),
     "mmlu": Suite(
-        "anchorctx.evaluation.harness:run_suite_mmlu", "harness",
+        harness.run_suite_mmlu, "harness",
         ignore=("hellaswag_dir",), required=("mmlu_dir",), common=("dtype",),
     ),
     "hellaswag": Suite(
-        "anchorctx.evaluation.harness:run_suite_hellaswag", "harness",
+        harness.run_suite_hellaswag, "harness",
         ignore=("mmlu_dir", "mmlu_fewshot"), required=("hellaswag_dir",), common=("dtype",),
     ),
 }  # fmt: skip
@@ -124,8 +129,8 @@ def check_checkpoint(checkpoint: str | Path) -> Path:
             "<run_dir>/checkpoints/step-000100; list a run's checkpoints with "
             "`anchorctx evaluate CONFIG` and no --checkpoint)"
         )
-    if not (ckpt / "config.json").is_file():
-        raise EvaluationError(f"incomplete checkpoint {ckpt}: no config.json")
+    if problem := model_dir_problem(ckpt):
+        raise EvaluationError(f"incomplete checkpoint {ckpt}: {problem}")
     if not any(next(ckpt.glob(p), None) for p in _WEIGHT_PATTERNS):
         raise EvaluationError(
             f"incomplete checkpoint {ckpt}: no weights (*.safetensors or pytorch_model*.bin)"
@@ -135,10 +140,8 @@ def check_checkpoint(checkpoint: str | Path) -> Path:
 
 def _check_tokenizer(ckpt: Path) -> None:
     """Before loading: evaluation needs the checkpoint's own tokenizer."""
-    if not any((ckpt / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json")):
-        raise EvaluationError(
-            f"incomplete checkpoint {ckpt}: no tokenizer (tokenizer.json or tokenizer_config.json)"
-        )
+    if problem := model_dir_problem(ckpt, tokenizer=True):
+        raise EvaluationError(f"incomplete checkpoint {ckpt}: {problem}")
 
 
 _Signature = tuple[tuple[str, int, int, int], ...]
@@ -159,8 +162,6 @@ def _signature(path: Path) -> _Signature:
 def _memo_hash(path: Path) -> str:
     """Content hash of a file or directory, memoised on its signature within the process
     (hashing a 7B checkpoint takes tens of seconds; idempotence checks happen often)."""
-    from anchorctx.io import sha256_file
-
     path = path.resolve()
     key = (str(path), _signature(path))
     if key not in _HASH_MEMO:
@@ -211,37 +212,18 @@ def evaluation_fingerprint(cfg: ExperimentConfig, suite: str) -> str:
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def code_version() -> str:
-    """anchorctx's version plus a hash of the evaluation code that can change scores."""
-    import anchorctx
-
-    here = Path(__file__).resolve().parent
-    h = hashlib.sha256()
-    for path in sorted(here.rglob("*.py")):
-        rel = path.relative_to(here).as_posix()
-        if rel in _SCORE_NEUTRAL_SOURCES:
-            continue
-        h.update(rel.encode() + b"\0" + path.read_bytes())
-    for rel in _SCORE_SOURCES_OUTSIDE:
-        h.update(rel.encode() + b"\0" + (here.parent / rel).read_bytes())
-    return f"{anchorctx.__version__}+{h.hexdigest()[:12]}"
+def evaluation_code_version() -> str:
+    """anchorctx's version plus a hash of the code that can change scores."""
+    return code_version(SCORE_SOURCES, SCORE_NEUTRAL_SOURCES)
 
 
 def identity(cfg: ExperimentConfig, checkpoint: str | Path, suite: str) -> dict[str, str]:
-    """What a cached result must match to be reused (also a good task cache key).
-
-    Writes the demo evaluation fixtures first when configured, so the input fingerprint is
-    the same before and after the first evaluation.
-    """
-    _ensure_fixtures(cfg)
-    return _identity(cfg, checkpoint, suite)
-
-
-def _identity(cfg: ExperimentConfig, checkpoint: str | Path, suite: str) -> dict[str, str]:
+    """What a cached result must match to be reused (also a good task cache key). Reads only:
+    demo input data must exist before (``anchorctx.demo.ensure_eval_fixtures``)."""
     return {
         "checkpoint_hash": checkpoint_hash(checkpoint),
         "evaluation_fingerprint": evaluation_fingerprint(cfg, suite),
-        "code_version": code_version(),
+        "code_version": evaluation_code_version(),
     }
 
 
@@ -267,18 +249,6 @@ def result_path(checkpoint: str | Path, suite: str) -> Path:
 
 def samples_path(checkpoint: str | Path, suite: str) -> Path:
     return eval_dir(checkpoint) / f"{suite}.samples.jsonl"
-
-
-def checkpoint_step(checkpoint: str | Path) -> int | None:
-    """Training step of a checkpoint: its ``anchorctx.json``, else a ``step-N`` name."""
-    ckpt = Path(checkpoint)
-    meta = ckpt / "anchorctx.json"
-    if meta.is_file():
-        step = read_json(meta).get("step")
-        if isinstance(step, int):
-            return step
-    m = re.fullmatch(r"step-(\d+)", ckpt.name)
-    return int(m.group(1)) if m else None
 
 
 def load_result(path: str | Path) -> dict[str, Any] | None:
@@ -336,14 +306,6 @@ def check_inputs(cfg: ExperimentConfig, suite: str) -> None:
             )
 
 
-def _ensure_fixtures(cfg: ExperimentConfig) -> None:
-    if cfg.evaluation.demo_fixtures is None:
-        return
-    from anchorctx.evaluation.fixtures import ensure_eval_fixtures
-
-    ensure_eval_fixtures(cfg)
-
-
 # ---------------------------------------------------------------------- samples (resume)
 def _load_done(path: Path, ident: dict[str, str]) -> dict[str, dict[str, Any]] | None:
     """Records of a previous attempt with the same identity (None: start fresh)."""
@@ -365,6 +327,7 @@ _LOCAL = threading.local()
 
 def load_eval_model(checkpoint: Path, *, device: str, dtype: str) -> tuple[Any, Any]:
     """Model and tokenizer of a checkpoint with the stock attention (generation.py)."""
+    # Imported here: generation imports torch, which evaluation's light entry points skip.
     from anchorctx.evaluation.generation import load_eval_model as _load
 
     return _load(checkpoint, device=device, dtype=dtype)
@@ -375,10 +338,10 @@ def _cached_model(checkpoint: Path, cfg: ExperimentConfig, ckpt_hash: str) -> tu
     key = (str(checkpoint.resolve()), ckpt_hash, cfg.evaluation.device, cfg.evaluation.dtype)
     if getattr(_LOCAL, "key", None) != key:
         clear_model_cache()
+        # Outside the try: a device this machine lacks is a config mistake, not a bad checkpoint.
+        device = resolve_device(cfg.evaluation.device, "evaluation.device")
         try:
-            loaded = load_eval_model(
-                checkpoint, device=cfg.evaluation.device, dtype=cfg.evaluation.dtype
-            )
+            loaded = load_eval_model(checkpoint, device=device, dtype=cfg.evaluation.dtype)
         except Exception as err:  # safetensors, transformers, OS errors: name the checkpoint
             detail = " ".join(str(err).split())
             raise CheckpointLoadError(
@@ -397,13 +360,6 @@ def clear_model_cache() -> None:
         torch.cuda.empty_cache()
 
 
-def _runner(spec: Suite) -> Runner:
-    if callable(spec.runner):
-        return spec.runner
-    module, _, name = spec.runner.partition(":")
-    return getattr(importlib.import_module(module), name)
-
-
 # --------------------------------------------------------------------------- evaluation
 def evaluate_checkpoint(
     cfg: ExperimentConfig,
@@ -420,9 +376,8 @@ def evaluate_checkpoint(
     """
     spec = get_suite(suite)
     ckpt = check_checkpoint(checkpoint)
-    _ensure_fixtures(cfg)
     check_inputs(cfg, suite)
-    ident = _identity(cfg, ckpt, suite)
+    ident = identity(cfg, ckpt, suite)
     out = result_path(ckpt, suite)
     samples = samples_path(ckpt, suite)
     if not force and _matches(load_result(out), ident, samples):
@@ -450,7 +405,7 @@ def _evaluate(cfg, ckpt, suite, spec, ident, out: Path, samples: Path, force, pr
     _check_tokenizer(ckpt)
     model, tokenizer = _cached_model(ckpt, cfg, ident["checkpoint_hash"])
     started = time.time()
-    raw = _runner(spec)(model, tokenizer, cfg, done=done, on_sample=on_sample, progress=progress)
+    raw = spec.runner(model, tokenizer, cfg, done=done, on_sample=on_sample, progress=progress)
     result = _result_record(cfg, ckpt, suite, ident, raw, started)
     result["samples"] = {"resumed": len(done), "new": new, "file": samples.name,
                          "sha256": sha256_file(samples)}  # fmt: skip
@@ -468,8 +423,6 @@ def _result_record(
     raw: dict[str, Any],
     started: float,
 ) -> dict[str, Any]:
-    from anchorctx.manifest import git_revision, package_versions
-
     if not isinstance(raw, dict) or "scores" not in raw:
         raise EvaluationError(f"suite {suite!r} runner returned no 'scores'")
     record: dict[str, Any] = {

@@ -106,9 +106,9 @@ def _shard_files(checkpoint: str | Path, suite: str) -> list[Path]:
 
 def _records(cfg: ExperimentConfig, checkpoint: Path, suite: str) -> dict[str, dict[str, Any]]:
     """Records of this identity from the samples file and every shard file."""
-    from anchorctx.evaluation.results import _identity, _load_done, samples_path
+    from anchorctx.evaluation.results import _load_done, identity, samples_path
 
-    ident = _identity(cfg, checkpoint, suite)
+    ident = identity(cfg, checkpoint, suite)
     done: dict[str, dict[str, Any]] = {}
     for path in [samples_path(checkpoint, suite), *_shard_files(checkpoint, suite)]:
         done.update(_load_done(path, ident) or {})
@@ -120,18 +120,18 @@ def prepare(cfg: ExperimentConfig, checkpoint: str | Path, suite: str, force: bo
     samples file of another identity (or, with ``force``, any) is restarted and its shard files
     and result deleted, so that shards starting together never race to reset it."""
     from anchorctx.evaluation.results import (
-        _identity,
         _load_done,
         _matches,
         _start_samples,
         check_checkpoint,
+        identity,
         load_result,
         result_path,
         samples_path,
     )
 
     ckpt = check_checkpoint(checkpoint)
-    ident = _identity(cfg, ckpt, suite)
+    ident = identity(cfg, ckpt, suite)
     samples = samples_path(ckpt, suite)
     if not force and _matches(load_result(result_path(ckpt, suite)), ident, samples):
         return False
@@ -174,19 +174,16 @@ def run_shard(cfg: ExperimentConfig, checkpoint: str | Path, suite: str, owned: 
     from anchorctx.evaluation.results import (
         HEADER_KEY,
         _cached_model,
-        _ensure_fixtures,
-        _identity,
-        _runner,
         check_checkpoint,
         check_inputs,
         get_suite,
+        identity,
     )
 
     spec = get_suite(suite)
     ckpt = check_checkpoint(checkpoint)
-    _ensure_fixtures(cfg)
     check_inputs(cfg, suite)
-    ident = _identity(cfg, ckpt, suite)
+    ident = identity(cfg, ckpt, suite)
     out = shard_path(ckpt, suite, index, count)
     if not out.is_file() or (read_jsonl(out)[:1] or [{}])[0].get(HEADER_KEY) != ident:
         out.parent.mkdir(parents=True, exist_ok=True)
@@ -199,7 +196,7 @@ def run_shard(cfg: ExperimentConfig, checkpoint: str | Path, suite: str, owned: 
     loading = time.perf_counter()
     model, tokenizer = _cached_model(ckpt, cfg, ident["checkpoint_hash"])
     generating = time.perf_counter()
-    _runner(spec)(model, tokenizer, cfg, done=view, on_sample=lambda rec: append_jsonl(out, rec),
+    spec.runner(model, tokenizer, cfg, done=view, on_sample=lambda rec: append_jsonl(out, rec),
                   progress=progress)  # fmt: skip
     if timing is not None:
         timing.update(setup_s=loading - start, load_s=generating - loading,
@@ -209,10 +206,10 @@ def run_shard(cfg: ExperimentConfig, checkpoint: str | Path, suite: str, owned: 
 
 def merge_shards(cfg: ExperimentConfig, checkpoint: str | Path, suite: str) -> int:
     """Fold the shard files into the samples file (records sorted by key); returns the count."""
-    from anchorctx.evaluation.results import HEADER_KEY, _identity, check_checkpoint, samples_path
+    from anchorctx.evaluation.results import HEADER_KEY, check_checkpoint, identity, samples_path
 
     ckpt = check_checkpoint(checkpoint)
-    ident = _identity(cfg, ckpt, suite)
+    ident = identity(cfg, ckpt, suite)
     done = _records(cfg, ckpt, suite)
     lines = [json.dumps({HEADER_KEY: ident})]
     lines += [json.dumps(done[k], default=str) for k in sorted(done)]
@@ -225,16 +222,16 @@ def merge_shards(cfg: ExperimentConfig, checkpoint: str | Path, suite: str) -> i
 def is_done(cfg: ExperimentConfig, checkpoint: str | Path, suite: str) -> bool:
     """An up-to-date result exists (this identity, intact, from the current samples file)."""
     from anchorctx.evaluation.results import (
-        _identity,
         _matches,
         check_checkpoint,
+        identity,
         load_result,
         result_path,
         samples_path,
     )
 
     ckpt = check_checkpoint(checkpoint)
-    ident = _identity(cfg, ckpt, suite)
+    ident = identity(cfg, ckpt, suite)
     return _matches(load_result(result_path(ckpt, suite)), ident, samples_path(ckpt, suite))
 
 

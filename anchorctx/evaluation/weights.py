@@ -13,7 +13,9 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from anchorctx.evaluation.results import check_checkpoint, checkpoint_hash
 from anchorctx.io import atomic_directory, atomic_write_json
+from anchorctx.models.checkpoints import checkpoint_step
 
 _INDEX = "model.safetensors.index.json"
 
@@ -75,8 +77,6 @@ def _average_shard(paths: list[Path]) -> tuple[dict[str, Any], dict[str, str]]:
 
 
 def _source_info(ckpt: Path) -> dict[str, Any]:
-    from anchorctx.evaluation.results import checkpoint_hash, checkpoint_step
-
     return {"path": str(ckpt.resolve()), "step": checkpoint_step(ckpt),
             "checkpoint_hash": checkpoint_hash(ckpt)}  # fmt: skip
 
@@ -92,8 +92,6 @@ def average_weights(
     """
     from safetensors.torch import save_file
     from tqdm.auto import tqdm
-
-    from anchorctx.evaluation.results import check_checkpoint
 
     ckpts = [check_checkpoint(c) for c in checkpoints]
     if not ckpts:

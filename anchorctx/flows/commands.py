@@ -46,6 +46,8 @@ def serve(args: argparse.Namespace) -> int:
     if not url:
         print(f"anchorctx serve: {EPHEMERAL_TRAP}", file=sys.stderr)
         return 2
+    # Imported here, like Prefect itself: the flows import Prefect, which `anchorctx --help`
+    # and the other commands skip.
     from prefect import serve as prefect_serve
 
     from anchorctx.flows.deployments import build_deployments
@@ -72,7 +74,7 @@ def eval_worker(args: argparse.Namespace) -> int:
     if not url:
         print(f"anchorctx eval-worker: {EPHEMERAL_TRAP}", file=sys.stderr)
         return 2
-    from anchorctx.flows.pool import register, worker_command
+    from anchorctx.flows.pool import register, worker_command  # imports Prefect (see serve)
 
     register(args.pool)
     cmd = worker_command(args.pool, args.name)
@@ -154,7 +156,7 @@ def run(args: argparse.Namespace) -> int:
     from prefect.deployments import run_deployment
     from prefect.exceptions import ObjectNotFound
 
-    from anchorctx.flows.follow import flow_run_url, follow
+    from anchorctx.flows.follow import flow_run_url, follow  # imports Prefect (see serve)
 
     try:
         flow_run = run_deployment(args.deployment, parameters=params, timeout=0)

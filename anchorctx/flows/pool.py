@@ -31,7 +31,7 @@ from anchorctx.config import ExperimentConfig
 from anchorctx.evaluation.results import result_path
 from anchorctx.evaluation.sharding import plan_shards, prepare
 from anchorctx.flows.sharded import config_file
-from anchorctx.tasks.process import run_process_group
+from anchorctx.process import run_process_group
 from anchorctx.tasks.sharding import shard_command
 
 SHARD_FLOW = "evaluate-shard"

@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -18,11 +17,7 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
+from anchorctx.process import free_port
 
 
 def server_env(home: str | Path, host: str, port: int) -> dict[str, str]:

@@ -5,6 +5,10 @@ from __future__ import annotations
 import argparse
 import sys
 
+from anchorctx.demo import ensure_demo_corpus, write_demo_corpus
+from anchorctx.packing.pipeline import prepare_data as run
+from anchorctx.packing.sources import DataError
+
 
 def prepare_data_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
@@ -14,10 +18,8 @@ def prepare_data_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def prepare_data(args: argparse.Namespace) -> int:
-    from anchorctx.packing.pipeline import prepare_data as run
-    from anchorctx.packing.sources import DataError
-
     try:
+        ensure_demo_corpus(args.cfg, progress=not args.quiet)  # demo configs: data + tokenizer
         out = run(args.cfg, force=args.force, progress=not args.quiet)
     except DataError as err:
         print(f"anchorctx prepare-data: {err}", file=sys.stderr)
@@ -34,8 +36,6 @@ def demo_corpus_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def demo_corpus(args: argparse.Namespace) -> int:
-    from anchorctx.packing.demo import write_demo_corpus
-
     try:
         corpus = write_demo_corpus(
             args.out, seed=args.seed, docs_per_domain=args.docs_per_domain,

@@ -25,6 +25,7 @@ import numpy as np
 from anchorctx.config import DataConfig, SourceConfig
 from anchorctx.io import WriterLock, atomic_directory, atomic_write_json, read_json
 from anchorctx.manifest import base_manifest
+from anchorctx.models.loading import anchor_token_id, load_tokenizer, tokenizer_fingerprint
 from anchorctx.packing import mixture, pack, stats
 from anchorctx.packing.sources import (
     BadInput,
@@ -34,7 +35,7 @@ from anchorctx.packing.sources import (
     read_file,
     resolve_files,
 )
-from anchorctx.packing.tokens import DocIndex, TokenStore, encode_batches, scan
+from anchorctx.packing.tokens import DocIndex, TokenStore, encode_batches, encode_texts, scan
 
 if TYPE_CHECKING:
     import datasets
@@ -55,9 +56,22 @@ def semantic_config(data: DataConfig) -> dict[str, Any]:
 def data_fingerprint(
     data: DataConfig, seed: int, tokenizer_fp: str, inputs: list[dict[str, Any]]
 ) -> str:
+    """The packed dataset's identity, the one rule for "same dataset" (its directory name, the
+    orchestration's cache key and arms sharing a dataset all use it). What counts: the data
+    config without the NON_SEMANTIC settings, the seed, the tokenizer's fingerprint (its
+    vocabulary, merges and special tokens, not its path) and the path, size and mtime of every
+    resolved input file, plus the packed format's SCHEMA_VERSION."""
     payload = {"schema": SCHEMA_VERSION, "data": semantic_config(data), "seed": seed,
                "tokenizer": tokenizer_fp, "inputs": inputs}  # fmt: skip
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def dataset_fingerprint(cfg: ExperimentConfig) -> str:
+    """:func:`data_fingerprint` of ``cfg``'s packed dataset, computed without packing (loads the
+    tokenizer and lists the inputs)."""
+    files = _resolve_inputs(cfg.data, BadInput(skip=cfg.data.on_bad_input == "skip"))
+    tok = tokenizer_fingerprint(load_tokenizer(cfg.model))
+    return data_fingerprint(cfg.data, cfg.seed, tok, input_fingerprints(files))
 
 
 def _is_complete(out: Path, fingerprint: str) -> bool:
@@ -91,8 +105,6 @@ def _records(
 
 
 def _special_tokens(data: DataConfig, tok: Any, domains: list[str]) -> tuple[dict, np.ndarray]:
-    from anchorctx.packing.tokens import encode_texts
-
     if data.separator == "eos":
         if tok.eos_token_id is None:
             raise DataError("data.separator=eos but the tokenizer has no EOS token; set a text")
@@ -271,10 +283,6 @@ def default_output_dir(cfg: ExperimentConfig, fingerprint: str) -> Path:
 
 def prepare_data(cfg: ExperimentConfig, *, force: bool = False, progress: bool = True) -> Path:
     """Build (or reuse) the packed dataset of ``cfg``; return its directory."""
-    from anchorctx.packing.demo import ensure_demo_corpus
-    from anchorctx.training.model import load_tokenizer, tokenizer_fingerprint
-
-    ensure_demo_corpus(cfg, progress=progress)
     tok = load_tokenizer(cfg.model)
     tok_info = {"path": str(cfg.model.tokenizer_path), "fingerprint": tokenizer_fingerprint(tok)}
     bad = BadInput(skip=cfg.data.on_bad_input == "skip")
@@ -303,8 +311,6 @@ def prepare_data(cfg: ExperimentConfig, *, force: bool = False, progress: bool =
 
 def _build(cfg, tok, tok_info, files, inputs, fingerprint, bad, work, out, progress):
     import datasets
-
-    from anchorctx.training.model import anchor_token_id
 
     anchor = anchor_token_id(tok)
     index, store = _tokenize_all(cfg, tok, files, bad, work, progress)

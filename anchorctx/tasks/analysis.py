@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from prefect import task
 
+from anchorctx.analysis.rope_precision import run_study
 from anchorctx.config import ExperimentConfig
+from anchorctx.demo import ensure_demo_corpus
 
 
 @task(name="rope-precision")
 def rope_precision_task(cfg: ExperimentConfig, out_dir: str | None = None) -> str:
     """Run the study; returns the JSON path (its PNG lies beside it)."""
-    from anchorctx.analysis.rope_precision import run_study
-
+    ensure_demo_corpus(cfg, progress=False)  # demo configs: the corpus provides the tokenizer
     return str(run_study(cfg, out_dir=out_dir, progress=False))

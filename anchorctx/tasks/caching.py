@@ -5,45 +5,34 @@ hashing a pydantic config or a checkpoint path as an *input* says nothing about 
 behind it. Each cached task therefore gets a ``cache_key_fn`` that hashes what actually
 determines its output:
 
-- packed dataset: data config + tokenizer content + input file listing + seed + code version;
+- packed dataset: the packing fingerprint (data config, seed, tokenizer fingerprint, input file
+  listing: :func:`anchorctx.packing.pipeline.data_fingerprint`) + code version;
 - training: the arm's full resolved config + the packed dataset's manifest + code version;
 - evaluation: the checkpoint's content hash + the suite's evaluation fingerprint (settings and
   input data) + evaluation code version (``anchorctx.evaluation.identity``).
 
-"Code version" is the package version plus a hash of the package's source tree, so editing the
-library invalidates results it produced, while re-running unchanged code on unchanged inputs
-is a cache hit. A cache record only says "this was computed"; the flows check that the output
-still exists on disk and refresh the task when it does not (see ``anchorctx.flows``).
+"Code version" is :func:`anchorctx.manifest.code_version`: the package version plus a hash of
+the source that computes results, so editing the library invalidates results it produced, while
+re-running unchanged code on unchanged inputs is a cache hit. A cache record only says "this
+was computed"; the flows check that the output still exists on disk and refresh the task when it
+does not (see ``anchorctx.flows``).
 """
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import anchorctx
-from anchorctx.io import hash_tree
+from anchorctx.evaluation import identity, result_path
+from anchorctx.manifest import code_version
+from anchorctx.packing.pipeline import dataset_fingerprint
 
 if TYPE_CHECKING:
     from prefect.context import TaskRunContext
 
     from anchorctx.config import ExperimentConfig
-
-
-@functools.lru_cache(maxsize=1)
-def code_version() -> str:
-    """``<version>+<hash of the anchorctx source tree>`` (tasks/ and flows/ excluded: they
-    orchestrate, they do not change results)."""
-    root = Path(anchorctx.__file__).resolve().parent
-    h = hashlib.sha256()
-    for sub in sorted(p for p in root.iterdir() if p.is_dir() and p.name not in {"tasks", "flows"}):
-        h.update(sub.name.encode() + hash_tree(sub, ("*.py", "*.yaml", "*.json", "*.txt")).encode())
-    for f in sorted(root.glob("*.py")):
-        h.update(f.name.encode() + f.read_bytes())
-    return f"{anchorctx.__version__}+{h.hexdigest()[:12]}"
 
 
 def digest(*parts: Any) -> str:
@@ -52,26 +41,10 @@ def digest(*parts: Any) -> str:
     return hashlib.sha256(blob).hexdigest()[:24]
 
 
-def _listing(path: Path) -> list[tuple[str, int, int]]:
-    """(name, size, mtime_ns) of the files behind a source path: cheap change detection for
-    corpora too large to hash on every flow run."""
-    if path.is_file():
-        files = [path]
-    elif path.is_dir():
-        files = sorted(p for p in path.rglob("*") if p.is_file())
-    else:
-        files = sorted(p for p in path.parent.glob(path.name) if p.is_file())
-    return [(str(p), p.stat().st_size, p.stat().st_mtime_ns) for p in files]
-
-
 def data_key(cfg: ExperimentConfig) -> str:
-    """Identity of the packed dataset an arm needs (arms with equal keys share one dataset)."""
-    tok = cfg.model.tokenizer_path
-    tok_hash = hash_tree(tok) if tok is not None and Path(tok).is_dir() else str(tok)
-    data = cfg.model_dump(mode="json")["data"]
-    data.pop("num_workers", None)  # parallelism does not change the packed rows
-    inputs = [_listing(Path(s.path)) for s in cfg.data.sources]
-    return digest("data", data, cfg.seed, tok_hash, inputs)
+    """Identity of the packed dataset an arm needs (arms with equal keys share one dataset):
+    the packing fingerprint, so the cache and the dataset directory agree by construction."""
+    return dataset_fingerprint(cfg)
 
 
 # ---------------------------------------------------------------------- Prefect cache_key_fns
@@ -91,8 +64,6 @@ def evaluate_cache_key(context: TaskRunContext, parameters: dict[str, Any]) -> s
     """The evaluation library's own result identity (checkpoint content hash, the suite's
     evaluation fingerprint including its input data, evaluation code version) plus the result
     path, because the task's product is the file at that path."""
-    from anchorctx.evaluation import identity, result_path
-
     cfg: ExperimentConfig = parameters["cfg"]
     ckpt, suite = Path(parameters["checkpoint"]), parameters["suite"]
     return digest("evaluate", str(result_path(ckpt, suite)), identity(cfg, ckpt, suite))

@@ -7,14 +7,14 @@ from pathlib import Path
 from prefect import task
 
 from anchorctx.config import ExperimentConfig
+from anchorctx.demo import ensure_demo_corpus, ensure_eval_fixtures
+from anchorctx.packing import prepare_data
 from anchorctx.tasks.caching import prepare_data_cache_key
 
 
 @task(name="ensure-demo-corpus")
 def ensure_demo_corpus_task(cfg: ExperimentConfig) -> str | None:
     """Write the seeded demo corpus and tokenizer when ``data.demo_corpus`` is set and missing."""
-    from anchorctx.packing import ensure_demo_corpus
-
     corpus = ensure_demo_corpus(cfg)
     return None if corpus is None else str(corpus.root)
 
@@ -22,8 +22,6 @@ def ensure_demo_corpus_task(cfg: ExperimentConfig) -> str | None:
 @task(name="ensure-eval-fixtures")
 def ensure_eval_fixtures_task(cfg: ExperimentConfig) -> dict[str, str] | None:
     """Write the demo evaluation data once, before evaluation tasks run concurrently."""
-    from anchorctx.evaluation.fixtures import ensure_eval_fixtures
-
     paths = ensure_eval_fixtures(cfg)
     return None if paths is None else {k: str(v) for k, v in paths.items()}
 
@@ -36,8 +34,6 @@ def ensure_eval_fixtures_task(cfg: ExperimentConfig) -> dict[str, str] | None:
 )
 def prepare_data_task(cfg: ExperimentConfig, force: bool = False) -> str:
     """Sample, tokenise and pack; returns the packed dataset directory."""
-    from anchorctx.packing import prepare_data
-
     return str(prepare_data(cfg, force=force, progress=False))
 
 

@@ -9,6 +9,9 @@ from prefect import task
 from prefect.runtime import task_run
 
 from anchorctx.config import ExperimentConfig
+from anchorctx.evaluation import evaluate_checkpoint, summarize_run, write_experiment_report
+from anchorctx.evaluation.arm_comparison import write_arm_comparison
+from anchorctx.evaluation.results import result_is_intact
 from anchorctx.tasks.caching import evaluate_cache_key
 
 
@@ -26,38 +29,28 @@ def _evaluate_run_name() -> str:
 )
 def evaluate_task(cfg: ExperimentConfig, checkpoint: str, suite: str, force: bool = False) -> str:
     """Evaluate one checkpoint on one suite; returns the results JSON path."""
-    from anchorctx.evaluation import evaluate_checkpoint
-
     return str(evaluate_checkpoint(cfg, checkpoint, suite, force=force, progress=False))
 
 
 @task(name="summarize-run")
 def summarize_task(run_dir: str, last_k: int) -> dict[str, Any]:
     """Mean ± std over the last k checkpoints (writes ``eval/summary.json`` and ``.md``)."""
-    from anchorctx.evaluation import summarize_run
-
     return summarize_run(run_dir, last_k)
 
 
 @task(name="experiment-report")
 def report_task(experiment_dir: str, variants: list[str]) -> dict[str, Any]:
     """The variants side by side in the paper's table shapes (report.md/json, plots)."""
-    from anchorctx.evaluation import write_experiment_report
-
     return write_experiment_report(experiment_dir, variants)
 
 
 @task(name="arm-comparison")
 def arm_comparison_task(cfg: ExperimentConfig, datasets: dict[str, str]) -> dict[str, Any]:
     """What differs among the arms: loss curves, attention work, the RoPE precision study."""
-    from anchorctx.evaluation.arm_comparison import write_arm_comparison
-
     return write_arm_comparison(cfg, datasets)
 
 
 def result_exists(checkpoint: str | Path, suite: str) -> bool:
     """The result file exists and is intact (not edited since it was written): otherwise a
     cached task is refreshed, and the library recomputes it from the per-sample records."""
-    from anchorctx.evaluation.results import result_is_intact
-
     return result_is_intact(checkpoint, suite)

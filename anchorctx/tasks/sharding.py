@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 from prefect import get_run_logger, task
 from prefect.runtime import task_run
 
-from anchorctx.tasks.process import run_process_group
+from anchorctx.process import run_process_group
 
 if TYPE_CHECKING:
     from anchorctx.config import ExperimentConfig

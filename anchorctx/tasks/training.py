@@ -3,7 +3,7 @@
 The task writes the arm's resolved config beside the run directory and runs
 ``python -m anchorctx train CONFIG [--resume]`` (which itself launches torchrun when the config
 asks for several processes; the child holds the run directory's writer lock). See
-:mod:`anchorctx.tasks.process` for how the process tree is killed on cancellation, crash or
+:mod:`anchorctx.process` for how the process tree is killed on cancellation, crash or
 deadline.
 """
 
@@ -17,9 +17,10 @@ from prefect import get_run_logger, task
 
 from anchorctx.config import ExperimentConfig, dump_config
 from anchorctx.io import read_jsonl
+from anchorctx.models.checkpoints import list_checkpoints
+from anchorctx.process import run_process_group
 from anchorctx.tasks.artifacts import Progress, artifact_key
 from anchorctx.tasks.caching import train_cache_key
-from anchorctx.tasks.process import run_process_group
 
 
 def train_command(config_path: Path, *, resume: bool) -> list[str]:
@@ -42,8 +43,6 @@ def last_step(metrics_path: Path) -> int:
 
 
 def list_checkpoint_paths(run_dir: Path) -> list[str]:
-    from anchorctx.training.checkpoints import list_checkpoints
-
     return [str(p) for p in list_checkpoints(run_dir)] if run_dir.is_dir() else []
 
 
@@ -92,6 +91,7 @@ def train_task(
     back if it does not. ``gpus``: the device ids the child may use (``CUDA_VISIBLE_DEVICES``;
     default: every visible GPU).
     """
+    # Imported here: the training loop imports torch, which the flow process otherwise skips.
     from anchorctx.training.loop import run_lock
 
     logger = get_run_logger()

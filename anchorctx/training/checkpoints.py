@@ -29,7 +29,6 @@ import base64
 import json
 import os
 import random
-import re
 import shutil
 from pathlib import Path
 from typing import Any
@@ -40,37 +39,19 @@ import torch.distributed as dist
 
 from anchorctx.config import SaveConfig
 from anchorctx.io import atomic_directory, atomic_write_json, read_json
+from anchorctx.models.checkpoints import (
+    CHECKPOINT_DIR,
+    META_FILE,
+    checkpoint_name,
+    list_checkpoints,
+)
 from anchorctx.training.plan import ResumeStateError
 
-CHECKPOINT_DIR = "checkpoints"
 RESUME_DIR = "resume"
-META_FILE = "anchorctx.json"
 TRAINER_FILE = "trainer.json"
 ENGINE_TAG = "engine"
 PARTIAL_RESUME = ".resume.partial"
 OLD_RESUME = ".resume.old"
-_NAME = re.compile(r"^step-(\d{6,})$")
-
-
-def checkpoint_name(step: int) -> str:
-    return f"step-{step:06d}"
-
-
-def checkpoint_step(path: Path) -> int:
-    match = _NAME.match(Path(path).name)
-    if not match:
-        raise ValueError(f"not a checkpoint directory name: {path}")
-    return int(match.group(1))
-
-
-def list_checkpoints(run_dir: str | Path) -> list[Path]:
-    """Complete ``checkpoints/step-NNNNNN`` directories of a run, ascending step."""
-    root = Path(run_dir) / CHECKPOINT_DIR
-    if not root.is_dir():
-        return []
-    found = [p for p in root.iterdir() if p.is_dir() and _NAME.match(p.name)]
-    found = [p for p in found if (p / META_FILE).is_file()]
-    return sorted(found, key=checkpoint_step)
 
 
 def should_save(step: int, total: int, save: SaveConfig) -> bool:

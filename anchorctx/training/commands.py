@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import argparse
 
+from anchorctx.demo import ensure_demo_corpus
+from anchorctx.tracking import check_backends
+
 
 def train_arguments(parser: argparse.ArgumentParser) -> None:
     mode = parser.add_mutually_exclusive_group()
@@ -36,11 +39,13 @@ def train_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def train(args: argparse.Namespace) -> int:
-    from anchorctx.tracking import check_backends
+    # Imported here: the launcher's imports reach torch, which `anchorctx --help` skips.
     from anchorctx.training.launch import launch
 
     # Errors (config, data, tracker, busy or corrupt run directory) become one line in
     # anchorctx.cli, with exit status 2 or 1 (see there).
     check_backends(args.cfg)  # before any work: a missing tracker package is one line
+    # Demo configs: the launcher writes the corpus where it prepares the data (node 0, under
+    # the run lock), before its checks read the tokenizer.
     return launch(args.cfg, resume=args.resume, force=args.force, node_rank=args.node_rank,
-                  master_addr=args.master_addr)  # fmt: skip
+                  master_addr=args.master_addr, prepare_inputs=ensure_demo_corpus)  # fmt: skip

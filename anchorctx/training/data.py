@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from anchorctx.attention import build_layout
 from anchorctx.training.loss import count_targets, shifted_targets
 from anchorctx.training.plan import Parallelism, padded_length
 
@@ -137,8 +138,6 @@ class BatchPlan:
         )
 
     def _pairs(self, row: Row) -> int:
-        from anchorctx.attention import build_layout
-
         return build_layout(row.seg_lens, self.variant, row.seg_doc).attended_pairs
 
     def _row(self, index: int) -> Row:
@@ -153,8 +152,6 @@ def shard_rows(
     rows: list[Row], variant: str, sp: int, sp_rank: int, device: torch.device | str
 ) -> MicroBatch:
     """This SP rank's contiguous sequence shard of a micro-batch of (padded) rows."""
-    from anchorctx.attention import build_layout
-
     t = rows[0].input_ids.shape[0]
     local = t // sp
     shard = slice(sp_rank * local, (sp_rank + 1) * local)

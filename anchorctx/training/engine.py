@@ -18,9 +18,11 @@ over the whole sequence-data-parallel group, pinned with ``reduce_scatter: true`
 from __future__ import annotations
 
 import os
-import socket
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from anchorctx.attention.hf import attention_name, select_attention
+from anchorctx.process import free_port
 
 if TYPE_CHECKING:
     import torch
@@ -76,12 +78,6 @@ def import_deepspeed():
     return deepspeed
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 _SINGLE_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
                "MASTER_PORT")  # fmt: skip
 _owned_env: list[str] = []
@@ -124,6 +120,7 @@ def shutdown_distributed() -> None:
     for key in _owned_env:
         os.environ.pop(key, None)
     _owned_env.clear()
+    _ULYSSES.clear()  # their groups belonged to the destroyed process group
 
 
 def deepspeed_config(cfg: ExperimentConfig, par: Parallelism) -> dict[str, Any]:
@@ -178,23 +175,43 @@ def build_scheduler(optimizer, warmup_steps: int):
     return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
 
 
+# DeepSpeed's wrapper replaces the registry entry of the name it is given. It is given a name of
+# its own, ``<model's attention>+ulysses``, so the plain ``"anchorctx"`` entry stays unwrapped:
+# a model loaded later (``load_model`` registers and selects the plain name) cannot undo the
+# wrapping of this one, and a non-SP model in the same process never runs the all-to-alls.
+ULYSSES_SUFFIX = "+ulysses"
+# DeepSpeed creates the SP groups once per process: one wrapper (and mpu) per layout, shared by
+# every model of that layout (several engines in one process, as the exactness tests build).
+_ULYSSES: dict[tuple[str, int, int, int], Any] = {}
+
+
 def register_sequence_parallel(model, par: Parallelism, seq_len: int):
-    """Wrap the registered attention with Ulysses all-to-alls; returns DeepSpeed's ``mpu``
-    (SP and SP×DP groups) or None without SP. Once per process: the wrapper replaces the
-    ``"anchorctx"`` entry of transformers' attention registry."""
+    """Make ``model`` run its attention inside DeepSpeed's Ulysses all-to-alls; returns
+    DeepSpeed's ``mpu`` (SP and SP×DP groups) or None without SP. Idempotent and independent of
+    the order in which models are loaded and wrapped (see ULYSSES_SUFFIX)."""
     if par.sp == 1:
         return None
     import_deepspeed()
     from deepspeed.runtime.sequence_parallel.ulysses_sp import UlyssesSPAttentionHF
+    from transformers import AttentionInterface
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-    return UlyssesSPAttentionHF.register_with_transformers(
-        model_name_or_path=model,
-        core_attn_implementation=model.config._attn_implementation,
-        sequence_parallel_size=par.sp,
-        micro_batch_size=par.micro,
-        seq_length=seq_len,
-        seq_length_is_variable=False,
-    )
+    base = attention_name(model).removesuffix(ULYSSES_SUFFIX)
+    name = base + ULYSSES_SUFFIX
+    key = (name, par.sp, par.micro, seq_len)
+    if key not in _ULYSSES:
+        AttentionInterface.register(name, ALL_ATTENTION_FUNCTIONS[base])  # wrapped next
+        select_attention(model, name)
+        _ULYSSES[key] = UlyssesSPAttentionHF.register_with_transformers(
+            model_name_or_path=model,
+            core_attn_implementation=name,
+            sequence_parallel_size=par.sp,
+            micro_batch_size=par.micro,
+            seq_length=seq_len,
+            seq_length_is_variable=False,
+        )
+    select_attention(model, name)
+    return _ULYSSES[key]
 
 
 def build_engine(model, cfg: ExperimentConfig, par: Parallelism, mpu, optimizer=None):

@@ -1,6 +1,7 @@
 """``launch(cfg)``: one command for any scale.
 
-- One process (``nproc × nnodes == 1``): :func:`anchorctx.training.train` runs in this process.
+- One process (``nproc × nnodes == 1``): :func:`anchorctx.training.loop.train` runs in this
+  process, given the plan, pre-flight result and restart state computed here.
 - Several processes on this machine: ``torchrun --nproc-per-node N`` runs
   ``python -m anchorctx.training.worker`` as a child. On CPU, ``training.sequence_parallel=2``
   alone starts two gloo processes (``nproc`` defaults to the SP size on CPU, to the visible GPU
@@ -27,13 +28,21 @@ multi-node job only node 0 (or the host that runs DeepSpeed's launcher) holds it
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from anchorctx.config import ExperimentConfig, dump_config
+from anchorctx.process import free_port, run_process_group
+from anchorctx.training import checkpoints as ckpt
+from anchorctx.training.loop import (
+    Prepared,
+    move_run_aside,
+    preflight,
+    restart_state,
+    run_lock,
+    train,
+)
 from anchorctx.training.nodes import NodeSpec, rendezvous_args, resolve_nodes
 from anchorctx.training.plan import (
     Parallelism,
@@ -48,16 +57,16 @@ LAUNCH_CONFIG = ".launch-config.yaml"
 def launch(
     cfg: ExperimentConfig, *, resume: bool = False, force: bool = False,
     node_rank: int | None = None, master_addr: str | None = None,
+    prepare_inputs: Callable[[ExperimentConfig], object] | None = None,
 ) -> int:  # fmt: skip
     """Run training in-process or as a launched process group; returns the exit status.
 
     ``force`` starts over: an earlier run in the run directory is renamed aside first.
     ``node_rank``/``master_addr``: this node's place in a multi-node job started on every node
     (default: from the scheduler's environment, see :mod:`anchorctx.training.nodes`).
+    ``prepare_inputs(cfg)``: writes generated inputs (the demo corpus) on the node that prepares
+    the data, under the run lock, before the pre-flight checks read them.
     """
-    from anchorctx.training import checkpoints as ckpt
-    from anchorctx.training.loop import move_run_aside, preflight, restart_state, run_lock, train
-
     if resume and force:
         raise TrainingError("--resume and --force exclude each other: continue, or start over")
     par = plan_parallelism(cfg)
@@ -73,14 +82,16 @@ def launch(
         # the restart state inside the job, after node 0 is done (loop.train).
         return _launch_group(cfg, par, resume, None, nodes, lock_fd=None)
     with run_lock(cfg) as lock:
+        if prepare_inputs is not None:
+            prepare_inputs(cfg)
         pre = preflight(cfg, par)  # first: a bad config moves nothing aside
         if force and (old := move_run_aside(cfg.run_dir)) is not None:
             print(f"earlier run moved aside to {old}", flush=True)
         if note := ckpt.recover_resume(cfg.run_dir):
             print(note, flush=True)
-        restart_state(cfg, par, resume)
+        state = restart_state(cfg, par, resume)
         if par.world == 1:
-            train(cfg, resume=resume, data_dir=pre.data_dir, hold_lock=False)
+            train(cfg, resume=resume, hold_lock=False, prepared=Prepared(par, pre, state))
             return 0
         return _launch_group(cfg, par, resume, pre.data_dir, nodes, lock_fd=lock.fd)
 
@@ -100,7 +111,9 @@ def _launch_group(
         )
     dump_config(cfg, cfg_path)
     cmd = launcher_command(cfg, nproc, cfg_path, resume, data_dir, nodes)
-    code = run_process_group(cmd, pass_fds=(lock_fd,))
+    print("launching: " + " ".join(cmd), flush=True)
+    # Output inherited: the ranks' lines (and a progress bar on a terminal) pass through as is.
+    code = run_process_group(cmd, on_line=None, pass_fds=(lock_fd,), check=False)
     if code != 0 and nodes is not None:
         print(f"anchorctx train: node {nodes.node_rank} of {nodes.nnodes}: the distributed job "
               f"failed (exit {code}); if a node died, start every node again with --resume",
@@ -113,8 +126,6 @@ def launcher_command(
     nodes: NodeSpec | None = None,
 ) -> list[str]:  # fmt: skip
     t = cfg.training
-    from anchorctx.training.engine import free_port
-
     worker = ["-m", "anchorctx.training.worker", str(cfg_path),
               *(["--data-dir", str(data_dir)] if data_dir is not None else []),
               *(["--resume"] if resume else [])]  # fmt: skip
@@ -131,32 +142,3 @@ def launcher_command(
     return [sys.executable, "-m", "torch.distributed.run", "--nnodes=1",
             f"--nproc-per-node={nproc}", "--master-addr=127.0.0.1", f"--master-port={port}",
             *worker]  # fmt: skip
-
-
-def run_process_group(
-    cmd: list[str], env: dict[str, str] | None = None, pass_fds: tuple[int | None, ...] = ()
-) -> int:
-    """Run ``cmd`` in a new session; kill its whole process group if we are interrupted.
-    ``pass_fds``: descriptors the child inherits (the run lock, so it outlives this process)."""
-    print("launching: " + " ".join(cmd), flush=True)
-    proc = subprocess.Popen(cmd, start_new_session=True, env={**os.environ, **(env or {})},
-                            pass_fds=tuple(fd for fd in pass_fds if fd is not None))  # fmt: skip
-    try:
-        return proc.wait()
-    except BaseException:
-        _terminate_group(proc)
-        raise
-
-
-def _terminate_group(proc: subprocess.Popen, grace_s: float = 15.0) -> None:
-    """SIGTERM the group (torchrun forwards it to the workers), then SIGKILL what is left."""
-    try:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(timeout=grace_s)
-    except (ProcessLookupError, subprocess.TimeoutExpired):
-        pass
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        return
-    proc.wait()

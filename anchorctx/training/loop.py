@@ -5,10 +5,15 @@ One process, or one rank of a ``torchrun``/``deepspeed`` launch (see
 tokenizer, heads — nothing on the GPU yet), process group, run directory, model, Ulysses
 registration, DeepSpeed engine, optional resume, then the step loop with logging,
 checkpoints and resume state.
+
+The parallel plan, the pre-flight result and the restart state are computed once per process:
+a launcher that already has them (``anchorctx train`` of one process) passes them in as
+:class:`Prepared`; a launched rank computes them itself.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import sys
@@ -17,7 +22,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from anchorctx.config import ExperimentConfig, dump_config
+import torch
+import torch.distributed as dist
+from tqdm import tqdm
+
+from anchorctx.config import ExperimentConfig, TrainingConfig, dump_config
 from anchorctx.io import (
     WriterLock,
     append_jsonl,
@@ -26,8 +35,22 @@ from anchorctx.io import (
     read_jsonl,
     sha256_file,
 )
+from anchorctx.manifest import base_manifest
+from anchorctx.models.checkpoints import list_checkpoints
+from anchorctx.models.loading import build_hf_config, load_model, load_tokenizer, resolve_device
+from anchorctx.packing import load_packed, prepare_data
 from anchorctx.tracking import Tracker, train_metrics
 from anchorctx.training import checkpoints as ckpt
+from anchorctx.training import metrics as M
+from anchorctx.training.data import BatchPlan
+from anchorctx.training.engine import (
+    build_engine,
+    init_distributed,
+    loss_scale,
+    register_sequence_parallel,
+    shutdown_distributed,
+)
+from anchorctx.training.nodes import check_shared_run_dir
 from anchorctx.training.plan import (
     Parallelism,
     TrainingError,
@@ -38,6 +61,8 @@ from anchorctx.training.plan import (
     padded_length,
     plan_parallelism,
 )
+from anchorctx.training.step import train_step
+from anchorctx.training.tiling import apply_memory_options, init_context
 
 log = logging.getLogger("anchorctx.training")
 # Settings that may change between a run and its resumption (extend a run, save more often).
@@ -52,14 +77,21 @@ class Preflight:
     hf_config: Any
 
 
+@dataclass
+class Prepared:
+    """What the launcher computed before training in its own process: the plan, the pre-flight
+    result and the restart state (after recovering resume state and moving an old run aside)."""
+
+    par: Parallelism
+    pre: Preflight
+    state: dict[str, Any] | None
+
+
 def preflight(
     cfg: ExperimentConfig, par: Parallelism, *, data_dir: Path | None = None
 ) -> Preflight:
     """Every check that needs no GPU. The packed dataset is ``data_dir`` when given (a
     launcher already prepared it), else built by ``prepare_data`` if missing."""
-    from anchorctx.packing import load_packed, prepare_data
-    from anchorctx.training.model import build_hf_config, load_tokenizer
-
     check_model_source(cfg)
     tokenizer = load_tokenizer(cfg.model)
     hf_config = build_hf_config(cfg.model, seq_len=cfg.data.seq_len, vocab_size=len(tokenizer))
@@ -78,6 +110,7 @@ def train(
     resume: bool = False,
     data_dir: Path | None = None,
     hold_lock: bool = True,
+    prepared: Prepared | None = None,
 ) -> dict[str, Any]:
     """Train ``cfg``'s arm to ``training.steps``; returns a summary dict.
 
@@ -87,22 +120,20 @@ def train(
     earlier run is an error (:func:`restart_state`). ``data_dir``: the packed dataset, when the
     caller already prepared it (default: ``prepare_data(cfg)`` on rank 0). ``hold_lock``: take
     the run directory's writer lock on rank 0 (a launcher that holds it passes False).
+    ``prepared``: the launcher's plan, pre-flight and restart state (one process only).
     """
-    from anchorctx.training.engine import init_distributed, shutdown_distributed
-
     lock = None
     if hold_lock and os.environ.get("RANK", "0") == "0":
         lock = run_lock(cfg).acquire()
     try:
-        par = plan_parallelism(cfg)
-        rank, world, local_rank = init_distributed(par.device)
+        want = cfg.training.device
+        device = prepared.par.device if prepared else resolve_device(want, "training.device")
+        rank, world, local_rank = init_distributed(device)
         try:
-            par = plan_parallelism(cfg, world=world)
+            par = prepared.par if prepared else plan_parallelism(cfg, world=world)
             if cfg.training.nnodes > 1:
-                from anchorctx.training.nodes import check_shared_run_dir
-
                 check_shared_run_dir(cfg.run_dir, rank, world)
-            return _train(cfg, par, rank, local_rank, resume, data_dir)
+            return _train(cfg, par, rank, local_rank, resume, data_dir, prepared)
         finally:
             shutdown_distributed()
     finally:
@@ -128,21 +159,20 @@ def move_run_aside(run_dir: Path) -> Path | None:
     return target
 
 
-def _train(cfg, par: Parallelism, rank, local_rank, resume, data_dir) -> dict[str, Any]:
-    import torch.distributed as dist
-
-    from anchorctx.packing import load_packed
-
-    if rank == 0:
-        pre = preflight(cfg, par, data_dir=data_dir)
-        if note := ckpt.recover_resume(cfg.run_dir):
-            print(note, flush=True)
-    dist.barrier()  # rank 0 built the dataset; the others now find it finished
-    if rank != 0:
-        pre = preflight(cfg, par, data_dir=data_dir)
+def _train(cfg, par: Parallelism, rank, local_rank, resume, data_dir, prepared) -> dict[str, Any]:
+    if prepared is not None:  # one process: the launcher did the checks and the recovery
+        pre, state = prepared.pre, prepared.state
+    else:
+        if rank == 0:
+            pre = preflight(cfg, par, data_dir=data_dir)
+            if note := ckpt.recover_resume(cfg.run_dir):
+                print(note, flush=True)
+        dist.barrier()  # rank 0 built the dataset; the others now find it finished
+        if rank != 0:
+            pre = preflight(cfg, par, data_dir=data_dir)
+        state = restart_state(cfg, par, resume)  # every rank checks: none waits on a failed one
     dataset, _ = load_packed(pre.data_dir)
     run_dir = cfg.run_dir
-    state = restart_state(cfg, par, resume)  # every rank checks: no rank waits on a failed one
     if rank == 0:
         _prepare_run_dir(cfg, par, pre, state)
     dist.barrier()
@@ -151,13 +181,6 @@ def _train(cfg, par: Parallelism, rank, local_rank, resume, data_dir) -> dict[st
     if start >= cfg.training.steps:
         log.info("run already complete at step %d: %s", start, run_dir)
         return _summary(cfg, state["step"], state.get("tokens_seen", 0), state.get("loss"), start)
-    return _run(cfg, par, pre, dataset, rank, local_rank, state)
-
-
-def _run(cfg, par, pre: Preflight, dataset, rank, local_rank, state) -> dict[str, Any]:
-    from anchorctx.training.data import BatchPlan
-    from anchorctx.training.engine import loss_scale
-
     device = f"cuda:{local_rank}" if par.device == "cuda" else "cpu"
     engine = _build(cfg, par, pre, device)
     if state is not None:
@@ -172,10 +195,6 @@ def _run(cfg, par, pre: Preflight, dataset, rank, local_rank, state) -> dict[str
 
 def _build(cfg, par: Parallelism, pre: Preflight, device: str):
     """Model with the registered attention (and Ulysses around it), inside DeepSpeed."""
-    from anchorctx.training.engine import build_engine, register_sequence_parallel
-    from anchorctx.training.model import load_model
-    from anchorctx.training.tiling import apply_memory_options, init_context
-
     dtype = "bfloat16" if cfg.training.precision == "bf16" else "float32"
     with init_context(cfg, device):
         model = load_model(cfg.model, seq_len=cfg.data.seq_len, dtype=dtype, device=device,
@@ -190,11 +209,6 @@ def _build(cfg, par: Parallelism, pre: Preflight, device: str):
 
 
 def _loop(cfg, par, pre, engine, plan, scale, device, state) -> dict[str, Any]:
-    import torch.distributed as dist
-
-    from anchorctx.training import metrics as M
-    from anchorctx.training.step import train_step
-
     t = cfg.training
     rank = dist.get_rank()
     start = state["step"] if state else 0
@@ -231,11 +245,9 @@ def _loop(cfg, par, pre, engine, plan, scale, device, state) -> dict[str, Any]:
 
 
 def _report(cfg, row: dict, eta_s: float, bar) -> None:
-    from anchorctx.training.metrics import step_line
-
     append_jsonl(cfg.run_dir / "metrics.jsonl", row)
     if row["step"] % cfg.training.log_every == 0 or row["step"] == cfg.training.steps:
-        line = step_line(row, cfg.training.steps, eta_s)
+        line = M.step_line(row, cfg.training.steps, eta_s)
         if bar is not None:
             bar.clear()
         log.info(line)
@@ -282,7 +294,7 @@ def _summary(cfg, step: int, tokens_seen: int, loss, start: int) -> dict[str, An
         "resumed_from": start or None,
         "tokens_seen": tokens_seen,
         "final_loss": loss,
-        "checkpoints": [str(p) for p in ckpt.list_checkpoints(cfg.run_dir)],
+        "checkpoints": [str(p) for p in list_checkpoints(cfg.run_dir)],
     }
 
 
@@ -290,7 +302,6 @@ def _summary(cfg, step: int, tokens_seen: int, loss, start: int) -> dict[str, An
 def resume_fingerprint(cfg: ExperimentConfig) -> str:
     """Hash of what determines the training computation (seed, model, data, training), without
     the settings a resumed run may change. Evaluation settings may change freely."""
-    from anchorctx.config import TrainingConfig
 
     defaults, copy = TrainingConfig(), cfg.model_copy(deep=True)
     for key in RESUMABLE_CHANGES:
@@ -307,7 +318,7 @@ def restart_state(cfg: ExperimentConfig, par: Parallelism, resume: bool) -> dict
     """
     run_dir = cfg.run_dir
     if not resume:
-        found = ckpt.list_checkpoints(run_dir)
+        found = list_checkpoints(run_dir)
         held = (["resume state"] if ckpt.has_resume_state(run_dir) else []) + (
             [f"{len(found)} checkpoint(s)"] if found else []
         )
@@ -320,7 +331,7 @@ def restart_state(cfg: ExperimentConfig, par: Parallelism, resume: bool) -> dict
     state = ckpt.read_trainer_state(run_dir, par.world)
     if state is not None:
         _check_resumable(cfg, par, state)
-    elif ckpt.list_checkpoints(run_dir):
+    elif list_checkpoints(run_dir):
         raise TrainingError(
             f"{run_dir} holds checkpoints of an earlier run but no resume state to continue "
             "from; start over with --force (moves it aside), or choose another name or variant"
@@ -344,8 +355,6 @@ def _check_resumable(cfg: ExperimentConfig, par: Parallelism, state: dict[str, A
 
 
 def _prepare_run_dir(cfg, par: Parallelism, pre: Preflight, state) -> None:
-    from anchorctx.manifest import base_manifest
-
     run_dir = cfg.run_dir
     run_dir.mkdir(parents=True, exist_ok=True)
     _trim_metrics(run_dir / "metrics.jsonl", state["step"] if state else 0)
@@ -368,8 +377,6 @@ def _trim_metrics(path: Path, keep_through: int) -> None:
 
 
 def _json_line(row: dict) -> str:
-    import json
-
     return json.dumps(row, default=str) + "\n"
 
 
@@ -393,13 +400,9 @@ def _setup_logging(path: Path, rank: int) -> None:
 def _progress_bar(rank: int, start: int, total: int):
     if rank != 0 or not sys.stderr.isatty():
         return None  # piped output (launchers, CI) gets the per-step lines only
-    from tqdm import tqdm
-
     return tqdm(total=total, initial=start, desc="train", unit="step", dynamic_ncols=True)
 
 
 def _sync(device: str) -> None:
     if device == "cuda":
-        import torch
-
         torch.cuda.synchronize()

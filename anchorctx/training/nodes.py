@@ -31,6 +31,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from anchorctx.io import atomic_write_text
 from anchorctx.training.plan import TrainingError
 
 DEFAULT_PORT = 29500
@@ -131,8 +132,6 @@ def check_shared_run_dir(run_dir: Path, rank: int, world: int) -> None:
     path = Path(run_dir) / _CHECK_FILE
     token = [secrets.token_hex(16) if rank == 0 else None]
     if rank == 0:
-        from anchorctx.io import atomic_write_text
-
         path.parent.mkdir(parents=True, exist_ok=True)
         atomic_write_text(path, token[0])
     dist.broadcast_object_list(token, src=0)

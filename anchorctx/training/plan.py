@@ -13,6 +13,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from anchorctx.models.loading import anchor_token_id, resolve_device, tokenizer_fingerprint
+
 if TYPE_CHECKING:
     from transformers import PretrainedConfig, PreTrainedTokenizerBase
 
@@ -50,17 +52,6 @@ class Parallelism:
         return asdict(self)
 
 
-def resolve_device(cfg: ExperimentConfig) -> str:
-    import torch
-
-    want = cfg.training.device
-    if want == "cuda" and not torch.cuda.is_available():
-        raise TrainingError("training.device=cuda but no CUDA GPU is visible; use device=cpu")
-    if want == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    return want
-
-
 def processes_per_node(cfg: ExperimentConfig, device: str) -> int:
     """``training.nproc``; default: every visible GPU, or one CPU process per SP rank."""
     if cfg.training.nproc is not None:
@@ -86,7 +77,7 @@ def resolve_engine(cfg: ExperimentConfig, device: str) -> str:
 def plan_parallelism(cfg: ExperimentConfig, world: int | None = None) -> Parallelism:
     """DP × SP layout, accumulation steps and ZeRO stage; ``world`` overrides the config's."""
     t = cfg.training
-    device = resolve_device(cfg)
+    device = resolve_device(t.device, "training.device")
     if world is None:
         world = processes_per_node(cfg, device) * t.nnodes
     sp = t.sequence_parallel
@@ -121,10 +112,8 @@ def check_model_source(cfg: ExperimentConfig) -> None:
     path = cfg.model.path
     if path is None:
         return
-    if not Path(path).is_dir():
+    if not Path(path).is_dir():  # its files are checked where it is read (build_hf_config)
         raise TrainingError(f"model.path does not exist: {path} (a local Hugging Face model dir)")
-    if not (Path(path) / "config.json").is_file():
-        raise TrainingError(f"model.path has no config.json: {path}")
 
 
 def check_heads(hf_config: PretrainedConfig, sp: int) -> None:
@@ -152,8 +141,6 @@ def check_dataset(
     cfg: ExperimentConfig, manifest: dict[str, Any], tokenizer: PreTrainedTokenizerBase
 ) -> None:
     """The packed dataset was made with this tokenizer and is long enough."""
-    from anchorctx.training.model import anchor_token_id, tokenizer_fingerprint
-
     theirs = _manifest_fingerprint(manifest)
     ours = tokenizer_fingerprint(tokenizer)
     if theirs != ours:

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from anchorctx.attention.hf import model_inputs
 from anchorctx.training.data import MicroBatch, StepData
 from anchorctx.training.loss import summed_cross_entropy
 
@@ -28,8 +29,6 @@ class StepStats:
 def forward_logits(model, mb: MicroBatch, engine: str, **extra) -> torch.Tensor:
     """Logits of this rank's shard, [B, T/SP, V]. Position ids are sliced to the shard (the
     Ulysses wrapper all-gathers them); the layouts stay whole. ``extra``: more model kwargs."""
-    from anchorctx.attention.hf import model_inputs
-
     kwargs = model_inputs(mb.layouts, engine=engine)
     kwargs["position_ids"] = kwargs["position_ids"][:, mb.shard].contiguous()
     return model(input_ids=mb.input_ids, use_cache=False, **kwargs, **extra).logits

@@ -12,7 +12,11 @@ import sys
 import traceback
 from pathlib import Path
 
+import torch.distributed as dist
+
+from anchorctx.cli import error_line, exit_code
 from anchorctx.config import load_config
+from anchorctx.training.loop import train
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -22,17 +26,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--data-dir", type=Path, default=None, help="Prepared packed dataset.")
     parser.add_argument("--local_rank", type=int, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    import torch.distributed as dist
-
-    from anchorctx.training.loop import train
-
     try:
         # The launcher (``anchorctx train``) holds the run directory's lock for the group.
         train(load_config(args.config), resume=args.resume, data_dir=args.data_dir,
               hold_lock=False)  # fmt: skip
     except Exception as err:  # one line per rank, like the CLI; traceback with --debug
-        from anchorctx.cli import error_line, exit_code
-
         if os.environ.get("ANCHORCTX_DEBUG"):
             traceback.print_exc()
         rank = os.environ.get("RANK", "?")
@@ -48,8 +46,6 @@ def main(argv: list[str] | None = None) -> int:
 
 def _lost_peer(err: BaseException) -> bool:
     """A collective failed because a peer went away (its process or node died)."""
-    import torch.distributed as dist
-
     text = str(err).lower()
     return isinstance(err, dist.DistError) or any(
         s in text for s in ("connection closed", "connection reset", "broken pipe", "timed out")

@@ -110,6 +110,7 @@ def fit_prompt(tokenizer: Any, text: str, max_length: int) -> tuple[str, int, bo
     tokens, and join the two texts. Re-encoding can merge tokens at the seam, so the final count
     may differ from ``max_length`` by a token or two, exactly as in the reference.
     """
+    # Imported here: generation imports torch; importing the suite registry stays light.
     from anchorctx.evaluation.generation import encode_prompt
 
     ids = encode_prompt(tokenizer, text)

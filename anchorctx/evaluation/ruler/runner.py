@@ -13,7 +13,12 @@ from typing import TYPE_CHECKING, Any
 from tqdm.auto import tqdm
 
 from anchorctx.evaluation.ruler import constants as C
-from anchorctx.evaluation.ruler.data import MissingDataError
+from anchorctx.evaluation.ruler.data import (
+    SPLITTER_KEY,
+    MissingDataError,
+    punkt_splitter,
+    resolve_path,
+)
 from anchorctx.evaluation.ruler.generate import generate, num_available
 from anchorctx.evaluation.ruler.scoring import sample_score
 
@@ -65,6 +70,7 @@ def data_paths(cfg: ExperimentConfig) -> dict[str, Any]:
 
 def _predict(model, tokenizer, samples, evaluation: EvaluationConfig, bar, emit) -> None:
     """Greedy predictions for ``samples`` (one task and length), emitted batch by batch."""
+    # Imported here: generation imports torch; importing the suite registry stays light.
     from anchorctx.evaluation.generation import generate_greedy
 
     def on_batch(indices: list[int], texts: list[str]) -> None:
@@ -142,8 +148,6 @@ def _probe_data(task: str, paths: dict) -> None:
     """Raise MissingDataError now (not mid-suite) when the task's data file is absent, and
     MissingSplitterError (which stops the suite) when an essay task has no sentence model."""
     from pathlib import Path
-
-    from anchorctx.evaluation.ruler.data import SPLITTER_KEY, punkt_splitter, resolve_path
 
     spec = C.task_spec(task)
     if spec.family == "niah" and spec.args["type_haystack"] == "essay":

@@ -14,6 +14,8 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from anchorctx.models.checkpoints import model_dir_problem
+
 if TYPE_CHECKING:
     import torch
     from transformers import PretrainedConfig, PreTrainedModel, PreTrainedTokenizerBase
@@ -33,6 +35,24 @@ class ModelFileError(ModelLoadError):
     """The model's files exist but cannot be read (truncated or corrupt weights)."""
 
     exit_code = 1
+
+
+class DeviceError(ValueError):
+    """A config asks for a device this machine does not have."""
+
+    exit_code = 2  # the config names it (anchorctx.cli)
+
+
+def resolve_device(want: str | None, key: str) -> str:
+    """The device a config value (``key``) asks for: ``auto``/None is CUDA when a GPU is
+    visible, else CPU; ``cuda`` without a visible GPU is an error naming ``key``."""
+    import torch
+
+    if want in (None, "auto"):
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if want.startswith("cuda") and not torch.cuda.is_available():
+        raise DeviceError(f"{key}={want} but no CUDA GPU is visible; use {key}=cpu")
+    return want
 
 
 def load_tokenizer(model_cfg: ModelConfig) -> PreTrainedTokenizerBase:
@@ -76,8 +96,8 @@ def build_hf_config(
     from transformers import AutoConfig
 
     if model_cfg.path is not None:
-        if not (Path(model_cfg.path) / "config.json").is_file():
-            raise ModelLoadError(f"model.path has no config.json: {model_cfg.path}")
+        if problem := model_dir_problem(model_cfg.path):
+            raise ModelLoadError(f"model.path has {problem}: {model_cfg.path}")
         hf = AutoConfig.from_pretrained(str(model_cfg.path))
     else:
         hf = _tiny_config(model_cfg, vocab_size)
@@ -135,13 +155,16 @@ def load_model(
     ``attn_implementation=None`` keeps the model's stock attention (used as the reference in
     tests); ``"anchorctx"`` registers and selects the project's implementation.
     """
+    # Imported here: torch and transformers cost seconds, and the tokenizer rule, device and
+    # directory checks in this module serve light callers (the CLI, packing, pre-flight checks).
     import torch
     from transformers import AutoModelForCausalLM
 
+    from anchorctx.attention.hf import register
+    from anchorctx.models.rope import enable_fp32_rope
+
     torch_dtype = getattr(torch, DTYPES[dtype or model_cfg.dtype])
     if attn_implementation == "anchorctx":
-        from anchorctx.attention.hf import register
-
         attn_implementation = register()
     vocab = len(tokenizer) if tokenizer is not None else None
     hf = build_hf_config(model_cfg, seq_len=seq_len, vocab_size=vocab)
@@ -163,8 +186,6 @@ def load_model(
         model = AutoModelForCausalLM.from_config(hf, dtype=torch_dtype, **extra)
     if model_cfg.rope_fp32:
         # The ablation of the paper's Section 2: rotate q/k in float32 inside bf16 training.
-        # Anything that wraps attention by name must then use model.config._attn_implementation.
-        from anchorctx.training.rope import enable_fp32_rope
-
+        # Anything that wraps attention by name must then use attention_name(model).
         model = enable_fp32_rope(model)
     return model.to(device)

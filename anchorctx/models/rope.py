@@ -32,12 +32,12 @@ Integration: call it after the attention implementation is final, e.g. at the en
 ``load_model``::
 
     if model_cfg.rope_fp32:
-        from anchorctx.training.rope import enable_fp32_rope
+        from anchorctx.models.rope import enable_fp32_rope
         model = enable_fp32_rope(model)
 
 Anything that later wraps the model's attention by name (DeepSpeed ALST
 ``register_with_transformers(core_attn_implementation=...)``) must pass
-``model.config._attn_implementation`` (the ``+rope_fp32`` name), not the original name.
+``anchorctx.attention.hf.attention_name(model)`` (the ``+rope_fp32`` name), not the original.
 """
 
 from __future__ import annotations
@@ -48,6 +48,10 @@ from typing import Any
 
 import torch
 from torch import nn
+from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS, AttentionInterface
+
+from anchorctx.attention.hf import attention_name, select_attention
 
 SUFFIX = "+rope_fp32"
 _ROPE_BUFFERS = ("inv_freq", "original_inv_freq")
@@ -108,9 +112,6 @@ def _cast_qk_to_value_dtype(base: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def _register_wrapped_attention(model: nn.Module, base_name: str) -> str:
-    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
-    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS, AttentionInterface
-
     if "flash" in base_name:
         raise ValueError(
             f"model.rope_fp32 cannot wrap attn_implementation={base_name!r}: transformers treats "
@@ -129,19 +130,9 @@ def _register_wrapped_attention(model: nn.Module, base_name: str) -> str:
         )
     name = base_name + SUFFIX
     AttentionInterface.register(name, _cast_qk_to_value_dtype(base))
-    if base_name in ALL_MASK_ATTENTION_FUNCTIONS._global_mapping:
+    if base_name in ALL_MASK_ATTENTION_FUNCTIONS:
         AttentionMaskInterface.register(name, ALL_MASK_ATTENTION_FUNCTIONS[base_name])
     return name
-
-
-def _set_attention(model: nn.Module, name: str) -> None:
-    if hasattr(model, "set_attn_implementation"):
-        model.set_attn_implementation(name)
-    if model.config._attn_implementation != name:
-        raise RuntimeError(
-            f"{type(model).__name__} did not accept attn_implementation={name!r}; "
-            "model.rope_fp32 needs a model that dispatches attention through AttentionInterface"
-        )
 
 
 def is_fp32_rope(model: nn.Module) -> bool:
@@ -163,8 +154,8 @@ def enable_fp32_rope(model: nn.Module) -> nn.Module:
             f"{type(model).__name__} has no *RotaryEmbedding submodule with inv_freq: "
             "model.rope_fp32 supports RoPE models such as Llama, Mistral and Qwen2"
         )
-    base_name = model.config._attn_implementation or "sdpa"
-    _set_attention(model, _register_wrapped_attention(model, base_name))
+    base_name = attention_name(model) or "sdpa"
+    select_attention(model, _register_wrapped_attention(model, base_name))
     for parent, attr, module in rotary:
         setattr(parent, attr, Fp32RotaryEmbedding(module))
     return model
@@ -177,7 +168,7 @@ def disable_fp32_rope(model: nn.Module) -> nn.Module:
     for parent, attr, module in _rotary_modules(model):
         if isinstance(module, Fp32RotaryEmbedding):
             setattr(parent, attr, module.inner)
-    name = model.config._attn_implementation
+    name = attention_name(model)
     if name.endswith(SUFFIX):
-        _set_attention(model, name[: -len(SUFFIX)])
+        select_attention(model, name[: -len(SUFFIX)])
     return model

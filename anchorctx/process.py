@@ -1,7 +1,10 @@
-"""Run a command as its own process group, stream its output, never leave it behind.
+"""Run a command as its own process group, stream its output, never leave it behind; and a
+free local port for the rendezvous of such a group.
 
-Training runs in a child process (one rank) or a ``torchrun`` tree (several ranks) so that a
-crash, an OOM or a NCCL hang cannot take the orchestrating flow run down with it. Three things
+The one way anchorctx starts process trees: ``anchorctx train`` starts its ``torchrun`` /
+DeepSpeed launcher (output inherited, so a progress bar on a terminal works as is), the Prefect
+tasks start training and evaluation shards (output streamed line by line into the task log). A
+crash, an OOM or a NCCL hang then cannot take the starting process down with it. Three things
 can orphan such a tree, and each is handled here:
 
 - Prefect cancels a flow run by sending SIGTERM to the flow run's process group and SIGKILL
@@ -20,6 +23,7 @@ import ctypes
 import os
 import queue
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -84,38 +88,55 @@ def _pump(stream, lines: queue.Queue) -> None:
     lines.put(None)
 
 
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port free on ``host`` now (the OS picks it; a rendezvous or server binds it next)."""
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
 def run_process_group(
     cmd: Sequence[str],
     *,
-    on_line: Callable[[str], None],
+    on_line: Callable[[str], None] | None = None,
     on_tick: Callable[[], None] | None = None,
     tick_s: float = 5.0,
     timeout_s: float | None = None,
     cwd: str | Path | None = None,
     env: dict[str, str] | None = None,
     on_start: Callable[[int], None] | None = None,
+    pass_fds: Sequence[int | None] = (),
+    check: bool = True,
 ) -> int:
-    """Run ``cmd`` in a new session; call ``on_line`` per output line and ``on_tick`` every
-    ``tick_s`` seconds. Returns 0, raises ``ProcessFailed``/``ProcessTimeout``; on any exception
-    (cancellation included) the whole process group is killed before it propagates."""
+    """Run ``cmd`` in a new session; call ``on_line`` per output line (``None``: the child
+    writes to this process's stdout/stderr directly) and ``on_tick`` every ``tick_s`` seconds.
+    ``pass_fds``: descriptors the child inherits (a writer lock, so it outlives this process).
+    Returns the exit status; with ``check`` a non-zero one raises ``ProcessFailed``. A deadline
+    raises ``ProcessTimeout``; on any exception (cancellation included) the whole process group
+    is killed before it propagates."""
     full_env = {**os.environ, **(env or {}), "PYTHONUNBUFFERED": "1"}
     in_main = threading.current_thread() is threading.main_thread()
+    piped = {"stdout": subprocess.PIPE, "stderr": subprocess.STDOUT, "stdin": subprocess.DEVNULL,
+             "text": True, "bufsize": 1, "errors": "replace"}  # fmt: skip
     proc = subprocess.Popen(
-        list(cmd), cwd=cwd, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-        stdin=subprocess.DEVNULL, text=True, bufsize=1, errors="replace", start_new_session=True,
+        list(cmd), cwd=cwd, env=full_env, start_new_session=True,
+        pass_fds=tuple(fd for fd in pass_fds if fd is not None),
         # PDEATHSIG follows the forking *thread*; only arm it where that thread outlives the child.
         preexec_fn=_die_with_parent if in_main else None,
+        **(piped if on_line is not None else {}),
     )  # fmt: skip
     if on_start is not None:
         on_start(proc.pid)
     lines: queue.Queue = queue.Queue()
-    reader = threading.Thread(target=_pump, args=(proc.stdout, lines), daemon=True)
-    reader.start()
+    if proc.stdout is not None:
+        threading.Thread(target=_pump, args=(proc.stdout, lines), daemon=True).start()
+    else:  # inherited output: only the exit matters; the queue just paces the ticks
+        threading.Thread(target=lambda: (proc.wait(), lines.put(None)), daemon=True).start()
     tail: list[str] = []
     deadline = time.monotonic() + timeout_s if timeout_s else None
     next_tick = time.monotonic() + tick_s
     try:
-        _drain(lines, tail, on_line, on_tick, deadline, next_tick, tick_s)
+        _drain(lines, tail, on_line or (lambda _: None), on_tick, deadline, next_tick, tick_s)
         returncode = proc.wait()
     except BaseException:
         kill_group(proc)
@@ -126,9 +147,9 @@ def run_process_group(
             kill_group(proc, grace_s=5.0)
     if on_tick is not None:
         on_tick()
-    if returncode != 0:
+    if returncode != 0 and check:
         raise ProcessFailed(cmd, returncode, tail)
-    return 0
+    return returncode
 
 
 def _drain(lines, tail, on_line, on_tick, deadline, next_tick, tick_s) -> None:

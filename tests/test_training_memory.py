@@ -253,7 +253,7 @@ def test_max_seq_len_is_the_boundary():
 def test_training_loop_with_tiling_matches_the_plain_loop(tiny_config, packed_demo, monkeypatch):
     """The loop wires the options in: the same losses and gradient norms step by step."""
     from anchorctx.io import read_jsonl
-    from anchorctx.training import train
+    from anchorctx.training.loop import train
 
     monkeypatch.setattr(tiling, "LOSS_TILE_BYTES", 1 << 20)  # several loss tiles per row
     tiles = {"mlp": [], "loss": []}

@@ -171,6 +171,11 @@ def load_model(
     extra = {"attn_implementation": attn_implementation} if attn_implementation else {}
     if model_cfg.path is not None:
         try:
+            # On a GPU the weights are read straight into device memory: loading to the host
+            # and copying afterwards cost ~10 s for a 3.5 GB model, paid by every evaluation
+            # shard process (docs/PERFORMANCE.md, sharded evaluation).
+            if torch.device(device).type != "cpu":
+                extra["device_map"] = str(device)
             model = AutoModelForCausalLM.from_pretrained(
                 str(model_cfg.path), config=hf, dtype=torch_dtype, **extra
             )

@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import json
 
-from anchorctx.demo.fixtures import KEYS, ensure_eval_fixtures, write_eval_fixtures
+import pytest
+
+from anchorctx.demo.fixtures import (
+    KEYS,
+    ensure_eval_fixtures,
+    write_eval_fixtures,
+    write_ruler_fixtures,
+)
 from anchorctx.evaluation.longbench.runner import load_rows, sample_keys
 from anchorctx.evaluation.longbench.tasks import ENGLISH_DATASETS
 from anchorctx.io import hash_tree
@@ -16,6 +23,19 @@ def test_deterministic_and_complete(tmp_path):
     write_eval_fixtures(tmp_path / "c", seed=4)
     assert set(a) == set(KEYS) and all(p.exists() for p in a.values())
     assert hash_tree(tmp_path / "a") == hash_tree(tmp_path / "b") != hash_tree(tmp_path / "c")
+
+
+def test_ruler_set_is_a_subset_of_the_full_set(tmp_path):
+    """One generator: the RULER-only set holds the same bytes as the full set's RULER files."""
+    full = write_eval_fixtures(tmp_path / "full", seed=5)
+    ruler = write_ruler_fixtures(tmp_path / "ruler", seed=5)
+    assert set(ruler) == {"essay_path", "squad_path", "hotpotqa_path", "nltk_data"}
+    for key in ("essay", "squad", "hotpotqa"):
+        assert ruler[f"{key}_path"].read_bytes() == full[key].read_bytes()
+    assert hash_tree(ruler["nltk_data"]) == hash_tree(full["nltk_data"])
+    assert not (tmp_path / "ruler" / "longbench").exists()
+    with pytest.raises(ValueError, match=r"unknown keys \['essays'\]"):
+        write_eval_fixtures(tmp_path / "bad", keys=("essays",))
 
 
 def test_real_formats(tmp_path):

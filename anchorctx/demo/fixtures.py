@@ -1,8 +1,9 @@
 """Tiny, deterministic evaluation data in the real file formats, for the demo and the tests.
 
-Two sets: :func:`write_eval_fixtures` (every suite's inputs, the demo's
-``evaluation.demo_fixtures``) and :func:`write_ruler_fixtures` (only RULER's three inputs, small
-and with fixed answers such as ``Harbor00``, which the RULER tests assert on).
+One generator, two entry points: :func:`write_eval_fixtures` writes every suite's inputs (the
+demo's ``evaluation.demo_fixtures``) or any subset of them (``keys``); :func:`write_ruler_fixtures`
+is the RULER-only subset, returned under the ``evaluation.ruler`` config keys, as the RULER tests
+use it. Each file has its own seeded writer, so a subset holds the same bytes as the full set.
 
 Every benchmark reads user-supplied local files (nothing is downloaded). To let the demo and
 the CI suite exercise the exact same readers, this module writes small synthetic stand-ins:
@@ -23,7 +24,8 @@ at NLTK's pretrained model (``python -m nltk.downloader -d DIR punkt_tab``).
 
 The text is generated from a small built-in lexicon with a seeded RNG: no copyrighted content,
 identical bytes for identical ``seed``. Answers are planted in the text so a perfect reader
-could score 100.
+could score 100; RULER's QA answers are fixed codes (SQuAD title ``t`` paragraph ``p`` answers
+``Harbor{t}{p}``, HotpotQA question ``q`` answers ``river{q}x0``) that tests can assert on.
 """
 
 from __future__ import annotations
@@ -35,13 +37,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from anchorctx.io import atomic_directory, atomic_write_json, read_json
+from anchorctx.io import atomic_directory, read_json
 
 if TYPE_CHECKING:
     from anchorctx.config import ExperimentConfig
 
-FIXTURES_VERSION = 3
+FIXTURES_VERSION = 4
 KEYS = ("essay", "squad", "hotpotqa", "longbench_dir", "mmlu_dir", "hellaswag_dir", "nltk_data")
+RULER_KEYS = ("essay", "squad", "hotpotqa", "nltk_data")
 _RELATIVE = {
     "essay": "essays.json",
     "squad": "squad.json",
@@ -254,21 +257,31 @@ def _fact(w: _Writer, place: str) -> tuple[str, str, str]:
 
 
 def squad_json(w: _Writer, titles: int, paragraphs: int) -> dict[str, Any]:
-    """SQuAD v2.0 layout; RULER's qa_1 keeps the answerable questions only."""
+    """SQuAD v2.0 layout; RULER's qa_1 keeps the answerable questions only.
+
+    Paragraph ``p`` of title ``t`` answers ``Harbor{t}{p}`` (and the alias ``the Harbor{t}{p}``,
+    as SQuAD dev lists several annotators' spans); one digit for ``p`` keeps the codes distinct.
+    """
+    if paragraphs > 10:
+        raise ValueError(f"squad_json: paragraphs={paragraphs} > 10 would repeat answer codes")
     data = []
     for t in range(titles):
         place = PLACES[t % len(PLACES)] + ("" if t < len(PLACES) else str(t))
         pars = []
         for p in range(paragraphs):
-            fact, question, answer = _fact(w, place)
-            before, after = w.paragraph(w.rng.randint(2, 4)), w.paragraph(w.rng.randint(1, 3))
+            answer = f"Harbor{t}{p}"
+            fact = f"The old port of {place} part {p} was renamed the {answer} in spring."
+            before, after = w.paragraph(w.rng.randint(4, 8)), w.paragraph(w.rng.randint(2, 6))
             context = f"{before} {fact} {after}"
             start = context.index(fact) + fact.index(answer)
             qas = [
                 {
-                    "question": question,
+                    "question": f"What was the old port of {place} part {p} renamed?",
                     "id": _sid("squad", t, p, 0),
-                    "answers": [{"text": answer, "answer_start": start}],
+                    "answers": [
+                        {"text": answer, "answer_start": start},
+                        {"text": f"the {answer}", "answer_start": start - len("the ")},
+                    ],
                     "is_impossible": False,
                 },
                 {  # unanswerable, as in v2.0: no answers, a plausible one instead
@@ -294,7 +307,8 @@ def hotpotqa_json(w: _Writer, questions: int, distractor_pool: int) -> list[dict
     """HotpotQA dev-distractor layout: 2 gold paragraphs and 8 distractors per question.
 
     Paragraphs are one or two sentences: RULER's qa_2 always keeps all ten paragraphs of a
-    question, so short ones let the demo run qa_2 at 1K tokens.
+    question, so short ones let the demo run qa_2 at 1K tokens. Question ``q`` answers
+    ``river{q}x0``; its gold paragraph also names ``river{q}x1``, a near miss.
     """
     pool = [(f"The {w.pick(ADJECTIVES).title()} {w.pick(NOUNS).title()} {i}", _sentences(w, 1))
             for i in range(distractor_pool)]  # fmt: skip
@@ -303,15 +317,16 @@ def hotpotqa_json(w: _Writer, questions: int, distractor_pool: int) -> list[dict
         site = (
             f"The {w.pick(ADJECTIVES).title()} {w.pick(NOUNS).title()} of {PLACES[q % len(PLACES)]}"
         )
-        town, mayor = f"{w.pick(PLACES)}ton {q}", w.pick(NAMES)
+        town, river = f"{w.pick(PLACES)}ton {q}", f"river{q}x0"
         gold_a = (site, [f"{site} is a landmark located in {town}."])
-        gold_b = (town, [f"{town} is a market town whose mayor is {mayor}.", *_sentences(w, 2)[1:]])
+        gold_b = (town, [f"{town} is a market town on the {river}, which river{q}x1 feeds.",
+                         *_sentences(w, 2)[1:]])  # fmt: skip
         context = [list(gold_a), list(gold_b)] + [list(p) for p in w.rng.sample(pool, 8)]
         w.rng.shuffle(context)
         rows.append({
             "_id": _sid("hotpotqa", q),
-            "answer": mayor,
-            "question": f"Who is the mayor of the town where {site} is located?",
+            "answer": river,
+            "question": f"Which river flows through the town where {site} is located?",
             "supporting_facts": [[site, 0], [town, 0]],
             "context": context,
             "type": "bridge",
@@ -512,20 +527,27 @@ def _dump_json(path: Path, obj: Any) -> None:
     path.write_text(json.dumps(obj, ensure_ascii=False, indent=1) + "\n")
 
 
-def _write_all(tmp: Path, seed: int, essay_words: int, longbench_samples: int) -> None:
-    # One writer per file: changing one generator never changes the bytes of another file.
-    _dump_json(tmp / _RELATIVE["essay"], essay_json(_Writer(seed), essay_words))
-    _dump_json(tmp / _RELATIVE["squad"], squad_json(_Writer(seed + 1), titles=16, paragraphs=5))
-    _dump_json(tmp / _RELATIVE["hotpotqa"], hotpotqa_json(_Writer(seed + 2), 16, 160))
-    for name, rows in longbench_rows(_Writer(seed + 3), longbench_samples).items():
-        _dump_jsonl(tmp / _RELATIVE["longbench_dir"] / f"{name}.jsonl", rows)
-    for split, subjects in mmlu_rows(_Writer(seed + 4), dev=5, test=4).items():
-        for subject, rows in subjects.items():
-            _dump_jsonl(tmp / _RELATIVE["mmlu_dir"] / split / f"{subject}.jsonl", rows)
-    _dump_jsonl(
-        tmp / _RELATIVE["hellaswag_dir"] / "validation.jsonl", hellaswag_rows(_Writer(seed + 5), 8)
-    )
-    write_empty_punkt(tmp / _RELATIVE["nltk_data"])
+def _write_key(tmp: Path, key: str, seed: int, essay_words: int, longbench_samples: int) -> None:
+    # One writer per file, seeded by the file's own offset: changing one generator, or writing a
+    # subset of the keys, never changes the bytes of another file.
+    path = tmp / _RELATIVE[key]
+    if key == "essay":
+        _dump_json(path, essay_json(_Writer(seed), essay_words))
+    elif key == "squad":
+        _dump_json(path, squad_json(_Writer(seed + 1), titles=8, paragraphs=5))
+    elif key == "hotpotqa":
+        _dump_json(path, hotpotqa_json(_Writer(seed + 2), 16, 160))
+    elif key == "longbench_dir":
+        for name, rows in longbench_rows(_Writer(seed + 3), longbench_samples).items():
+            _dump_jsonl(path / f"{name}.jsonl", rows)
+    elif key == "mmlu_dir":
+        for split, subjects in mmlu_rows(_Writer(seed + 4), dev=5, test=4).items():
+            for subject, rows in subjects.items():
+                _dump_jsonl(path / split / f"{subject}.jsonl", rows)
+    elif key == "hellaswag_dir":
+        _dump_jsonl(path / "validation.jsonl", hellaswag_rows(_Writer(seed + 5), 8))
+    else:  # "nltk_data"
+        write_empty_punkt(path)
 
 
 def write_empty_punkt(root: Path) -> Path:
@@ -538,14 +560,16 @@ def write_empty_punkt(root: Path) -> Path:
     return root
 
 
-def _manifest(seed: int, essay_words: int, longbench_samples: int) -> dict[str, Any]:
+def _manifest(
+    keys: tuple[str, ...], seed: int, essay_words: int, longbench_samples: int
+) -> dict[str, Any]:
     return {
         "kind": "anchorctx-eval-fixtures",
         "version": FIXTURES_VERSION,
         "seed": seed,
         "essay_words": essay_words,
         "longbench_samples": longbench_samples,
-        "files": dict(_RELATIVE),
+        "files": {key: _RELATIVE[key] for key in keys},
         "note": "Synthetic stand-ins in the real formats; not benchmark data.",
     }
 
@@ -556,19 +580,30 @@ def fixture_paths(out: str | Path) -> dict[str, Path]:
 
 
 def write_eval_fixtures(
-    out: str | Path, *, seed: int = 0, essay_words: int = 12_000, longbench_samples: int = 3
+    out: str | Path,
+    *,
+    seed: int = 0,
+    essay_words: int = 12_000,
+    longbench_samples: int = 3,
+    keys: tuple[str, ...] = KEYS,
 ) -> dict[str, Path]:
-    """Write every fixture under ``out`` (replacing it atomically); return the paths by key.
+    """Write the fixtures ``keys`` (default: all) under ``out``, replacing it atomically; return
+    their paths by key.
 
     The essay is long enough for RULER at 4K-8K tokens with a byte-level BPE tokenizer; SQuAD
-    (80 paragraphs) and HotpotQA (about 190 short distinct paragraphs) fill 4K-8K QA prompts.
+    (40 paragraphs of about 100 words, 80 answer spans) and HotpotQA (about 190 short distinct paragraphs) fill 4K-8K QA prompts.
     """
+    unknown = sorted(set(keys) - set(KEYS))
+    if unknown:
+        raise ValueError(f"write_eval_fixtures: unknown keys {unknown}; known: {list(KEYS)}")
     out = Path(out)
     with atomic_directory(out) as tmp:
         tmp.chmod(0o755)  # mkdtemp makes it owner-only; the data is meant to be shared
-        _write_all(tmp, seed, essay_words, longbench_samples)
-        _dump_json(tmp / "manifest.json", _manifest(seed, essay_words, longbench_samples))
-    return fixture_paths(out)
+        for key in keys:
+            _write_key(tmp, key, seed, essay_words, longbench_samples)
+        _dump_json(tmp / "manifest.json", _manifest(keys, seed, essay_words, longbench_samples))
+    paths = fixture_paths(out)
+    return {key: paths[key] for key in keys}
 
 
 def _is_current(out: Path, seed: int) -> bool:
@@ -598,86 +633,19 @@ def ensure_eval_fixtures(cfg: ExperimentConfig) -> dict[str, Path] | None:
     return write_eval_fixtures(out, seed=cfg.seed)
 
 
-# ------------------------------------------------------------------ the small RULER-only set
-# Three RULER inputs with hand-fixed answers, for the RULER tests. They exercise the real
-# readers and prompt construction, and a model can score on them (every answer is in its gold
-# document), but they are not the benchmark.
-_RULER_WORDS = [
-    "startup",
-    "founders",
-    "build",
-    "products",
-    "that",
-    "users",
-    "want",
-    "while",
-    "investors",
-    "fund",
-    "growth",
-    "and",
-    "essays",
-    "argue",
-    "about",
-    "cities",
-    "schools",
-    "wealth",
-    "work",
-    "taste",
-    "ideas",
-    "hackers",
-    "painters",
-]
+# ----------------------------------------------------------------------- the RULER-only set
+# ``evaluation.ruler`` config key of each RULER fixture.
+_RULER_CONFIG_KEYS = {
+    "essay": "essay_path",
+    "squad": "squad_path",
+    "hotpotqa": "hotpotqa_path",
+    "nltk_data": "nltk_data",
+}
 
 
-def _ruler_sentence(rng: random.Random) -> str:
-    return " ".join(rng.choice(_RULER_WORDS) for _ in range(rng.randint(6, 16))).capitalize() + "."
-
-
-def write_ruler_essay(path: Path, paragraphs: int = 120) -> Path:
-    rng = random.Random(0)
-    text = "\n\n".join(" ".join(_ruler_sentence(rng) for _ in range(8)) for _ in range(paragraphs))
-    atomic_write_json(path, {"text": text})
-    return path
-
-
-def write_ruler_squad(path: Path, articles: int = 6, paragraphs: int = 5) -> Path:
-    """Each paragraph holds its answer; one unanswerable question per paragraph is skipped."""
-    data = []
-    for a in range(articles):
-        paras = []
-        for p in range(paragraphs):
-            answer = f"Harbor{a}{p}"
-            context = f"The old port of article {a} part {p} was renamed {answer} in spring. " * 6
-            paras.append({"context": context, "qas": [
-                {"question": f"What was port {a}-{p} renamed?", "is_impossible": False,
-                 "answers": [{"text": answer}, {"text": f"the {answer}"}]},
-                {"question": "What is unknowable?", "is_impossible": True, "answers": []},
-            ]})  # fmt: skip
-        data.append({"title": f"Article {a}", "paragraphs": paras})
-    atomic_write_json(path, {"version": "v2.0", "data": data})
-    return path
-
-
-def write_ruler_hotpotqa(path: Path, questions: int = 30) -> Path:
-    """Ten paragraphs per question; the answer sits in the first (gold) one."""
-    items = []
-    for q in range(questions):
-        context = [[f"Title {q}-{j}", [f"Doc {q}-{j} tells of river{q}x{j}. "] * 4]
-                   for j in range(10)]  # fmt: skip
-        items.append({"_id": str(q), "question": f"Which river joins {q}?",
-                      "answer": f"river{q}x0", "context": context})  # fmt: skip
-    atomic_write_json(path, items)
-    return path
-
-
-def write_ruler_fixtures(out: str | Path) -> dict[str, Path]:
-    """Write the three files under ``out`` and a parameter-free Punkt model; returns
+def write_ruler_fixtures(out: str | Path, *, seed: int = 0) -> dict[str, Path]:
+    """Write RULER's three inputs and a parameter-free Punkt model under ``out`` (the same bytes
+    as in :func:`write_eval_fixtures` with this ``seed``); returns
     ``{essay_path, squad_path, hotpotqa_path, nltk_data}`` (``evaluation.ruler`` config keys)."""
-    root = Path(out)
-    root.mkdir(parents=True, exist_ok=True)
-    return {
-        "essay_path": write_ruler_essay(root / "PaulGrahamEssays.json"),
-        "squad_path": write_ruler_squad(root / "squad.json"),
-        "hotpotqa_path": write_ruler_hotpotqa(root / "hotpotqa.json"),
-        "nltk_data": write_empty_punkt(root / "nltk_data"),
-    }
+    paths = write_eval_fixtures(out, seed=seed, keys=RULER_KEYS)
+    return {_RULER_CONFIG_KEYS[key]: path for key, path in paths.items()}

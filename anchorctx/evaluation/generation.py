@@ -14,18 +14,21 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
 
+import torch
 from tqdm.auto import tqdm
+from transformers import AutoTokenizer, GenerationConfig, PreTrainedModel, PreTrainedTokenizerBase
 
 from anchorctx.config import ModelConfig
 from anchorctx.models.checkpoints import model_dir_problem
-from anchorctx.models.decoding import StopRules
+from anchorctx.models.decoding import (
+    GreedyDecoder,
+    StopRules,
+    kv_bytes_per_token,
+    plan_batches,
+    unsupported_reason,
+)
 from anchorctx.models.loading import anchor_token_id, load_model, resolve_device
-
-if TYPE_CHECKING:
-    import torch
-    from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 
 class CheckpointError(FileNotFoundError):
@@ -36,8 +39,6 @@ def load_eval_model(
     checkpoint: str | Path, *, device: str | None = "auto", dtype: str = "bfloat16"
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """Model (stock SDPA attention, eval mode) and tokenizer from a checkpoint directory."""
-    from transformers import AutoTokenizer
-
     path = Path(checkpoint)
     if problem := model_dir_problem(path, tokenizer=True):
         raise CheckpointError(f"not a Hugging Face checkpoint with tokenizer ({problem}): {path}")
@@ -80,8 +81,6 @@ def _batches(lengths: Sequence[int], batch_size: int) -> list[list[int]]:
 
 
 def _left_pad(rows: list[list[int]], pad_id: int, device) -> tuple[torch.Tensor, torch.Tensor]:
-    import torch
-
     width = max(len(r) for r in rows)
     ids = torch.full((len(rows), width), pad_id, dtype=torch.long)  # [B, T]
     mask = torch.zeros((len(rows), width), dtype=torch.long)  # [B, T], 1 on real tokens
@@ -94,8 +93,6 @@ def _left_pad(rows: list[list[int]], pad_id: int, device) -> tuple[torch.Tensor,
 def _generation_config(
     tokenizer: PreTrainedTokenizerBase, max_new_tokens: int, stop: StopRules | None = None
 ):
-    from transformers import GenerationConfig
-
     eos = tokenizer.eos_token_id
     stop = stop or StopRules()
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos
@@ -121,8 +118,6 @@ ENGINES = ("auto", "hf", "static")
 
 def _pick_engine(engine: str, model: PreTrainedModel, encoded: list[list[int]], new: int) -> str:
     """``auto``: the static engine where the model supports it (else Hugging Face generate)."""
-    from anchorctx.models.decoding import unsupported_reason
-
     if engine not in ENGINES:
         raise ValueError(f"generation engine {engine!r}: expected one of {', '.join(ENGINES)}")
     if engine != "auto":
@@ -135,8 +130,6 @@ def _generate_static(model, tokenizer, encoded, *, max_new_tokens, batch_size, s
                      on_batch, deterministic=False) -> list[str]:  # fmt: skip
     """The static-cache engine over length-bucketed batches (``batch_size`` rows at most, and
     as many cache slots as fit in free device memory)."""
-    from anchorctx.models.decoding import GreedyDecoder, kv_bytes_per_token, plan_batches
-
     decoder = GreedyDecoder(model, deterministic=deterministic)
     free = decoder.free_bytes()
     # 60% of free memory for the KV cache of a batch; the rest is prefill activations and
@@ -191,8 +184,6 @@ def generate_greedy(
     ``deterministic``: the static engine's decode uses a run-to-run deterministic attention
     kernel (slower at long lengths; see :class:`anchorctx.models.decoding.GreedyDecoder`).
     """
-    import torch
-
     encoded = [encode_prompt(tokenizer, p) for p in prompts]
     bar = tqdm(total=len(prompts), desc=desc, unit="sample", disable=not progress)
     if prompts and _pick_engine(engine, model, encoded, max_new_tokens) == "static":

@@ -24,17 +24,33 @@ and writes ``<suite>.json``; re-running it is the usual cached no-op.
 from __future__ import annotations
 
 import argparse
+import fcntl
 import json
 import sys
 import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from anchorctx.config import ExperimentConfig
+from anchorctx.evaluation.results import (
+    HEADER_KEY,
+    _cached_model,
+    _load_done,
+    _matches,
+    _start_samples,
+    check_checkpoint,
+    check_inputs,
+    evaluate_checkpoint,
+    get_suite,
+    identity,
+    load_result,
+    result_path,
+    samples_path,
+)
+from anchorctx.evaluation.ruler.constants import task_spec
+from anchorctx.evaluation.ruler.runner import _plan, data_paths, selected_tasks
 from anchorctx.io import append_jsonl, atomic_write_text, read_jsonl
-
-if TYPE_CHECKING:
-    from anchorctx.config import ExperimentConfig
 
 WHOLE = "*"  # the unit of a suite that is not split
 
@@ -62,8 +78,6 @@ def units(cfg: ExperimentConfig, suite: str) -> dict[str, float]:
     """The suite's work units and their estimated cost (seconds, by :func:`sample_cost`)."""
     if suite != "ruler":
         return {WHOLE: 1.0}
-    from anchorctx.evaluation.ruler.constants import task_spec
-    from anchorctx.evaluation.ruler.runner import selected_tasks
 
     r = cfg.evaluation.ruler
     # Every unit has num_samples samples (QA tasks may have fewer when their question file is
@@ -91,23 +105,17 @@ def plan_shards(cfg: ExperimentConfig, suite: str, count: int) -> list[list[str]
 
 
 def shard_path(checkpoint: str | Path, suite: str, index: int, count: int) -> Path:
-    from anchorctx.evaluation.results import samples_path
-
     main = samples_path(checkpoint, suite)
     return main.with_name(f"{suite}.samples.shard-{index}-of-{count}.jsonl")
 
 
 def _shard_files(checkpoint: str | Path, suite: str) -> list[Path]:
-    from anchorctx.evaluation.results import samples_path
-
     main = samples_path(checkpoint, suite)
     return sorted(main.parent.glob(f"{suite}.samples.shard-*.jsonl"))
 
 
 def _records(cfg: ExperimentConfig, checkpoint: Path, suite: str) -> dict[str, dict[str, Any]]:
     """Records of this identity from the samples file and every shard file."""
-    from anchorctx.evaluation.results import _load_done, identity, samples_path
-
     ident = identity(cfg, checkpoint, suite)
     done: dict[str, dict[str, Any]] = {}
     for path in [samples_path(checkpoint, suite), *_shard_files(checkpoint, suite)]:
@@ -119,17 +127,6 @@ def prepare(cfg: ExperimentConfig, checkpoint: str | Path, suite: str, force: bo
     """Before shards start: False when an up-to-date result exists (nothing to do). Otherwise a
     samples file of another identity (or, with ``force``, any) is restarted and its shard files
     and result deleted, so that shards starting together never race to reset it."""
-    from anchorctx.evaluation.results import (
-        _load_done,
-        _matches,
-        _start_samples,
-        check_checkpoint,
-        identity,
-        load_result,
-        result_path,
-        samples_path,
-    )
-
     ckpt = check_checkpoint(checkpoint)
     ident = identity(cfg, ckpt, suite)
     samples = samples_path(ckpt, suite)
@@ -171,14 +168,6 @@ def run_shard(cfg: ExperimentConfig, checkpoint: str | Path, suite: str, owned: 
     """Generate the records of ``owned`` units not recorded yet; returns the shard file.
     ``timing`` receives the seconds of its phases (setup, model load, generation)."""
     start = time.perf_counter()
-    from anchorctx.evaluation.results import (
-        HEADER_KEY,
-        _cached_model,
-        check_checkpoint,
-        check_inputs,
-        get_suite,
-        identity,
-    )
 
     spec = get_suite(suite)
     ckpt = check_checkpoint(checkpoint)
@@ -206,8 +195,6 @@ def run_shard(cfg: ExperimentConfig, checkpoint: str | Path, suite: str, owned: 
 
 def merge_shards(cfg: ExperimentConfig, checkpoint: str | Path, suite: str) -> int:
     """Fold the shard files into the samples file (records sorted by key); returns the count."""
-    from anchorctx.evaluation.results import HEADER_KEY, check_checkpoint, identity, samples_path
-
     ckpt = check_checkpoint(checkpoint)
     ident = identity(cfg, ckpt, suite)
     done = _records(cfg, ckpt, suite)
@@ -221,15 +208,6 @@ def merge_shards(cfg: ExperimentConfig, checkpoint: str | Path, suite: str) -> i
 
 def is_done(cfg: ExperimentConfig, checkpoint: str | Path, suite: str) -> bool:
     """An up-to-date result exists (this identity, intact, from the current samples file)."""
-    from anchorctx.evaluation.results import (
-        _matches,
-        check_checkpoint,
-        identity,
-        load_result,
-        result_path,
-        samples_path,
-    )
-
     ckpt = check_checkpoint(checkpoint)
     ident = identity(cfg, ckpt, suite)
     return _matches(load_result(result_path(ckpt, suite)), ident, samples_path(ckpt, suite))
@@ -240,7 +218,6 @@ def _complete(cfg: ExperimentConfig, checkpoint: Path, suite: str, count: int) -
     every unit, so once it has run nothing is missing)."""
     if count == 1 or suite != "ruler":
         return True
-    from anchorctx.evaluation.ruler.runner import _plan, data_paths, selected_tasks
 
     r = cfg.evaluation.ruler
     done = _records(cfg, checkpoint, suite)
@@ -257,10 +234,6 @@ def finalize_if_complete(cfg: ExperimentConfig, checkpoint: str | Path, suite: s
 
     The check runs under a lock on the evaluation directory: each shard's records are written
     before it checks, so of shards finishing together the last to check sees them all."""
-    import fcntl
-
-    from anchorctx.evaluation.results import check_checkpoint, result_path
-
     ckpt = check_checkpoint(checkpoint)
     out = result_path(ckpt, suite)
     with open(out.with_name(f"{suite}.finalize.lock"), "a") as lock:
@@ -275,8 +248,6 @@ def finalize_if_complete(cfg: ExperimentConfig, checkpoint: str | Path, suite: s
 def finalize(cfg: ExperimentConfig, checkpoint: str | Path, suite: str, *,
              progress: bool = False) -> Path:  # fmt: skip
     """Merge the shards and write ``<suite>.json`` (generating whatever is still missing)."""
-    from anchorctx.evaluation.results import evaluate_checkpoint
-
     merge_shards(cfg, checkpoint, suite)
     return evaluate_checkpoint(cfg, checkpoint, suite, progress=progress)
 
@@ -292,7 +263,6 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--finalize-when-complete", action="store_true",
                    help="With --shard: the shard that completes the evaluation also merges it.")  # fmt: skip
     args = p.parse_args(argv)
-    from anchorctx.config import ExperimentConfig
 
     cfg = ExperimentConfig.model_validate_json(args.config.read_text())
     if args.finalize:

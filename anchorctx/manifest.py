@@ -14,6 +14,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import anchorctx
+
 PACKAGES = (
     "anchorctx", "torch", "transformers", "datasets", "tokenizers", "deepspeed", "flash-attn",
     "prefect", "lm-eval", "pydantic", "numpy",
@@ -33,8 +35,6 @@ def code_version(include: tuple[str, ...] = ("",), exclude: tuple[str, ...] = OR
     ``exclude``. Editing the library changes it, so cached results of older code are not served.
     The default covers everything that computes results; the evaluation narrows it to the code
     that can change a score (``anchorctx.evaluation.results``)."""
-    import anchorctx
-
     root = Path(anchorctx.__file__).resolve().parent
     files: set[Path] = set()
     for rel in include:
@@ -86,8 +86,6 @@ LOCK_FILE = "requirements/common.txt"
 def lock_file_hash() -> dict[str, Any]:
     """sha256 of the dependency lock of this package's checkout (scripts/setup.sh installs it);
     None when the package runs from elsewhere (an installed wheel has no lock beside it)."""
-    import hashlib
-
     path = Path(__file__).resolve().parent.parent / LOCK_FILE
     if not path.is_file():
         return {"file": LOCK_FILE, "sha256": None}
@@ -96,6 +94,8 @@ def lock_file_hash() -> dict[str, Any]:
 
 def gpu_info() -> list[dict[str, Any]]:
     try:
+        # Imported here: torch costs seconds to import; the CLI and the flows record manifests
+        # without it.
         import torch
     except ImportError:
         return []

@@ -21,6 +21,7 @@ from __future__ import annotations
 import importlib.util
 import logging
 import os
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -92,6 +93,8 @@ def _numbers(metrics: dict[str, Any]) -> dict[str, float]:
 # ------------------------------------------------------------------------------- backends
 class _TensorBoard:
     def __init__(self, cfg: ExperimentConfig, stage: str, log_dir: Path) -> None:
+        # Imported here: torch.utils.tensorboard imports torch; each backend loads only when it is
+        # configured.
         from torch.utils.tensorboard import SummaryWriter
 
         root = cfg.tracking.tensorboard.log_dir
@@ -113,6 +116,7 @@ class _TensorBoard:
         self.writer.add_text(key, "\n".join(lines))
 
     def image(self, key: str, path: Path) -> None:
+        # Imported here: matplotlib loads only when a figure is drawn.
         import matplotlib.image
 
         pixels = matplotlib.image.imread(str(path))  # [H, W, C] floats in [0, 1] for a PNG
@@ -127,6 +131,7 @@ class _TensorBoard:
 
 class _Mlflow:
     def __init__(self, cfg: ExperimentConfig, stage: str, log_dir: Path) -> None:
+        # Imported here: an optional backend, loaded only when it is configured.
         from mlflow.entities import Param
         from mlflow.tracking import MlflowClient
 
@@ -159,8 +164,7 @@ class _Mlflow:
         self.client.log_text(self.run_id, cfg.to_yaml(), "config.yaml")
 
     def metrics(self, values: dict[str, float], step: int | None) -> None:
-        import time
-
+        # Imported here: an optional backend, loaded only when it is configured.
         from mlflow.entities import Metric
 
         now = int(time.time() * 1000)
@@ -183,6 +187,7 @@ class _Mlflow:
 
 class _Wandb:
     def __init__(self, cfg: ExperimentConfig, stage: str, log_dir: Path) -> None:
+        # Imported here: an optional backend, loaded only when it is configured.
         import wandb
 
         opts = cfg.tracking.wandb

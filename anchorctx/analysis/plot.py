@@ -64,6 +64,8 @@ def _length_panel(ax, result: dict[str, Any]) -> None:
 
 def plot_study(result: dict[str, Any], path: Path) -> Path:
     """Render the figure to ``path`` (PNG) with the non-interactive Agg backend."""
+    # Imported here: matplotlib loads only when a figure is drawn, and the Agg backend must be
+    # chosen before pyplot is imported.
     import matplotlib
 
     matplotlib.use("Agg", force=True)

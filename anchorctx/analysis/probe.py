@@ -17,6 +17,8 @@ import contextvars
 from collections.abc import Callable, Iterator
 
 import torch
+from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS, AttentionInterface
 
 PROBE = "anchorctx_probe"
 
@@ -28,8 +30,6 @@ _HANDLER: contextvars.ContextVar[Handler | None] = contextvars.ContextVar(
 
 
 def _probe_attention(module, query, key, value, attention_mask, **kwargs):
-    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
-
     handler = _HANDLER.get()
     if handler is not None:
         scaling = kwargs.get("scaling")
@@ -39,9 +39,6 @@ def _probe_attention(module, query, key, value, attention_mask, **kwargs):
 
 def register() -> str:
     """Register the probe (idempotent) with SDPA's mask builder; return its name."""
-    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
-    from transformers.modeling_utils import AttentionInterface
-
     AttentionInterface.register(PROBE, _probe_attention)
     AttentionMaskInterface.register(PROBE, ALL_MASK_ATTENTION_FUNCTIONS["sdpa"])
     return PROBE

@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
+from transformers import AttentionInterface
 
 from anchorctx.attention.api import attend
 from anchorctx.attention.errors import AttentionError
@@ -84,8 +85,6 @@ def register() -> str:
     names of their own and selected per model, so registering the plain name again (every
     ``load_model`` does) never undoes a wrapper, in whatever order models are loaded.
     """
-    from transformers import AttentionInterface
-
     AttentionInterface.register(NAME, anchorctx_attention)
     return NAME
 

@@ -24,6 +24,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+from tqdm.auto import tqdm
 
 from anchorctx.io import atomic_directory, atomic_write_json
 
@@ -279,7 +281,8 @@ def _domain_documents(domain: str, seed: int, docs: int) -> list[str]:
 # ---------------------------------------------------------------------------------- tokenizer
 def train_tokenizer(files: list[Path], out: Path, vocab_size: int = 3000) -> None:
     """Byte-level BPE with Llama-like specials; BOS is prepended by the post-processor."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    # Imported here: transformers costs seconds to import; the CLI imports this module, and only a
+    # new demo corpus trains a tokenizer.
     from transformers import PreTrainedTokenizerFast
 
     tok = Tokenizer(models.BPE(unk_token=SPECIAL_TOKENS["unk_token"]))
@@ -373,15 +376,11 @@ def write_demo_corpus(
 
 
 def _generate(seed: int, docs_per_domain: int, progress: bool) -> dict[str, list[str]]:
-    from tqdm.auto import tqdm
-
     bar = tqdm(DOMAINS, desc="demo corpus", unit="domain", disable=not progress)
     return {d: _domain_documents(d, seed, docs_per_domain) for d in bar}
 
 
 def _summary(docs: dict[str, list[str]], tokenizer_dir: Path) -> dict[str, dict[str, int]]:
-    from tokenizers import Tokenizer
-
     tok = Tokenizer.from_file(str(tokenizer_dir / "tokenizer.json"))
     out = {}
     for domain, texts in docs.items():

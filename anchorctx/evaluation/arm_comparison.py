@@ -139,6 +139,7 @@ def read_loss_curve(run_dir: str | Path) -> list[tuple[int, float]]:
 def plot_loss_curves(curves: dict[str, list[tuple[int, float]]], path: Path) -> Path:
     """Training loss against step, one line per arm; below it, each arm minus the reference arm
     (``full`` when present), where differences too small to see in the top panel show."""
+    # Imported here: matplotlib loads only when a figure is drawn.
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
     from matplotlib.ticker import MaxNLocator

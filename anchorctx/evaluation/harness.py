@@ -37,6 +37,7 @@ ones (in ``done``) are not evaluated again.
 from __future__ import annotations
 
 import csv
+import importlib.metadata
 import json
 import logging
 import tempfile
@@ -45,6 +46,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import yaml
+from tqdm.auto import tqdm
 
 from anchorctx.models.loading import anchor_token_id
 
@@ -183,6 +185,7 @@ def _count_lines(path: Path) -> int:
 
 # ----------------------------------------------------------------------------- task YAMLs
 def _lm_eval_tasks_dir() -> Path:
+    # Imported here: lm_eval imports torch and transformers, which the suite registry skips.
     import lm_eval.tasks
 
     return Path(lm_eval.tasks.__file__).parent
@@ -297,6 +300,7 @@ class _AnchoredEncoding:
 def make_lm(model: Any, tokenizer: Any, batch_size: int) -> Any:
     """lm-eval's ``HFLM`` around the already-loaded model (no second copy is loaded), with the
     project's anchor rule for every scored context (see the module docstring)."""
+    # Imported here: lm_eval imports torch and transformers, which the suite registry skips.
     from lm_eval.models.huggingface import HFLM
 
     class AnchoredHFLM(_AnchoredEncoding, HFLM):
@@ -310,8 +314,6 @@ def make_lm(model: Any, tokenizer: Any, batch_size: int) -> Any:
 
 def harness_reference(tokenizer: Any) -> dict[str, Any]:
     """What results record about lm-eval: its version and how contexts were anchored."""
-    import importlib.metadata
-
     return {"lm_eval": importlib.metadata.version("lm-eval"), "pinned": LM_EVAL_VERSION,
             "add_bos_token": ADD_BOS_TOKEN, "anchor_token_id": anchor_token_id(tokenizer)}  # fmt: skip
 
@@ -320,6 +322,7 @@ def evaluate_docs(
     lm: Any, task_manager: Any, task: str, doc_ids: list[int], num_fewshot: int
 ) -> list[dict[str, Any]]:
     """Per-document lm-eval results (``doc_id`` plus the task's metrics) for ``doc_ids``."""
+    # Imported here: lm_eval imports torch and transformers, which the suite registry skips.
     from lm_eval.evaluator import simple_evaluate
 
     out = simple_evaluate(
@@ -337,6 +340,7 @@ def evaluate_docs(
 
 
 def _task_manager(task_dir: Path) -> Any:
+    # Imported here: lm_eval imports torch and transformers, which the suite registry skips.
     from lm_eval.tasks import TaskManager
 
     # include_defaults=False: index only our YAMLs (indexing all of lm-eval takes seconds);
@@ -345,8 +349,6 @@ def _task_manager(task_dir: Path) -> Any:
 
 
 def _progress(total: int, desc: str, enabled: bool) -> Any:
-    from tqdm.auto import tqdm
-
     return tqdm(total=total, desc=desc, unit="q", disable=not enabled, dynamic_ncols=True)
 
 

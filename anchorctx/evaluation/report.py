@@ -185,6 +185,7 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
 
 def plot_ruler(table: dict[str, Any], path: Path) -> Path:
     """RULER score vs context length (log2 x axis), mean ± std band per variant."""
+    # Imported here: matplotlib loads only when a figure is drawn.
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 

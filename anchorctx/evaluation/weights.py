@@ -13,6 +13,8 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from tqdm.auto import tqdm
+
 from anchorctx.evaluation.results import check_checkpoint, checkpoint_hash
 from anchorctx.io import atomic_directory, atomic_write_json
 from anchorctx.models.checkpoints import checkpoint_step
@@ -51,6 +53,8 @@ def _check_same_layout(checkpoints: list[Path]) -> list[str]:
 
 def _average_shard(paths: list[Path]) -> tuple[dict[str, Any], dict[str, str]]:
     """Mean of one shard over checkpoints (fp32 accumulation); returns tensors and metadata."""
+    # Imported here: torch and safetensors' torch half load only when averaging; the CLI imports
+    # this module.
     import torch
     from safetensors import safe_open
     from safetensors.torch import load_file
@@ -90,8 +94,8 @@ def average_weights(
     newest when they are given in step order); ``anchorctx.json`` lists the sources. The output
     directory appears only when complete.
     """
+    # Imported here: safetensors.torch imports torch, which the CLI skips.
     from safetensors.torch import save_file
-    from tqdm.auto import tqdm
 
     ckpts = [check_checkpoint(c) for c in checkpoints]
     if not ckpts:

@@ -41,6 +41,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.nn.attention.flex_attention import BlockMask, flex_attention
+from transformers import AttentionInterface
+
+from anchorctx.models.fused_step import FusedDecodeStep, fused_unsupported_reason
 
 # Buffer lengths round up to this: batches of similar length then reuse one captured graph, and
 # the mask's row stride stays aligned for SDPA's memory-efficient kernel (it wants multiples of 8).
@@ -154,7 +159,6 @@ def _flex_decode(q, k, v, visible, kv_blocks, kv_index, scale):
     [B, S] is True. Every key block is listed as partial (none full, none skipped), so the mask
     is evaluated per slot at run time from ``visible``'s memory: the block structure stays fixed
     while decoding makes slots visible, which a captured graph needs."""
-    from torch.nn.attention.flex_attention import BlockMask, flex_attention
 
     def mask_mod(b, h, q_idx, kv_idx):
         return visible[b, kv_idx]
@@ -190,8 +194,6 @@ def _decode_attention_forward(module, query, key, value, attention_mask, dropout
 
 @functools.cache
 def _register_decode_fn() -> None:
-    from transformers import AttentionInterface
-
     AttentionInterface.register(_DECODE_FN, _decode_attention_forward)
 
 
@@ -298,8 +300,6 @@ class GreedyDecoder:
         self.step, self._fused = self._pick_step(step)
 
     def _pick_step(self, step: str | None):
-        from anchorctx.models.fused_step import FusedDecodeStep, fused_unsupported_reason
-
         if step is not None and step not in DECODE_STEPS:
             raise ValueError(f"decode step {step!r}: expected one of {', '.join(DECODE_STEPS)}")
         if step is None:
@@ -396,8 +396,6 @@ class GreedyDecoder:
             yield {}
             return
         if self.attention == "efficient":
-            from torch.nn.attention import SDPBackend, sdpa_kernel
-
             with sdpa_kernel([SDPBackend.EFFICIENT_ATTENTION]):
                 yield {}
             return

@@ -46,6 +46,8 @@ class DeviceError(ValueError):
 def resolve_device(want: str | None, key: str) -> str:
     """The device a config value (``key``) asks for: ``auto``/None is CUDA when a GPU is
     visible, else CPU; ``cuda`` without a visible GPU is an error naming ``key``."""
+    # Imported here: torch costs seconds to import; the CLI and pre-flight checks resolve devices
+    # without a model.
     import torch
 
     if want in (None, "auto"):
@@ -56,6 +58,8 @@ def resolve_device(want: str | None, key: str) -> str:
 
 
 def load_tokenizer(model_cfg: ModelConfig) -> PreTrainedTokenizerBase:
+    # Imported here: transformers costs seconds to import, which the light callers of this module
+    # skip.
     from transformers import AutoTokenizer
 
     path = model_cfg.tokenizer_path
@@ -93,6 +97,8 @@ def build_hf_config(
     model_cfg: ModelConfig, *, seq_len: int | None, vocab_size: int | None = None
 ) -> PretrainedConfig:
     """The HF config with the RoPE base override and the position limit it implies."""
+    # Imported here: transformers costs seconds to import, which the light callers of this module
+    # skip.
     from transformers import AutoConfig
 
     if model_cfg.path is not None:
@@ -119,6 +125,8 @@ def _set_rope_theta(hf: PretrainedConfig, theta: float) -> None:
 
 
 def _tiny_config(model_cfg: ModelConfig, vocab_size: int | None) -> PretrainedConfig:
+    # Imported here: transformers costs seconds to import, which the light callers of this module
+    # skip.
     from transformers import AutoConfig
 
     tiny = model_cfg.tiny

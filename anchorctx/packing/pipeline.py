@@ -21,6 +21,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+from tqdm.auto import tqdm
 
 from anchorctx.config import DataConfig, SourceConfig
 from anchorctx.io import WriterLock, atomic_directory, atomic_write_json, read_json
@@ -181,8 +184,6 @@ def _pack(
     cfg: ExperimentConfig, index: DocIndex, store: TokenStore, plan: mixture.Plan,
     tags: dict, sep: np.ndarray, anchor: int, arrow: Path, progress: bool,
 ) -> pack.RowPacker:  # fmt: skip
-    from tqdm.auto import tqdm
-
     data = cfg.data
     if data.interleave_chunks:
         units = pack.interleaved_chunks(plan, tuple(data.chunks_per_document), cfg.seed)
@@ -212,9 +213,6 @@ def _counted(rows: Iterator[dict], bar: Any, seq_len: int) -> Iterator[dict]:
 # ------------------------------------------------------------------------------------ outputs
 def _documents_table(index: DocIndex, plan: mixture.Plan, emitted: np.ndarray, files, path: Path):
     """Document id (seg_doc) -> input file and line, tokens used: every token is traceable."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
     src = plan.doc
     table = pa.table({
         "doc": np.arange(len(plan), dtype=np.int32),
@@ -310,6 +308,8 @@ def prepare_data(cfg: ExperimentConfig, *, force: bool = False, progress: bool =
 
 
 def _build(cfg, tok, tok_info, files, inputs, fingerprint, bad, work, out, progress):
+    # Imported here: datasets takes most of a second to import, which the CLI and fingerprinting
+    # skip.
     import datasets
 
     anchor = anchor_token_id(tok)
@@ -363,6 +363,8 @@ def _print_summary(out: Path, manifest: dict, table: str, seconds: float) -> Non
 
 def load_packed(path: str | Path) -> tuple[datasets.Dataset, dict[str, Any]]:
     """The packed dataset at ``path`` and its manifest."""
+    # Imported here: datasets takes most of a second to import, which the CLI and fingerprinting
+    # skip.
     import datasets
 
     path = Path(path)

@@ -26,6 +26,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import pyarrow.parquet as pq
+import zstandard
+
 from anchorctx.config import SourceConfig
 
 SUFFIXES = {".jsonl": "jsonl", ".json": "jsonl", ".zst": "jsonl.zst", ".parquet": "parquet"}
@@ -135,8 +138,6 @@ def dotted_get(record: Any, dotted: str) -> Any:
 def _jsonl_lines(path: Path, fmt: str) -> Iterator[tuple[int, bytes]]:
     with path.open("rb") as raw:
         if fmt == "jsonl.zst":
-            import zstandard
-
             # read_across_frames: a file of several frames (concatenated streams) is one document
             # sequence; by default the reader stops silently after the first frame.
             reader = zstandard.ZstdDecompressor().stream_reader(raw, read_across_frames=True)
@@ -161,8 +162,6 @@ def check_zstd_stream(path: Path, chunk: int = _ZSTD_CHUNK) -> None:
     The output of the call that hits corrupt data is discarded by zstd, so after an error the
     file is read again in small pieces: every block before the damage is then counted.
     """
-    import zstandard
-
     lines, started, dobj = 0, False, zstandard.ZstdDecompressor().decompressobj()
     with path.open("rb") as fh:
         try:
@@ -196,8 +195,6 @@ def _jsonl_records(path: Path, fmt: str, bad: BadInput) -> Iterator[tuple[int, A
 
 
 def _parquet_records(path: Path) -> Iterator[tuple[int, Any]]:
-    import pyarrow.parquet as pq
-
     row = 0
     for batch in pq.ParquetFile(path).iter_batches(batch_size=1024):
         for rec in batch.to_pylist():
@@ -206,6 +203,7 @@ def _parquet_records(path: Path) -> Iterator[tuple[int, Any]]:
 
 
 def _hf_records(src: SourceConfig) -> Iterator[tuple[int, Any]]:
+    # Imported here: datasets takes most of a second to import; only Hugging Face sources need it.
     import datasets
 
     path = Path(src.path)

@@ -69,6 +69,8 @@ def table9_markdown(stats: dict[str, Any]) -> str:
 def length_histogram(index: DocIndex, plan: Plan, emitted: np.ndarray, path: Path) -> Path:
     """Figure 8: document lengths (tokens) of the input corpus and of the packed sample (left);
     the share of tokens in each length bucket, input vs packed (right: what upsampling moved)."""
+    # Imported here: matplotlib loads only when a figure is drawn, and the Agg backend must be
+    # chosen before pyplot is imported.
     import matplotlib
 
     matplotlib.use("Agg")

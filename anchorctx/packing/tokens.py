@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from tqdm.auto import tqdm
 
 from anchorctx.packing.sources import BadInput, Record
 
@@ -83,6 +84,7 @@ def encode_texts(tokenizer: Any, texts: list[str]) -> tuple[np.ndarray, np.ndarr
 def _worker_init(tokenizer_path: str) -> None:
     global _WORKER_TOKENIZER
     os.environ["TOKENIZERS_PARALLELISM"] = "false"  # one thread per worker process
+    # Imported here: a worker process loads transformers only when it starts tokenizing.
     from transformers import AutoTokenizer
 
     _WORKER_TOKENIZER = AutoTokenizer.from_pretrained(tokenizer_path)
@@ -132,8 +134,6 @@ def scan(
     bad: BadInput, files: list[Path], progress: bool,
 ) -> DocIndex:  # fmt: skip
     """Write every document's tokens to ``store``; return the per-document index."""
-    from tqdm.auto import tqdm
-
     domains: dict[str, int] = {}
     # array('q'): 8 bytes per value, not a Python int object each (millions of documents).
     cols = {k: array("q") for k in ("offset", "length", "domain", "file", "line")}

@@ -8,6 +8,7 @@ files that the UI's browser cannot fetch, so they travel inside the artifact as 
 from __future__ import annotations
 
 import base64
+import json
 import re
 import time
 from pathlib import Path
@@ -114,8 +115,6 @@ def run_summary_markdown(
 
 
 def _json(obj: Any) -> str:
-    import json
-
     return json.dumps(obj, indent=2, default=str)
 
 

@@ -16,6 +16,10 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any
 
+from prefect.client.orchestration import get_client
+from prefect.results import get_result_store
+from prefect.runtime import flow_run
+
 if TYPE_CHECKING:
     from uuid import UUID
 
@@ -32,7 +36,6 @@ def will_be_cached(task: Task, parameters: dict[str, Any], refresh: bool = False
     """Whether submitting ``task`` with ``parameters`` will be a cache hit."""
     if refresh or task.cache_key_fn is None:
         return False
-    from prefect.results import get_result_store
 
     try:
         key = task.cache_key_fn(None, parameters)  # type: ignore[arg-type]  # our fns ignore it
@@ -64,8 +67,6 @@ def mark_cached(state: State) -> bool:
 
 
 def _rename_task_run(task_run_id: UUID) -> None:
-    from prefect.client.orchestration import get_client
-
     with get_client(sync_client=True) as client:
         name = client.read_task_run(task_run_id).name
         if not name.endswith(CACHED_SUFFIX):
@@ -76,9 +77,6 @@ def _rename_task_run(task_run_id: UUID) -> None:
 
 def tag_flow_run_cached() -> None:
     """Add the ``cached`` tag to the current flow run (its work was all reused)."""
-    from prefect.client.orchestration import get_client
-    from prefect.runtime import flow_run
-
     run_id = flow_run.id
     if run_id is None:
         return

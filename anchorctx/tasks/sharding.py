@@ -34,6 +34,8 @@ def visible_gpus() -> list[str]:
     env = os.environ.get("CUDA_VISIBLE_DEVICES")
     if env is not None:
         return [d.strip() for d in env.split(",") if d.strip() and d.strip() != "-1"]
+    # Imported here: torch costs seconds to import; only counting GPUs without CUDA_VISIBLE_DEVICES
+    # needs it.
     import torch
 
     return [str(i) for i in range(torch.cuda.device_count())]

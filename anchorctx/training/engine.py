@@ -18,15 +18,19 @@ over the whole sequence-data-parallel group, pinned with ``reduce_scatter: true`
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.distributed as dist
+from transformers import AttentionInterface
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from anchorctx.attention.hf import attention_name, select_attention
 from anchorctx.process import free_port
 
 if TYPE_CHECKING:
-    import torch
-
     from anchorctx.config import ExperimentConfig
     from anchorctx.training.plan import Parallelism
 
@@ -53,10 +57,6 @@ def prebuild_ops() -> float:
     processes starting at once would otherwise all wait on the first one's build). Nothing to
     build on CUDA machines: there DeepSpeed's NCCL path needs no JIT op.
     """
-    import time
-
-    import torch
-
     start = time.monotonic()
     if not torch.cuda.is_available():
         # Through the very call a training process makes: the op's compiler flags are part of
@@ -69,6 +69,7 @@ def prebuild_ops() -> float:
 def import_deepspeed():
     ops_cache_dir()
     try:
+        # Imported here: DeepSpeed is slow to import and needed only to train.
         import deepspeed
     except Exception as err:  # ImportError, or a broken CUDA/op build at import time
         raise RuntimeError(
@@ -90,8 +91,6 @@ def init_distributed(device: str) -> tuple[int, int, int]:
     the same DeepSpeed code path serves one process and many; :func:`shutdown_distributed`
     removes those variables again (a later run in this process picks a new port).
     """
-    import torch.distributed as dist
-
     deepspeed = import_deepspeed()
     if "RANK" not in os.environ:
         single = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1",
@@ -102,16 +101,12 @@ def init_distributed(device: str) -> tuple[int, int, int]:
         deepspeed.init_distributed(dist_backend="nccl" if device == "cuda" else "gloo")
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
     if device == "cuda":
-        import torch
-
         torch.cuda.set_device(local_rank)
     return dist.get_rank(), dist.get_world_size(), local_rank
 
 
 def shutdown_distributed() -> None:
     """Barrier first: a rank that tears down early would hang the others' last collective."""
-    import torch.distributed as dist
-
     if dist.is_initialized():
         dist.barrier()
         # DeepSpeed's teardown also drops its cached groups (a later run in this process
@@ -130,6 +125,7 @@ def deepspeed_config(cfg: ExperimentConfig, par: Parallelism) -> dict[str, Any]:
         # Stage 3 gathers weights layer by layer; these keep whole-model saves possible.
         zero["stage3_gather_16bit_weights_on_model_save"] = True
         zero["reduce_scatter"] = True  # the averaging path loss_scale() accounts for
+    # Imported here: tiling imports this module (import_deepspeed).
     from anchorctx.training.tiling import offload_entries
 
     zero_extra, top_extra = offload_entries(t.memory, par)  # training.memory.offload_optimizer
@@ -150,8 +146,6 @@ def deepspeed_config(cfg: ExperimentConfig, par: Parallelism) -> dict[str, Any]:
 def build_optimizer(model: torch.nn.Module, cfg: ExperimentConfig, device: str):
     """AdamW with ``training.weight_decay`` on every parameter (``weight_decay_on: all``, the
     paper's code) or on matrices only (``matrices``: norms and biases are not decayed)."""
-    import torch
-
     t = cfg.training
     params = [p for p in model.parameters() if p.requires_grad]
     if t.weight_decay_on == "all":
@@ -167,7 +161,6 @@ def build_optimizer(model: torch.nn.Module, cfg: ExperimentConfig, device: str):
 
 def build_scheduler(optimizer, warmup_steps: int):
     """Constant learning rate after a linear warmup of ``warmup_steps`` optimiser steps."""
-    import torch
 
     def factor(step: int) -> float:
         return min(1.0, (step + 1) / warmup_steps) if warmup_steps else 1.0
@@ -192,9 +185,8 @@ def register_sequence_parallel(model, par: Parallelism, seq_len: int):
     if par.sp == 1:
         return None
     import_deepspeed()
+    # Imported here: DeepSpeed loads only through import_deepspeed() (its op cache set first).
     from deepspeed.runtime.sequence_parallel.ulysses_sp import UlyssesSPAttentionHF
-    from transformers import AttentionInterface
-    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
     base = attention_name(model).removesuffix(ULYSSES_SUFFIX)
     name = base + ULYSSES_SUFFIX

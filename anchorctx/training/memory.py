@@ -108,6 +108,8 @@ class Options:
 def predict(shape: Shape, seq_len: int, opt: Options) -> dict[str, float]:
     """Bytes per GPU of each component at ``seq_len`` tokens per row (one row per step), the
     GPU peak (``peak``) and the CPU memory one rank's offloads take (``cpu``)."""
+    # Imported here: tiling imports torch, which the memory model skips; looked up at call time, so
+    # tests can substitute the tile sizes.
     from anchorctx.training.tiling import LOSS_TILE_BYTES, mlp_tiles
 
     n, t, h = opt.gpus, seq_len / opt.sp, shape.hidden

@@ -127,6 +127,7 @@ def check_shared_run_dir(run_dir: Path, rank: int, world: int) -> None:
     share of resume state, or read stale checkpoints. Every rank learns the outcome (all-gather),
     so all fail together with one message instead of some hanging at the next collective.
     """
+    # Imported here: torch costs seconds to import, which the node checks before training skip.
     import torch.distributed as dist
 
     path = Path(run_dir) / _CHECK_FILE

@@ -57,6 +57,7 @@ def processes_per_node(cfg: ExperimentConfig, device: str) -> int:
     if cfg.training.nproc is not None:
         return cfg.training.nproc
     if device == "cuda":
+        # Imported here: torch costs seconds to import, which planning on CPU skips.
         import torch
 
         return torch.cuda.device_count()

@@ -37,6 +37,7 @@ def forward_logits(model, mb: MicroBatch, engine: str, **extra) -> torch.Tensor:
 def loss_sum(model, mb: MicroBatch, engine: str, tiled: bool = False) -> torch.Tensor:
     """This rank's summed token loss; ``tiled``: logits never whole (training.memory.tiled_loss)."""
     if tiled:
+        # Imported here: tiling imports this module (forward_logits).
         from anchorctx.training.tiling import tiled_loss_sum
 
         return tiled_loss_sum(model, mb, engine)

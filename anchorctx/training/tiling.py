@@ -29,12 +29,16 @@ from __future__ import annotations
 
 import math
 import types
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from typing import TYPE_CHECKING
 
 import torch
+import torch.distributed as dist
 
+from anchorctx.training.engine import import_deepspeed
 from anchorctx.training.loss import summed_cross_entropy
+from anchorctx.training.plan import TrainingError
+from anchorctx.training.step import forward_logits
 
 if TYPE_CHECKING:
     from anchorctx.config import ExperimentConfig, MemoryConfig
@@ -49,8 +53,6 @@ LOSS_TILE_BYTES = 1 << 30
 
 def agreed_tiles(n: int, device: torch.device) -> int:
     """``n`` made equal on every rank (the maximum): ZeRO-3 gathers weights once per tile."""
-    import torch.distributed as dist
-
     if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
         t = torch.tensor(n, device=device)
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
@@ -76,6 +78,7 @@ def decoder_layers(model) -> list:
 
 
 def _tiled_mlp_forward(self, x: torch.Tensor) -> torch.Tensor:
+    # Imported here: DeepSpeed loads only through import_deepspeed() (its op cache set first).
     from deepspeed.runtime.sequence_parallel.ulysses_sp import TiledMLP
 
     # x: [B, T, hidden] (or [T, hidden]); TiledMLP chunks along the sequence dim (-2).
@@ -89,8 +92,6 @@ def _untiled_mlp(module, x: torch.Tensor) -> torch.Tensor:
 
 def enable_tiled_mlp(model) -> int:
     """Run every decoder layer's MLP through DeepSpeed's TiledMLP; returns the layers wrapped."""
-    from anchorctx.training.engine import import_deepspeed
-
     import_deepspeed()
     layers = decoder_layers(model)
     for layer in layers:
@@ -101,8 +102,6 @@ def enable_tiled_mlp(model) -> int:
 def enable_checkpoint_offload(model) -> int:
     """Checkpoint the decoder layers with DeepSpeed's activation checkpointing, their inputs kept
     in CPU memory; returns the layers switched. Needs gradient checkpointing enabled first."""
-    from anchorctx.training.engine import import_deepspeed
-
     deepspeed = import_deepspeed()
     # transformers marks a checkpointed block with ``gradient_checkpointing = True`` and calls
     # its ``_gradient_checkpointing_func(forward_with_kwargs, *tensors)``.
@@ -129,8 +128,6 @@ def apply_memory_options(model, memory: MemoryConfig) -> None:
 def offload_entries(memory: MemoryConfig, par: Parallelism) -> tuple[dict, dict]:
     """DeepSpeed config entries of ``offload_optimizer``: (``zero_optimization`` keys, top-level
     keys)."""
-    from anchorctx.training.plan import TrainingError
-
     if not memory.offload_optimizer:
         return {}, {}
     if par.zero_stage == 0:
@@ -155,6 +152,7 @@ def tiled_summed_cross_entropy(
     hidden [B, T, H], targets [B, T]; fp32 scalar. Gradients flow to ``hidden`` and the head's
     weights exactly as through the untiled expression (each tile is recomputed in backward).
     """
+    # Imported here: DeepSpeed loads only through import_deepspeed() (its op cache set first).
     from deepspeed.runtime.sequence_parallel.ulysses_sp import sequence_tiled_compute
 
     def tile_loss(hidden, targets, head):
@@ -187,8 +185,6 @@ def tiled_loss_sum(engine, mb: MicroBatch, attention_engine: str) -> torch.Tenso
     ``logits_to_keep`` empty, so the model's own LM head sees zero positions; the final hidden
     states are taken from the decoder's norm and the head runs tile by tile.
     """
-    from anchorctx.training.step import forward_logits
-
     module = getattr(engine, "module", engine)
     none = torch.empty(0, dtype=torch.long, device=mb.input_ids.device)
     with _final_hidden(module) as captured:
@@ -204,7 +200,5 @@ def init_context(cfg: ExperimentConfig, device: str | torch.device):
     """Where a new ``model.tiny`` model's tensors are created: on ``device`` with
     ``training.memory.init_on_device`` (random init runs there; no full CPU copy is built and
     moved), else the default (CPU). Models loaded from ``model.path`` are left as they load."""
-    from contextlib import nullcontext
-
     on_device = cfg.training.memory.init_on_device and cfg.model.tiny is not None
     return torch.device(device) if on_device else nullcontext()

@@ -15,6 +15,7 @@ import functools
 from typing import Any
 
 import torch
+from torch.nn.attention.flex_attention import BlockMask, flex_attention
 
 from anchorctx.attention.engines.base import AttentionCall, Capabilities, Engine
 from anchorctx.attention.layout import Layout
@@ -32,8 +33,6 @@ def flex_available() -> tuple[bool, str]:
 
 @functools.cache
 def _compiled_flex():
-    from torch.nn.attention.flex_attention import flex_attention
-
     # dynamic=False: one kernel per sequence length; packed rows have a fixed length, so the
     # whole run compiles once (plus once for backward).
     return torch.compile(flex_attention, dynamic=False)
@@ -52,8 +51,6 @@ class FlexEngine(Engine):
         return flex_available()
 
     def forward(self, call: AttentionCall) -> torch.Tensor:
-        from torch.nn.attention.flex_attention import flex_attention
-
         block_mask = cached_block_mask(call)
         fn = _compiled_flex() if call.q.is_cuda else flex_attention
         gqa = call.q.shape[1] != call.k.shape[1]
@@ -77,8 +74,6 @@ def build_block_mask(
     ``shared``: all rows have the same layout; the tile tables get batch dim 1 (broadcast), the
     token-level tables still one row per batch row (the kernel passes the real row index).
     """
-    from torch.nn.attention.flex_attention import BlockMask
-
     t = rows[0].seq_len
     tile_rows = rows[:1] if shared else rows
     tiles = [_tile_classes(row.to(device), block) for row in tile_rows]

@@ -33,6 +33,7 @@ import dataclasses
 import functools
 
 import torch
+from torch.nn.attention import flex_attention as fa
 
 from anchorctx.attention.engines.base import AttentionCall, Capabilities, Engine
 from anchorctx.attention.engines.flex import _compiled_flex, build_block_mask, flex_available
@@ -113,8 +114,6 @@ def _intra_dense_mask(call: AttentionCall) -> torch.Tensor:
 
 
 def _flex_lse(q, k, v, block_mask, scale: float, gqa: bool):
-    from torch.nn.attention import flex_attention as fa
-
     if hasattr(fa, "AuxRequest"):  # torch >= 2.9; return_lse is deprecated there
         out, aux = fa.flex_attention(
             q, k, v, block_mask=block_mask, scale=scale, enable_gqa=gqa,

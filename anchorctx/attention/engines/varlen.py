@@ -119,6 +119,8 @@ def unflatten(out: torch.Tensor, call: AttentionCall) -> torch.Tensor:
 # ----------------------------------------------------------------------- torch varlen_attn
 @functools.cache
 def _varlen_params() -> frozenset[str]:
+    # Imported here: torch.nn.attention.varlen is missing from older torch (see available()), and it
+    # takes a second to import.
     from torch.nn.attention.varlen import varlen_attn
 
     return frozenset(inspect.signature(varlen_attn).parameters)
@@ -142,6 +144,7 @@ class VarlenEngine(Engine):
         return True, ""
 
     def forward(self, call: AttentionCall) -> torch.Tensor:
+        # Imported here: torch.nn.attention.varlen is missing from older torch (see available()).
         from torch.nn.attention.varlen import varlen_attn
 
         plan = cached_plan(call)
@@ -183,6 +186,7 @@ class FlashAttnEngine(Engine):
         return True, ""
 
     def forward(self, call: AttentionCall) -> torch.Tensor:
+        # Imported here: flash_attn is an optional package (see available()).
         from flash_attn import flash_attn_varlen_func
 
         plan = cached_plan(call)

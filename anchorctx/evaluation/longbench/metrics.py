@@ -17,6 +17,8 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
+from rouge import Rouge
+
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
 _NUMBER = re.compile(r"\d+")
 _PUNCTUATION = frozenset(string.punctuation)
@@ -56,6 +58,7 @@ def qa_f1_score(prediction: str, ground_truth: str, **kwargs: Any) -> float:
 
 def _jieba_tokens(text: str) -> list[str]:
     try:
+        # Imported here: jieba is optional (only the Chinese datasets need it).
         import jieba
     except ImportError as err:
         raise ImportError(
@@ -78,8 +81,6 @@ def rouge_score(prediction: str, ground_truth: str, **kwargs: Any) -> float:
     Like LongBench, any failure of the scorer (an empty prediction, which ``rouge`` rejects,
     or a recursion limit on very long inputs) scores 0.
     """
-    from rouge import Rouge
-
     try:
         scores = Rouge().get_scores([prediction], [ground_truth], avg=True)
     except Exception:  # LongBench: bare ``except: return 0.0``

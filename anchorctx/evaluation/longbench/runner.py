@@ -126,6 +126,7 @@ def fit_prompt(tokenizer: Any, text: str, max_length: int) -> tuple[str, int, bo
 
 def decode_rules(tokenizer: Any, dataset: str):
     """``pred.py``'s samsum rule as data for the generator; None for every other dataset."""
+    # Imported here: models.decoding imports torch, which the suite registry skips.
     from anchorctx.models.decoding import StopRules
 
     if dataset not in SAMSUM_RULE_DATASETS:
@@ -154,6 +155,8 @@ def _run_dataset(
     progress: bool,
 ) -> list[dict[str, Any]]:
     """Generate and score the records ``todo`` (indices into rows); emit each record."""
+    # Imported here: generation imports torch, which the suite registry skips; looked up at call
+    # time, so tests can substitute generate_greedy.
     from anchorctx.evaluation.generation import generate_greedy
 
     lcfg = cfg.evaluation.longbench

@@ -14,6 +14,7 @@ from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
+from wonderwords import random_word
 
 # Which data file each task family needs, and the config key that names it.
 DATA_KEYS = {
@@ -84,6 +85,7 @@ def punkt_splitter(nltk_data: Path | None = None) -> Callable[[str], list[str]]:
     path. An untrained Punkt splits differently at abbreviations ("Mr.", "e.g."), which moves
     needles, so a missing model is an error, never a silent fallback.
     """
+    # Imported here: nltk takes over a second to import; only essay haystacks need it.
     import nltk
     from nltk.tokenize.punkt import PunktSentenceTokenizer, load_punkt_params
 
@@ -138,7 +140,6 @@ def essay_sentences(path: Path, num_words: int, nltk_data: Path | None = None) -
 @lru_cache(maxsize=1)
 def wonderwords_lists() -> tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]:
     """(nouns, adjectives, verbs) from the wonderwords package, deduplicated and sorted."""
-    from wonderwords import random_word
 
     def load(name: str) -> tuple[str, ...]:
         return tuple(sorted(set(random_word._get_words_from_text_file(name))))

@@ -8,6 +8,7 @@ regenerated nor predicted again. A (task, length) whose samples are all done cos
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tqdm.auto import tqdm
@@ -147,8 +148,6 @@ def _plan(tasks, lengths, num_samples, paths, done):
 def _probe_data(task: str, paths: dict) -> None:
     """Raise MissingDataError now (not mid-suite) when the task's data file is absent, and
     MissingSplitterError (which stops the suite) when an essay task has no sentence model."""
-    from pathlib import Path
-
     spec = C.task_spec(task)
     if spec.family == "niah" and spec.args["type_haystack"] == "essay":
         resolve_path(task, "essay", paths)

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 
 from anchorctx.cli import COMMANDS, main
@@ -25,3 +28,22 @@ def test_config_command_prints_resolved_config(capsys):
 def test_config_error_exits_2(capsys):
     assert main(["config", "configs/demo.yaml", "--set", "training.stepz=7"]) == 2
     assert "unknown key 'training.stepz'" in capsys.readouterr().err
+
+
+def test_help_imports_no_heavy_package():
+    """`anchorctx --help` (and every subcommand's) stays fast: torch, transformers, Prefect and
+    DeepSpeed load only in the commands that use them (a fresh interpreter: pytest has them)."""
+    heavy = ("torch", "transformers", "prefect", "deepspeed")
+    code = (
+        "import sys\n"
+        "from anchorctx.cli import COMMANDS, main\n"
+        "for argv in [['--help'], *([c, '--help'] for c in COMMANDS)]:\n"
+        "    try:\n"
+        "        main(argv)\n"
+        "    except SystemExit:\n"
+        "        pass\n"
+        f"print(sorted(m for m in {heavy!r} if m in sys.modules), file=sys.stderr)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stderr.strip().splitlines()[-1] == "[]"

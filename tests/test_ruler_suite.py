@@ -75,7 +75,8 @@ def test_resume_after_interruption(tiny_config, model, tokenizer):
 
 def test_qa_runs_with_its_file(tiny_config, model, tokenizer, tmp_path):
     paths = write_ruler_fixtures(tmp_path)
-    # HotpotQA's ten gold paragraphs alone need ~1.1K demo-tokenizer tokens: run it at 2K.
+    # A HotpotQA question's ten paragraphs alone are ~0.6K demo-tokenizer tokens (over the 512
+    # of _cfg): run it at 2K.
     cfg = _cfg(tiny_config, tasks=["qa_2"], hotpotqa_path=str(paths["hotpotqa_path"]),
                lengths=[2048], num_samples=1)  # fmt: skip
     recs: list[dict] = []

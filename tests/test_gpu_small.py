@@ -78,7 +78,8 @@ def test_gpu_small_config_sizing():
     assert pre.data.token_budget == pre.training.steps * pre.training.global_batch_size * 2048
     assert cfg.base_model_path == pre.run_dir / "checkpoints" / checkpoint_name(pre.training.steps)
     arms = cfg.arms()
-    assert [a.training.attention for a in arms] == ["full", "intra_doc", "intra_doc_reset", "anchor"]
+    variants = ["full", "intra_doc", "intra_doc_reset", "anchor"]
+    assert [a.training.attention for a in arms] == variants
     for arm in arms:  # same data and steps; only the attention differs
         assert arm.model.path == cfg.base_model_path and arm.model.tiny is None
         assert arm.data == arms[0].data and arm.data.seq_len >= 16384
@@ -101,7 +102,7 @@ def test_pretraining_run_identity():
     assert config_from_dict(raw, ["evaluation.last_k=1"]).pretraining().variant_name == base
     other = config_from_dict(raw, ["pretrain.corpus.documents=10"]).pretraining().variant_name
     assert other != base
-    with pytest.raises(ValueError, match="pretrain needs model.tiny"):
+    with pytest.raises(ValueError, match=r"pretrain needs model\.tiny"):
         config_from_dict(raw, ["model.tiny=null", "model.path=m"])
 
 

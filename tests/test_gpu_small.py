@@ -139,7 +139,10 @@ def test_miniature_pretrains_then_trains_the_arms_from_it(tmp_path, demo_corpus)
     from prefect.testing.utilities import prefect_test_harness
 
     from anchorctx.evaluation import results
-    from anchorctx.flows.experiment import full_experiment, pretrain_flow
+    from anchorctx.flows import commands
+    from anchorctx.flows.experiment import STAGES, _check_base_model, full_experiment, pretrain_flow
+
+    assert commands.STAGES == STAGES and STAGES[0] == "pretrain"  # `--stage pretrain` exists
 
     raw = yaml.safe_load(CONFIG.read_text())
     cfg = config_from_dict(raw, _miniature(tmp_path, demo_corpus))
@@ -158,3 +161,8 @@ def test_miniature_pretrains_then_trains_the_arms_from_it(tmp_path, demo_corpus)
         assert run["model"]["path"] == str(base) and run["model"]["tiny"] is None
         (ckpt,) = sorted((arm.run_dir / "checkpoints").iterdir())
         assert results.load_result(results.result_path(ckpt, "ruler"))["scores"]
+    _check_base_model(cfg)
+    # Arms whose pretraining config changed have no base model yet: an error, not a new tiny.
+    other = config_from_dict(raw, [*_miniature(tmp_path, demo_corpus), "pretrain.corpus.seed=1"])
+    with pytest.raises(FileNotFoundError, match="run the pretrain stage first"):
+        _check_base_model(other)

@@ -25,6 +25,7 @@ def _template_words() -> set[str]:
     texts = [*pc._FACT, *pc._ATTRS, *pc._FUNCTION, pc._KV_HEAD, pc._KV_QUERY, pc._NEEDLE_QUERY,
              pc._NEEDLE_QUERY_MANY, pc._CHAIN_FIRST, pc._CHAIN_NEXT, pc._CHAIN_QUERY,
              pc._COUNT_HEAD, pc._COUNT_QUERY, *pc._QA_SENTENCE, *(q for q, _ in pc._QA_QUERY),
+             *pc._INSTRUCT.values(), *pc._ECHO.values(),
              "Passage Hall Tower Mill Yard"]  # fmt: skip
     words = {w.lower() for t in texts for w in re.findall(r"[A-Za-z]+", re.sub(r"{\w+}", " ", t))}
     return words | {"s"}  # plural "attrs" of the kv heading
@@ -33,12 +34,15 @@ def _template_words() -> set[str]:
 def test_pretrain_corpus_has_every_retrieval_format_and_no_ruler_vocabulary():
     docs = pc.generate_documents(seed=3, documents=60)
     assert {kind for kind, _ in docs} == set(pc.KINDS)
+    framed = {kind for kind, text in docs if text.startswith(pc._INSTRUCT[kind])}
+    assert framed == set(pc.KINDS)  # each kind also in the instruction-first framing
     for kind, text in docs:
         body, question = text.rsplit("\n", 1)
-        answer = question.split("Answer: ", 1)[1]
+        answer = question.split("Answer: ", 1)[1].rsplit(": ", 1)[-1]  # after a prefix if any
         assert question.startswith("Question: "), (kind, question)
         if kind == "count":  # the three most frequent coded tokens, most frequent first
-            counts = {w: body.split().count(w) for w in set(body.split()[6:])}
+            listed = body.split(pc._COUNT_HEAD)[1].split()
+            counts = {w: listed.count(w) for w in set(listed)}
             top = sorted(counts, key=counts.get, reverse=True)[:4]
             assert answer.split() == top[:3] and counts[top[2]] > counts[top[3]], kind
         else:  # every answer is in the document before its question

@@ -44,7 +44,7 @@ from anchorctx.io import atomic_directory, atomic_write_json
 if TYPE_CHECKING:
     from anchorctx.config import ExperimentConfig
 
-PRETRAIN_CORPUS_VERSION = 1
+PRETRAIN_CORPUS_VERSION = 2
 DOMAIN = "Retrieval"  # the domain name of every document (pretraining mixes it with the demo's)
 KINDS: tuple[str, ...] = ("kv", "needle", "chain", "count", "qa")
 FILES = 4  # documents spread over this many files, like the demo corpus
@@ -82,6 +82,25 @@ _QA_QUERY = (
     ("Question: in which year did {entity} open? Answer: {year}", "year"),
     ("Question: where was {entity} built? Answer: {place}", "place"),
 )
+
+# Half the documents are framed the way RULER frames its prompts (an instruction first, then the
+# text, then the question, and an answer prefix before the answer), in words of this module.
+_INSTRUCT = {
+    "kv": "Memorise the table that follows; a question about one of its items comes after it.",
+    "needle": "A few facts are buried in the text that follows. Memorise them; a question about "
+    "them comes at the end.",
+    "chain": "Track the name assignments in the text that follows; a question about them comes "
+    "at the end.",
+    "count": "Read the coded tokens that follow and keep count of how often each one occurs.",
+    "qa": "Read the passages that follow and answer the question at the end from them.",
+}
+_ECHO = {
+    "kv": "as listed in the table above, the answer is",
+    "needle": "as stated in the text above, the answer is",
+    "chain": "following the assignments above, the names are",
+    "count": "counting the list above, the three most frequent are",
+    "qa": "according to the passages above, the answer is",
+}
 
 
 def english_words() -> frozenset[str]:
@@ -221,10 +240,21 @@ def _qa(g: _Gen) -> str:
 _MAKERS = {"kv": _kv, "needle": _needle, "chain": _chain, "count": _count, "qa": _qa}
 
 
+def _framed(g: _Gen, kind: str, text: str) -> str:
+    """Every other document on average: the instruction first and the answer prefix."""
+    if g.rng.random() < 0.5:
+        return text
+    body, question = text.rsplit("\n", 1)
+    question = question.replace("Answer: ", f"Answer: {_ECHO[kind]}: ", 1)
+    return f"{_INSTRUCT[kind]}\n\n{body}\n{question}"
+
+
 def generate_documents(seed: int, documents: int) -> list[tuple[str, str]]:
-    """``documents`` (kind, text) pairs, the kinds in turn, deterministic in ``seed``."""
+    """``documents`` (kind, text) pairs, the kinds in turn, deterministic in ``seed``. Every
+    document ends with a line ``Question: ... Answer: [prefix: ]answer``."""
     g = _Gen(seed)
-    return [(KINDS[i % len(KINDS)], _MAKERS[KINDS[i % len(KINDS)]](g)) for i in range(documents)]
+    kinds = [KINDS[i % len(KINDS)] for i in range(documents)]
+    return [(kind, _framed(g, kind, _MAKERS[kind](g))) for kind in kinds]
 
 
 def _params(seed: int, documents: int) -> dict:

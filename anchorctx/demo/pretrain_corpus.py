@@ -63,7 +63,7 @@ _FACT = (
     "For the record, the {attr} recorded for {key} is {value}.",
 )
 _ATTRS = ("locker code", "badge number", "vault tag", "ledger entry", "pass phrase", "serial")
-_KV_HEAD = "Below is a table of {attr}s, one line per item."
+_KV_HEAD = "Below is a table: each line gives an item and its {attr}."
 _KV_QUERY = "Question: what is the {attr} of {key}? Answer: {value}"
 _NEEDLE_QUERY = "Question: which {attr} was given for {key}? Answer: {value}"
 _NEEDLE_QUERY_MANY = "Question: list every {attr} given for {key}. Answer: {values}"

@@ -4,6 +4,7 @@ sizing rules. The flow test runs the shipped config shrunk by dotted overrides, 
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from pathlib import Path
@@ -65,6 +66,33 @@ def test_pretrain_corpus_files_are_reused(tmp_path):
     stamp = files[0].stat().st_mtime_ns
     assert pc.write_pretrain_corpus(tmp_path / "c", seed=1, documents=10) == data
     assert files[0].stat().st_mtime_ns == stamp
+
+
+def test_heldout_eval_data_is_in_the_benchmark_layouts_and_shares_no_pretraining_words(tmp_path):
+    from anchorctx.demo.heldout_eval import SUBJECTS, write_heldout_eval
+    from anchorctx.evaluation.harness import hellaswag_file, mmlu_layout
+    from anchorctx.evaluation.ruler.data import read_squad
+    from anchorctx.io import read_jsonl
+
+    paths = write_heldout_eval(tmp_path / "h", essay_words=500, squad_paragraphs=8, items=6)
+    found, _ = mmlu_layout(paths["mmlu_dir"])
+    assert sorted(found) == sorted(SUBJECTS)
+    tests = [row for s in SUBJECTS for row in read_jsonl(found[s]["test"])]
+    assert len(tests) == 6
+    for row in tests:  # the right choice is the person the question names
+        assert row["choices"][row["answer"]] in row["question"]
+    swag = read_jsonl(hellaswag_file(paths["hellaswag_dir"]))
+    for row in swag:  # the right ending repeats the context's adjective
+        assert row["endings"][int(row["label"])].rstrip(".") in row["ctx_a"]
+    squad = read_squad(paths["squad"])
+    assert len(squad.items) == 8 and len(squad.docs) == 8
+    assert paths["essay"].is_file() and paths["nltk_data"].is_dir()
+    # Built from English words only: nothing from the pretraining corpus' pseudo-word vocabulary.
+    heldout = " ".join([paths["squad"].read_text(), *(json.dumps(r) for r in tests + swag)])
+    pretraining = "\n".join(t for _, t in pc.generate_documents(seed=0, documents=60))
+    words = lambda text: {w.lower() for w in re.findall(r"[A-Za-z]{4,}", text)}  # noqa: E731
+    shared = words(heldout) & (words(pretraining) - _template_words())
+    assert not shared, sorted(shared)[:10]
 
 
 # --------------------------------------------------------------------------- the config

@@ -74,11 +74,11 @@ def test_heldout_eval_data_is_in_the_benchmark_layouts_and_shares_no_pretraining
     from anchorctx.evaluation.ruler.data import read_squad
     from anchorctx.io import read_jsonl
 
-    paths = write_heldout_eval(tmp_path / "h", essay_words=500, squad_paragraphs=8, items=6)
+    paths = write_heldout_eval(tmp_path / "h", essay_words=500, squad_paragraphs=8, items=7)
     found, _ = mmlu_layout(paths["mmlu_dir"])
     assert sorted(found) == sorted(SUBJECTS)
     tests = [row for s in SUBJECTS for row in read_jsonl(found[s]["test"])]
-    assert len(tests) == 6
+    assert len(tests) == 7
     for row in tests:  # the right choice is the person the question names
         assert row["choices"][row["answer"]] in row["question"]
     swag = read_jsonl(hellaswag_file(paths["hellaswag_dir"]))

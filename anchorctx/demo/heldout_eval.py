@@ -123,11 +123,11 @@ def write_heldout_eval(
     with atomic_directory(root) as tmp:
         write_eval_fixtures(tmp / "fixtures", seed=seed, essay_words=essay_words)
         (tmp / "squad.json").write_text(json.dumps(gen.squad(squad_paragraphs)))
-        per_subject = max(1, items // len(SUBJECTS))
-        for subject in SUBJECTS:  # dev: the 5 few-shot examples MMLU prepends
+        for i, subject in enumerate(SUBJECTS):  # dev: the 5 few-shot examples MMLU prepends
             _jsonl(tmp / "mmlu" / "dev" / f"{subject}.jsonl", [gen.mmlu(subject) for _ in range(5)])
+            count = items // len(SUBJECTS) + (i < items % len(SUBJECTS))  # `items` in all
             _jsonl(tmp / "mmlu" / "test" / f"{subject}.jsonl",
-                   [gen.mmlu(subject) for _ in range(per_subject)])  # fmt: skip
+                   [gen.mmlu(subject) for _ in range(count)])  # fmt: skip
         _jsonl(tmp / "hellaswag" / "validation.jsonl", [gen.hellaswag(i) for i in range(items)])
         atomic_write_json(tmp / "manifest.json", {"params": params})
     return paths

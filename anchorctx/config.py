@@ -332,6 +332,12 @@ class EvaluationConfig(Strict):
     demo_fixtures: Path | None = Field(
         None, description="Demo/tests only: write synthetic evaluation data files here if missing."
     )
+    heldout_data: Path | None = Field(
+        None,
+        description="Write generated held-out evaluation data here if missing (anchorctx.demo."
+        "heldout_eval: a long essay and 400 SQuAD paragraphs for RULER up to 16K, 400 MMLU- and "
+        "HellaSwag-style items); the config's ruler/harness paths name its files.",
+    )
     batch_size: int = Field(1, gt=0, description="Generation batch size.")
     engine: Literal["auto", "hf", "static"] = Field(
         "auto",
@@ -469,6 +475,41 @@ class TrackingConfig(Strict):
         return self
 
 
+# ---------------------------------------------------------------------------------- pretrain
+# The layout of a checkpoint directory name (anchorctx.models.checkpoints.checkpoint_name; the
+# config layer imports nothing above io, and a test keeps the two equal).
+_CHECKPOINT_DIR, _CHECKPOINT_NAME = "checkpoints", "step-{step:06d}"
+# Sections that do not change a pretrained model: the pretraining run's directory name hashes
+# the rest (evaluation, analysis and tracking settings of the arms never re-pretrain).
+_NOT_PRETRAINING = ("evaluation", "analysis", "tracking", "variants", "variant")
+
+
+class PretrainCorpusConfig(Strict):
+    """The generated retrieval-bearing documents (anchorctx.demo.pretrain_corpus)."""
+
+    dir: Path = Path(".demo/pretrain")
+    seed: int = 0
+    documents: int = Field(2000, gt=0, description="Documents, the five kinds in turn.")
+
+
+class PretrainConfig(Strict):
+    """Pretrain the base model from scratch before the arms (full-experiment's ``pretrain``
+    stage): ``model.tiny`` trained with full attention on ``data.sources`` plus the generated
+    retrieval corpus, by the ordinary training loop. Every arm then starts from its last
+    checkpoint (``model.path``; the arms' ``model.tiny`` is dropped). The pretraining run is
+    ``<run_root>/<name>/pretrain-<hash of its config>/``: a second run reuses it, and its last
+    checkpoint is a Hugging Face model directory usable as any config's ``model.path``."""
+
+    corpus: PretrainCorpusConfig = Field(default_factory=PretrainCorpusConfig)
+    overrides: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Dotted overrides that turn the experiment's config into the pretraining "
+        "run's, e.g. {'data.seq_len': 2048, 'training.steps': 3000, 'training.lr': 1e-3}. "
+        "Applied after the fixed changes: attention full, model.rope_theta and "
+        "max_position_embeddings unset (the model's own RoPE base), no domain tags.",
+    )
+
+
 # ---------------------------------------------------------------------------------- experiment
 class VariantSpec(Strict):
     """One arm of an experiment: a name, an attention variant, and dotted overrides."""
@@ -490,6 +531,9 @@ class ExperimentConfig(Strict):
     evaluation: EvaluationConfig = Field(default_factory=EvaluationConfig)
     analysis: AnalysisConfig = Field(default_factory=AnalysisConfig)
     tracking: TrackingConfig = Field(default_factory=TrackingConfig)
+    pretrain: PretrainConfig | None = Field(
+        None, description="Pretrain model.tiny from scratch first; the arms start from it."
+    )
     variants: list[VariantSpec] = Field(
         default_factory=list, description="Arms of full-experiment; empty: training.attention."
     )
@@ -517,11 +561,48 @@ class ExperimentConfig(Strict):
             _set_dotted(raw, key, value, what=f"variant {spec.name!r} override {key!r}")
         raw["training"]["attention"] = spec.attention
         raw["variant"] = spec.name
+        if self.pretrain is not None:  # the arm continues training the pretrained base model
+            raw["model"].update(path=str(self.base_model_path), tiny=None, tokenizer=None)
+            raw["pretrain"] = None
         return _validate(raw, source=f"variant {spec.name!r}")
 
     def arms(self) -> list[ExperimentConfig]:
         """Every arm of the experiment (a single arm when ``variants`` is empty)."""
-        return [self.for_variant(v) for v in self.variants] if self.variants else [self]
+        if self.variants:
+            return [self.for_variant(v) for v in self.variants]
+        if self.pretrain is not None:
+            name = self.variant_name
+            return [self.for_variant(VariantSpec(name=name, attention=self.training.attention))]
+        return [self]
+
+    # -- pretraining ---------------------------------------------------------------------
+    def pretraining(self) -> ExperimentConfig:
+        """The pretraining run's config (``pretrain`` section): see :class:`PretrainConfig`.
+        It keeps the ``pretrain`` section, so the commands that run it write its corpus."""
+        if self.pretrain is None:
+            raise ConfigError(f"{self.name}: no pretrain section: nothing to pretrain")
+        if self.model.tiny is None:
+            raise ConfigError("pretrain needs model.tiny (the model to pretrain), not model.path")
+        raw = self.model_dump(mode="json")
+        raw["variants"], raw["variant"] = [], None
+        raw["training"]["attention"] = "full"
+        raw["model"].update(rope_theta=None, max_position_embeddings=None)
+        raw["data"]["domain_tags"] = False
+        corpus = str(self.pretrain.corpus.dir / "data")  # pretrain_corpus' layout
+        if corpus not in {src["path"] for src in raw["data"]["sources"]}:
+            raw["data"]["sources"] = [*raw["data"]["sources"], {"path": corpus}]
+        for key, value in self.pretrain.overrides.items():
+            _set_dotted(raw, key, value, what=f"pretrain override {key!r}")
+        identity = {k: v for k, v in raw.items() if k not in _NOT_PRETRAINING}
+        digest = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()
+        raw["variant"] = f"pretrain-{digest[:10]}"
+        return _validate(raw, source="pretrain")
+
+    @property
+    def base_model_path(self) -> Path:
+        """The pretraining run's last checkpoint: the arms' ``model.path``."""
+        pre = self.pretraining()
+        return pre.run_dir / _CHECKPOINT_DIR / _CHECKPOINT_NAME.format(step=pre.training.steps)
 
     def to_yaml(self) -> str:
         return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False)

@@ -107,7 +107,7 @@ def run_arguments(parser: argparse.ArgumentParser) -> None:
                         help="Print the flow run's UI link and return at once.")  # fmt: skip
 
 
-STAGES = ("data", "train", "evaluate", "report")
+STAGES = ("pretrain", "data", "train", "evaluate", "report")
 SUITES = ("ruler", "longbench", "mmlu", "hellaswag")
 
 

@@ -3,6 +3,8 @@
 - ``full-experiment/demo``: configs/demo.yaml (tiny Llama, generated corpus, CPU);
 - ``full-experiment/paper-llama2-64k`` and ``paper-llama2-128k``: configs/paper/llama2-7b-*.yaml
   (Table 1); any other ``configs/paper/<stem>.yaml`` becomes ``full-experiment/paper-<stem>``;
+- ``full-experiment/gpu-small``: configs/gpu-small.yaml (a base model pretrained here, the
+  four arms at 16K, RULER 2K-16K; one GPU, about 25 minutes);
 - ``prepare-data/default``, ``train/default``, ``evaluate/default``, ``rope-precision/default``:
   the demo config as the default parameters.
 
@@ -61,6 +63,10 @@ def build_deployments(
                 "Evaluate the existing checkpoints of a run (cached per checkpoint and suite)."),
         _deploy(fx.rope_precision_flow, "default", demo, "BF16 vs FP32 RoPE precision study."),
     ]  # fmt: skip
+    if (small := configs_dir / "gpu-small.yaml").is_file():
+        deployments.append(_deploy(fx.full_experiment, "gpu-small", load_config(small),
+                                   f"{small}: pretrain a ~150M Llama, then the four arms at 16K, "
+                                   "on one GPU."))  # fmt: skip
     for name, path in paper_presets(configs_dir).items():
         cfg = load_config(path)
         deployments.append(_deploy(fx.full_experiment, name, cfg,

@@ -4,6 +4,8 @@
 (with its own logs, artifacts and provenance summary) and can be re-run alone:
 
     full-experiment
+      ├─ pretrain            only with a ``pretrain`` section: the arms' base model, trained
+      │                      from scratch by the same train flow (cached like any run)
       ├─ prepare-data        once per distinct data config + tokenizer (tagged arms get their own)
       ├─ train               per arm: a child process group (torchrun for several GPUs)
       ├─ evaluate            per arm: every checkpoint × suite as mapped, content-cached tasks
@@ -46,6 +48,8 @@ from anchorctx.tasks.data import (
     dataset_exists,
     ensure_demo_corpus_task,
     ensure_eval_fixtures_task,
+    ensure_heldout_eval_task,
+    ensure_pretrain_corpus_task,
     prepare_data_task,
 )
 from anchorctx.tasks.evaluation import (
@@ -98,8 +102,8 @@ def _run_name(stage: str, per_arm: bool = True) -> str:
     return stage
 
 
-Stage = Literal["data", "train", "evaluate", "report"]
-STAGES: tuple[str, ...] = ("data", "train", "evaluate", "report")
+Stage = Literal["pretrain", "data", "train", "evaluate", "report"]
+STAGES: tuple[str, ...] = ("pretrain", "data", "train", "evaluate", "report")
 Suite = Literal["ruler", "longbench", "mmlu", "hellaswag"]
 
 
@@ -178,6 +182,30 @@ def train_flow(
     return checkpoints
 
 
+# ------------------------------------------------------------------------------- pretrain
+@flow(name="pretrain", flow_run_name=lambda: _run_name("pretrain", per_arm=False))
+def pretrain_flow(cfg: ExperimentConfig, force: bool = False,
+                  timeout_s: float | None = None) -> str:  # fmt: skip
+    """Pretrain the experiment's base model (its ``pretrain`` section) and return its last
+    checkpoint, the arms' ``model.path``: the generated corpus is written, then the
+    pretraining config is packed and trained by the prepare-data and train flows (both
+    cached, so a second run reuses the model)."""
+    pre = cfg.pretraining()
+    ensure_pretrain_corpus_task(pre)
+    checkpoints = train_flow(pre, force=force, timeout_s=timeout_s)
+    base = str(cfg.base_model_path)
+    if not checkpoints or checkpoints[-1] != base:
+        raise RuntimeError(f"pretraining {pre.run_dir} ended without its last checkpoint {base}")
+    return base
+
+
+def _check_base_model(cfg: ExperimentConfig) -> None:
+    """Arms that start from a pretrained model need it on disk."""
+    if cfg.pretrain is not None and not (cfg.base_model_path / "config.json").is_file():
+        raise FileNotFoundError(f"{cfg.name}: no pretrained base model at {cfg.base_model_path}: "
+                                "run the pretrain stage first")  # fmt: skip
+
+
 # ------------------------------------------------------------------------------- evaluate
 def _arm(cfg: ExperimentConfig, variant: str | None) -> ExperimentConfig:
     if variant is None:
@@ -214,6 +242,7 @@ def evaluate_flow(
         raise FileNotFoundError(f"no checkpoints under {run / 'checkpoints'}: run `train` first")
     suites = list(suites or cfg.evaluation.suites)
     ensure_eval_fixtures_task(cfg)
+    ensure_heldout_eval_task(cfg)
     results = _evaluate_all(cfg, checkpoints, suites, force, gpus)
     summary = summarize_task(str(run), cfg.evaluation.last_k)
     with _TRACKING_LOCK:  # arms evaluated side by side (overlap) open one tracker run at a time
@@ -307,7 +336,8 @@ def full_experiment(
 
     Scope (everything outside it is left as it is, cached results included):
     ``arms`` runs only these arms (default: all; the report still compares every arm);
-    ``stages`` runs only these stages (default: data, train, evaluate, report; training still
+    ``stages`` runs only these stages (default: pretrain, which runs only with a ``pretrain``
+    section, then data, train, evaluate, report; training still
     resolves its packed dataset, a cache hit when it exists); ``suites`` evaluates only these
     of each arm's ``evaluation.suites`` (default: all of them). ``force`` recomputes instead of
     reusing, within that scope, in ``force_stages`` (default: every stage that runs). A forced
@@ -319,6 +349,11 @@ def full_experiment(
     run_stages = check_stages(stages, "stages") or list(STAGES)
     forced = set(check_stages(force_stages, "force_stages") or run_stages) if force else set()
     ensure_demo_corpus_task(cfg)  # before data keys: they fingerprint the corpus files
+    ensure_pretrain_corpus_task(cfg)  # the arms' sources may list it too
+    if cfg.pretrain is not None and "pretrain" in run_stages:
+        pretrain_flow(cfg, force="pretrain" in forced, timeout_s=train_timeout_s)
+    if {"data", "train"} & set(run_stages):
+        _check_base_model(cfg)  # the arms' tokenizer and weights are the pretrained model's
     datasets: dict[str, str] = {}
     if "data" in run_stages or "train" in run_stages:
         for arm in selected:

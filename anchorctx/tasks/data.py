@@ -8,6 +8,8 @@ from prefect import task
 
 from anchorctx.config import ExperimentConfig
 from anchorctx.demo import ensure_demo_corpus, ensure_eval_fixtures
+from anchorctx.demo.heldout_eval import ensure_heldout_eval
+from anchorctx.demo.pretrain_corpus import ensure_pretrain_corpus
 from anchorctx.packing import prepare_data
 from anchorctx.tasks.caching import prepare_data_cache_key
 
@@ -19,10 +21,24 @@ def ensure_demo_corpus_task(cfg: ExperimentConfig) -> str | None:
     return None if corpus is None else str(corpus.root)
 
 
+@task(name="ensure-pretrain-corpus")
+def ensure_pretrain_corpus_task(cfg: ExperimentConfig) -> str | None:
+    """Write the generated retrieval corpus of ``pretrain.corpus`` when it is missing."""
+    data = ensure_pretrain_corpus(cfg)
+    return None if data is None else str(data)
+
+
 @task(name="ensure-eval-fixtures")
 def ensure_eval_fixtures_task(cfg: ExperimentConfig) -> dict[str, str] | None:
     """Write the demo evaluation data once, before evaluation tasks run concurrently."""
     paths = ensure_eval_fixtures(cfg)
+    return None if paths is None else {k: str(v) for k, v in paths.items()}
+
+
+@task(name="ensure-heldout-eval")
+def ensure_heldout_eval_task(cfg: ExperimentConfig) -> dict[str, str] | None:
+    """Write the generated held-out evaluation data of ``evaluation.heldout_data`` if missing."""
+    paths = ensure_heldout_eval(cfg)
     return None if paths is None else {k: str(v) for k, v in paths.items()}
 
 

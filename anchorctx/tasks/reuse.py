@@ -14,9 +14,11 @@ both are the same green. Two marks are added:
 from __future__ import annotations
 
 import logging
+import time
 from typing import TYPE_CHECKING, Any
 
 from prefect.client.orchestration import get_client
+from prefect.exceptions import ObjectNotFound, PrefectHTTPStatusError
 from prefect.results import get_result_store
 from prefect.runtime import flow_run
 
@@ -66,13 +68,25 @@ def mark_cached(state: State) -> bool:
     return True
 
 
-def _rename_task_run(task_run_id: UUID) -> None:
+def _rename_task_run(task_run_id: UUID, attempts: int = 20) -> None:
+    # Task runs reach the server as events, so a cache hit's record can still be missing right
+    # after the hit (seen with a second flow run in one process): wait up to ~5 s, then leave
+    # the name as it is; the mark is cosmetic and never fails a flow.
     with get_client(sync_client=True) as client:
-        name = client.read_task_run(task_run_id).name
-        if not name.endswith(CACHED_SUFFIX):
-            # the client has no task-run update call; the REST API's PATCH takes the name
-            client.request("PATCH", "/task_runs/{id}", path_params={"id": task_run_id},
-                           json={"name": name + CACHED_SUFFIX})  # fmt: skip
+        for _ in range(attempts):
+            try:
+                name = client.read_task_run(task_run_id).name
+                if not name.endswith(CACHED_SUFFIX):
+                    # the client has no task-run update call; the REST API's PATCH takes the name
+                    client.request("PATCH", "/task_runs/{id}", path_params={"id": task_run_id},
+                                   json={"name": name + CACHED_SUFFIX})  # fmt: skip
+                return
+            except (ObjectNotFound, PrefectHTTPStatusError) as err:
+                status = getattr(getattr(err, "response", None), "status_code", 404)
+                if status != 404:
+                    raise
+                time.sleep(0.25)
+        log.warning("task run %s not found: not marked cached", task_run_id)
 
 
 def tag_flow_run_cached() -> None:

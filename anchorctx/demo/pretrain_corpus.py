@@ -1,0 +1,297 @@
+"""A generated pretraining corpus of retrieval-bearing documents (``pretrain.corpus``).
+
+A small model pretrained only on the demo corpus' Zipf prose never learns to copy a fact from
+far back in its context, so every long-context score of its continual-training arms is at
+chance and the comparison says nothing. These documents teach the skills RULER measures, in
+formats that resemble RULER's prompts but share none of its words or templates (so the model
+is not trained on the test): the keys are pronounceable pseudo-words built from syllables (RULER
+draws its keys from wonderwords' English nouns and adjectives and its variable names from
+upper-case letters), the sentences are this module's own.
+
+Document kinds (``KINDS``), one kind per document, each ending with its question and answer so
+the language-modelling loss rewards the retrieval:
+
+- ``kv``: a registry of key-value facts, then a query for one key (niah multikey-like);
+- ``needle``: one to four facts hidden at random depths of a haystack (filler prose or a
+  repeated filler sentence), with digit, hex-code or word values and one or several values per
+  key (niah single / multivalue / multiquery-like);
+- ``chain``: variable assignments chained through aliases among distractor chains; the question
+  asks for every name holding a value (variable-tracking-like);
+- ``count``: a list of coded words with skewed frequencies; the answer names the three most
+  frequent (frequent-word-extraction-like);
+- ``qa``: short passages about invented entities; a question answered by one passage
+  (single-document QA-like).
+
+Layout of ``out``::
+
+    data/pretrain_<i>.jsonl   {"text": ..., "meta": {"redpajama_set_name": "Retrieval"}}
+    pretrain.json             parameters and counts per kind; written last (marks completion)
+
+The data directory is what ``ExperimentConfig.pretraining`` adds to ``data.sources``.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections import Counter
+from itertools import pairwise
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from anchorctx.io import atomic_directory, atomic_write_json
+
+if TYPE_CHECKING:
+    from anchorctx.config import ExperimentConfig
+
+PRETRAIN_CORPUS_VERSION = 2
+DOMAIN = "Retrieval"  # the domain name of every document (pretraining mixes it with the demo's)
+KINDS: tuple[str, ...] = ("kv", "needle", "chain", "count", "qa")
+FILES = 4  # documents spread over this many files, like the demo corpus
+
+# Syllables of the pseudo-words. Three or more syllables make a word that is (almost surely)
+# no English word; tests check the generated keys against RULER's word lists.
+_ONSETS = ("b", "d", "f", "g", "k", "l", "m", "n", "p", "r", "s", "t", "v", "z", "br", "tr", "kl")
+_VOWELS = ("a", "e", "i", "o", "u")
+_FUNCTION = ("the", "of", "and", "to", "in", "a", "is", "that", "for", "as", "with", "on", "by")
+
+# The retrieval documents' own sentence templates (RULER's are in evaluation/ruler/constants.py
+# and are not reused).
+_FACT = (
+    "Note that the {attr} of {key} is {value}.",
+    "Keep in mind: {key} has the {attr} {value}.",
+    "For the record, the {attr} recorded for {key} is {value}.",
+)
+_ATTRS = ("locker code", "badge number", "vault tag", "ledger entry", "pass phrase", "serial")
+_KV_HEAD = "Below is a table: each line gives an item and its {attr}."
+_KV_QUERY = "Question: what is the {attr} of {key}? Answer: {value}"
+_NEEDLE_QUERY = "Question: which {attr} was given for {key}? Answer: {value}"
+_NEEDLE_QUERY_MANY = "Question: list every {attr} given for {key}. Answer: {values}"
+_CHAIN_FIRST = "let {name} := {value};"
+_CHAIN_NEXT = "let {name} := {prev};"
+_CHAIN_QUERY = "Question: which names end up holding {value}? Answer: {names}"
+_COUNT_HEAD = "Here is a long list of coded tokens."
+_COUNT_QUERY = "Question: which three tokens occur most often in the list? Answer: {words}"
+_QA_SENTENCE = (
+    "{entity} was built in {place} by {person}.",
+    "{entity} first opened in the year {year}.",
+    "The keeper of {entity} is {person}.",
+)
+_QA_QUERY = (
+    ("Question: who built {entity}? Answer: {person}", "person"),
+    ("Question: in which year did {entity} open? Answer: {year}", "year"),
+    ("Question: where was {entity} built? Answer: {place}", "place"),
+)
+
+# Half the documents are framed the way RULER frames its prompts (an instruction first, then the
+# text, then the question, and an answer prefix before the answer), in words of this module.
+_INSTRUCT = {
+    "kv": "Memorise the table that follows; a question about one of its items comes after it.",
+    "needle": "A few facts are buried in the text that follows. Memorise them; a question about "
+    "them comes at the end.",
+    "chain": "Track the name assignments in the text that follows; a question about them comes "
+    "at the end.",
+    "count": "Read the coded tokens that follow and keep count of how often each one occurs.",
+    "qa": "Read the passages that follow and answer the question at the end from them.",
+}
+_ECHO = {
+    "kv": "as listed in the table above, the answer is",
+    "needle": "as stated in the text above, the answer is",
+    "chain": "following the assignments above, the names are",
+    "count": "counting the list above, the three most frequent are",
+    "qa": "according to the passages above, the answer is",
+}
+
+
+def english_words() -> frozenset[str]:
+    """The words RULER draws keys and values from (wonderwords' nouns, adjectives, verbs)."""
+    from anchorctx.evaluation.ruler.data import wonderwords_lists
+
+    return frozenset(w.lower() for words in wonderwords_lists() for w in words)
+
+
+class _Gen:
+    """One seeded stream of pseudo-words, values and filler text."""
+
+    def __init__(self, seed: int) -> None:
+        self.rng = random.Random(seed)
+        self.english = english_words()
+        self.vocab = sorted({self.word(2) for _ in range(4000)})
+
+    def word(self, syllables: int) -> str:
+        """A pseudo-word; never an English word of RULER's lists (a few CV syllables are)."""
+        r = self.rng
+        while True:
+            w = "".join(r.choice(_ONSETS) + r.choice(_VOWELS) for _ in range(syllables))
+            if w not in self.english:
+                return w
+
+    def key(self) -> str:
+        return f"{self.word(3)}-{self.word(3)}"
+
+    def value(self, kind: str) -> str:
+        r = self.rng
+        if kind == "digits":
+            n = r.randint(4, 8)
+            return str(r.randrange(10 ** (n - 1), 10**n))
+        if kind == "hex":
+            return "-".join(f"{r.getrandbits(16):04x}" for _ in range(3))
+        return self.word(3)
+
+    def filler(self, words: int) -> str:
+        r = self.rng
+        out, sentence = [], []
+        for _ in range(words):
+            sentence.append(r.choice(_FUNCTION) if r.random() < 0.35 else r.choice(self.vocab))
+            if len(sentence) >= r.randint(6, 16):
+                out.append(" ".join(sentence).capitalize() + ".")
+                sentence = []
+        return " ".join(out)
+
+
+def _kv(g: _Gen) -> str:
+    r = g.rng
+    attr = r.choice(_ATTRS)
+    kind = r.choice(("digits", "hex", "word"))
+    facts = [(g.key(), g.value(kind)) for _ in range(r.randint(8, 60))]
+    lines = [_KV_HEAD.format(attr=attr)] + [f"{k}: {v}" for k, v in facts]
+    key, value = r.choice(facts)
+    return "\n".join(lines) + "\n" + _KV_QUERY.format(attr=attr, key=key, value=value)
+
+
+def _needle(g: _Gen) -> str:
+    r = g.rng
+    attr = r.choice(_ATTRS)
+    kind = r.choice(("digits", "hex", "word"))
+    keys = [g.key() for _ in range(r.randint(1, 4))]
+    per_key = r.choice((1, 1, 1, 2, 3))  # several values per key: the multivalue format
+    needles = [(k, g.value(kind)) for k in keys for _ in range(per_key)]
+    if r.random() < 0.3:  # a repeated filler sentence as the haystack (noise-haystack format)
+        unit = g.filler(12)
+        sentences = [unit] * r.randint(10, 60)
+    else:
+        sentences = [s.rstrip(".") + "." for s in g.filler(r.randint(100, 600)).split(". ")]
+    for k, v in needles:
+        sentences.insert(r.randrange(len(sentences) + 1), r.choice(_FACT).format(
+            attr=attr, key=k, value=v))  # fmt: skip
+    key = r.choice(keys)
+    values = [v for k, v in needles if k == key]
+    if len(values) == 1:
+        query = _NEEDLE_QUERY.format(attr=attr, key=key, value=values[0])
+    else:
+        query = _NEEDLE_QUERY_MANY.format(attr=attr, key=key, values=", ".join(values))
+    return " ".join(sentences) + "\n" + query
+
+
+def _chain(g: _Gen) -> str:
+    r = g.rng
+    chains = []
+    for _ in range(r.randint(1, 4)):
+        names = [g.word(2) + "_" + g.word(1) for _ in range(r.randint(2, 6))]
+        value = str(r.randrange(10_000, 100_000))
+        steps = [_CHAIN_FIRST.format(name=names[0], value=value)]
+        steps += [_CHAIN_NEXT.format(name=n, prev=p) for p, n in pairwise(names)]
+        chains.append((names, value, steps))
+    # Interleave the chains' steps in order, with filler between them.
+    pending = [list(c[2]) for c in chains]
+    parts = []
+    while any(pending):
+        parts.append(r.choice([p for p in pending if p]).pop(0))
+        if r.random() < 0.6:
+            parts.append(g.filler(r.randint(10, 60)))
+    names, value, _ = r.choice(chains)
+    return " ".join(parts) + "\n" + _CHAIN_QUERY.format(value=value, names=" ".join(names))
+
+
+def _count(g: _Gen) -> str:
+    r = g.rng
+    words = [g.word(3) for _ in range(r.randint(10, 40))]
+    # Zipf-like weights with distinct top counts, so the three most frequent are unambiguous.
+    weights = [1.0 / (i + 1) ** 1.2 for i in range(len(words))]
+    drawn = r.choices(words, weights=weights, k=r.randint(100, 450))
+    ranked = Counter(drawn).most_common()
+    # Make the top three counts strictly decreasing and above the fourth: the answer is exact.
+    top = [w for w, _ in ranked[:3]]
+    floor = ranked[3][1] if len(ranked) > 3 else 0
+    extra = []
+    for w, c in reversed(ranked[:3]):
+        need = max(0, floor + 1 - c)
+        extra += [w] * need
+        floor = c + need
+    drawn += extra
+    r.shuffle(drawn)
+    return _COUNT_HEAD + " " + " ".join(drawn) + "\n" + _COUNT_QUERY.format(words=" ".join(top))
+
+
+def _qa(g: _Gen) -> str:
+    r = g.rng
+    passages, facts = [], []
+    for i in range(r.randint(2, 8)):
+        fact = {"entity": g.word(3).capitalize() + " " + r.choice(("Hall", "Tower", "Mill", "Yard")),
+                "place": g.word(2).capitalize(), "person": g.word(2).capitalize() + " "
+                + g.word(3).capitalize(), "year": str(r.randrange(1200, 2000))}  # fmt: skip
+        body = " ".join(s.format(**fact) for s in _QA_SENTENCE)
+        passages.append(f"Passage {i + 1}: {body} {g.filler(r.randint(10, 60))}")
+        facts.append(fact)
+    template, _ = r.choice(_QA_QUERY)
+    return "\n".join(passages) + "\n" + template.format(**r.choice(facts))
+
+
+_MAKERS = {"kv": _kv, "needle": _needle, "chain": _chain, "count": _count, "qa": _qa}
+
+
+def _framed(g: _Gen, kind: str, text: str) -> str:
+    """Every other document on average: the instruction first and the answer prefix."""
+    if g.rng.random() < 0.5:
+        return text
+    body, question = text.rsplit("\n", 1)
+    question = question.replace("Answer: ", f"Answer: {_ECHO[kind]}: ", 1)
+    return f"{_INSTRUCT[kind]}\n\n{body}\n{question}"
+
+
+def generate_documents(seed: int, documents: int) -> list[tuple[str, str]]:
+    """``documents`` (kind, text) pairs, the kinds in turn, deterministic in ``seed``. Every
+    document ends with a line ``Question: ... Answer: [prefix: ]answer``."""
+    g = _Gen(seed)
+    kinds = [KINDS[i % len(KINDS)] for i in range(documents)]
+    return [(kind, _framed(g, kind, _MAKERS[kind](g))) for kind in kinds]
+
+
+def _params(seed: int, documents: int) -> dict:
+    return {"version": PRETRAIN_CORPUS_VERSION, "seed": seed, "documents": documents}
+
+
+def write_pretrain_corpus(out: str | Path, *, seed: int = 0, documents: int = 1000) -> Path:
+    """Write (or reuse, when complete with the same parameters) the corpus at ``out``; returns
+    its data directory."""
+    root = Path(out)
+    params = _params(seed, documents)
+    marker = root / "pretrain.json"
+    if marker.is_file() and json.loads(marker.read_text()).get("params") == params:
+        return root / "data"
+    if root.exists() and any(root.iterdir()) and not marker.is_file():
+        raise FileExistsError(
+            f"{root} exists, is not empty and is not a pretraining corpus: choose a new directory"
+        )
+    docs = generate_documents(seed, documents)
+    with atomic_directory(root) as tmp:
+        (tmp / "data").mkdir(parents=True)
+        for f in range(FILES):
+            with (tmp / "data" / f"pretrain_{f}.jsonl").open("w") as fh:
+                for _, text in docs[f::FILES]:
+                    fh.write(json.dumps({"text": text, "meta": {"redpajama_set_name": DOMAIN}}))
+                    fh.write("\n")
+        counts = Counter(kind for kind, _ in docs)
+        words = sum(len(text.split()) for _, text in docs)
+        atomic_write_json(tmp / "pretrain.json", {"params": params, "kinds": dict(counts),
+                                                  "words": words})  # fmt: skip
+    return root / "data"
+
+
+def ensure_pretrain_corpus(cfg: ExperimentConfig) -> Path | None:
+    """Write the corpus named by ``cfg.pretrain.corpus`` when it is missing (None: no
+    ``pretrain`` section)."""
+    if cfg.pretrain is None:
+        return None
+    corpus = cfg.pretrain.corpus
+    return write_pretrain_corpus(corpus.dir, seed=corpus.seed, documents=corpus.documents)

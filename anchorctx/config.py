@@ -490,6 +490,12 @@ class PretrainCorpusConfig(Strict):
     dir: Path = Path(".demo/pretrain")
     seed: int = 0
     documents: int = Field(2000, gt=0, description="Documents, the five kinds in turn.")
+    task_format_documents: int = Field(
+        0, ge=0,
+        description="Documents in RULER's task formats besides the five kinds, written by the "
+        "project's RULER generator with this corpus' seed over pseudo-word haystacks, fitted "
+        "to the pretraining length with model.tokenizer (anchorctx.demo.pretrain_corpus). 0: none.",
+    )  # fmt: skip
 
 
 class PretrainConfig(Strict):
@@ -595,6 +601,14 @@ class ExperimentConfig(Strict):
             _set_dotted(raw, key, value, what=f"pretrain override {key!r}")
         identity = {k: v for k, v in raw.items() if k not in _NOT_PRETRAINING}
         digest = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()
+        # The base model is evaluated at the lengths it was trained for (RULER beyond its
+        # pretraining length measures nothing but its RoPE base); none of them: no RULER.
+        ev = raw["evaluation"]
+        fits = [n for n in ev["ruler"]["lengths"] if n <= raw["data"]["seq_len"]]
+        if fits:
+            ev["ruler"]["lengths"] = fits
+        else:
+            ev["suites"] = [s for s in ev["suites"] if s != "ruler"]
         raw["variant"] = f"pretrain-{digest[:10]}"
         return _validate(raw, source="pretrain")
 

@@ -151,7 +151,7 @@ def _miniature(tmp_path: Path, demo_corpus) -> list[str]:
         f"data.sources=[{{path: {demo_corpus.data_dir}}}, {{path: {tmp_path / 'pre' / 'data'}}}]",
         "data.seq_len=512", "data.token_budget=20000", "data.num_workers=1",
         f"pretrain.corpus={{dir: {tmp_path / 'pre'}, seed: 0, documents: 40}}",
-        "pretrain.overrides={data.seq_len: 256, data.token_budget: 6000, data.mixture: original, "
+        "pretrain.overrides={data.seq_len: 512, data.token_budget: 6000, data.mixture: original, "
         "training.steps: 2, training.global_batch_size: 2, training.micro_batch_size: 1, "
         "training.save: {every: 2, last: null}}",
         "training={device: cpu, engine: sdpa, precision: fp32, zero_stage: 0, steps: 2, "
@@ -186,7 +186,9 @@ def test_miniature_pretrains_then_trains_the_arms_from_it(tmp_path, demo_corpus)
         assert pretrain_flow(cfg) == str(base)  # a second run reuses the pretrained model
         assert (base / "anchorctx.json").stat().st_mtime_ns == stamp
     pre = yaml.safe_load((cfg.pretraining().run_dir / "config.yaml").read_text())
-    assert pre["training"]["attention"] == "full" and pre["data"]["seq_len"] == 256
+    assert pre["training"]["attention"] == "full" and pre["data"]["seq_len"] == 512
+    # The base model is evaluated too, RULER at the lengths it was pretrained for.
+    assert results.load_result(results.result_path(base, "ruler"))["scores"]["niah_single_1"]
     assert str(tmp_path / "pre" / "data") in [s["path"] for s in pre["data"]["sources"]]
     for arm in cfg.arms():
         run = yaml.safe_load((arm.run_dir / "config.yaml").read_text())

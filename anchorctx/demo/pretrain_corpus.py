@@ -28,6 +28,16 @@ Layout of ``out``::
     pretrain.json             parameters and counts per kind; written last (marks completion)
 
 The data directory is what ``ExperimentConfig.pretraining`` adds to ``data.sources``.
+
+``task_format_documents`` (``pretrain.corpus.task_format_documents``, 0 by default) adds documents
+in RULER's own task formats: the project's RULER generator (``evaluation/ruler``) writes them with
+this corpus' seed (never the evaluation's), at lengths up to the pretraining length, over a
+haystack of this module's pseudo-word prose instead of the evaluation's essays, each ending with
+its reference answer. Without them a small model learns to retrieve in the formats above but
+does not transfer to RULER's prompts (measured: 0.0 on every RULER task at 2K after 700 steps
+on an H200, docs/REPRODUCTION.md). With them the 2K score measures a model that knows the
+formats, and what the arms' continual training changes is whether retrieval reaches 4K-16K.
+They are written to ``data/task_format_<i>.jsonl`` (domain ``Retrieval`` too).
 """
 
 from __future__ import annotations
@@ -39,15 +49,28 @@ from itertools import pairwise
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from anchorctx.io import atomic_directory, atomic_write_json
+from anchorctx.io import atomic_directory, atomic_write_json, hash_tree
 
 if TYPE_CHECKING:
     from anchorctx.config import ExperimentConfig
 
-PRETRAIN_CORPUS_VERSION = 2
+PRETRAIN_CORPUS_VERSION = 3
 DOMAIN = "Retrieval"  # the domain name of every document (pretraining mixes it with the demo's)
 KINDS: tuple[str, ...] = ("kv", "needle", "chain", "count", "qa")
 FILES = 4  # documents spread over this many files, like the demo corpus
+
+# RULER's tasks whose formats the task-format documents teach: every niah variant, variable
+# tracking and frequent words (the QA tasks need a passage set; the corpus' own `qa` kind stands
+# in). Lengths: prompt plus answer budget, up to the pretraining length.
+TASK_FORMAT_TASKS: tuple[str, ...] = (
+    "niah_single_1", "niah_single_2", "niah_single_3", "niah_multikey_1", "niah_multikey_2",
+    "niah_multikey_3", "niah_multivalue", "niah_multiquery", "vt", "fwe",
+)  # fmt: skip
+TASK_FORMAT_LENGTHS: tuple[float, ...] = (0.5, 0.75, 1.0)  # of the pretraining length
+# The RULER generator's seed for these documents: the corpus seed plus this offset, far from
+# any evaluation seed (evaluation.ruler.seed is 42 by default), so no evaluation sample recurs.
+TASK_FORMAT_SEED_OFFSET = 1_000_003
+_HAYSTACK_WORDS = 60_000  # pseudo-word prose for the essay-haystack tasks (repeats if short)
 
 # Syllables of the pseudo-words. Three or more syllables make a word that is (almost surely)
 # no English word; tests check the generated keys against RULER's word lists.
@@ -257,15 +280,66 @@ def generate_documents(seed: int, documents: int) -> list[tuple[str, str]]:
     return [(kind, _framed(g, kind, _MAKERS[kind](g))) for kind in kinds]
 
 
-def _params(seed: int, documents: int) -> dict:
-    return {"version": PRETRAIN_CORPUS_VERSION, "seed": seed, "documents": documents}
+def _params(seed: int, documents: int, task_format: dict | None) -> dict:
+    params = {"version": PRETRAIN_CORPUS_VERSION, "seed": seed, "documents": documents}
+    if task_format:
+        params["task_format"] = task_format
+    return params
 
 
-def write_pretrain_corpus(out: str | Path, *, seed: int = 0, documents: int = 1000) -> Path:
+def task_format_documents(
+    count: int, *, seed: int, tokenizer: str | Path, seq_len: int, work: Path
+) -> list[tuple[str, str]]:  # fmt: skip
+    """``count`` (task, text) documents in RULER's task formats (``TASK_FORMAT_TASKS`` in turn
+    over ``TASK_FORMAT_LENGTHS`` × ``seq_len`` tokens of ``tokenizer``): prompt, answer prefix,
+    then the reference answer. ``work`` receives the haystack files the generator reads (an
+    essay of pseudo-word prose and an empty Punkt model)."""
+    # Imported here: the RULER generator imports transformers, which the rest of this module
+    # and its tests without task formats skip.
+    from transformers import AutoTokenizer
+
+    from anchorctx.demo.fixtures import write_empty_punkt
+    from anchorctx.evaluation.ruler.generate import generate
+
+    g = _Gen(seed + TASK_FORMAT_SEED_OFFSET)
+    essay = work / "essays.json"
+    essay.parent.mkdir(parents=True, exist_ok=True)
+    essay.write_text(json.dumps({"text": g.filler(_HAYSTACK_WORDS)}))
+    paths = {"essay_path": essay, "nltk_data": write_empty_punkt(work / "nltk_data")}
+    tok = AutoTokenizer.from_pretrained(str(tokenizer))
+    cells = [
+        (t, max(256, int(f * seq_len))) for t in TASK_FORMAT_TASKS for f in TASK_FORMAT_LENGTHS
+    ]
+    per_cell = [count // len(cells) + (i < count % len(cells)) for i in range(len(cells))]
+    docs: list[tuple[str, str]] = []
+    for (task, length), n in zip(cells, per_cell):
+        if not n:
+            continue
+        samples = generate(task, length, tok, n, seed + TASK_FORMAT_SEED_OFFSET, fit="tight",
+                           **paths)  # fmt: skip
+        sep = " " if task in ("vt", "fwe") else ", "
+        docs += [(task, s["input"] + s["answer_prefix"] + " " + sep.join(s["outputs"]))
+                 for s in samples]  # fmt: skip
+    random.Random(seed).shuffle(docs)
+    return docs
+
+
+def write_pretrain_corpus(
+    out: str | Path, *, seed: int = 0, documents: int = 1000, task_format_documents: int = 0,
+    tokenizer: str | Path | None = None, seq_len: int = 2048,
+) -> Path:  # fmt: skip
     """Write (or reuse, when complete with the same parameters) the corpus at ``out``; returns
-    its data directory."""
+    its data directory. ``task_format_documents`` > 0 adds that many documents in RULER's task
+    formats (see the module doc), fitted to ``seq_len`` tokens of ``tokenizer``."""
     root = Path(out)
-    params = _params(seed, documents)
+    task_format = None
+    if task_format_documents:
+        if tokenizer is None:
+            raise ValueError("pretrain.corpus.task_format_documents needs a tokenizer "
+                             "(model.tokenizer) to fit RULER's formats to the pretraining length")  # fmt: skip
+        task_format = {"documents": task_format_documents, "seq_len": seq_len,
+                       "tokenizer": hash_tree(tokenizer)[:16]}  # fmt: skip
+    params = _params(seed, documents, task_format)
     marker = root / "pretrain.json"
     if marker.is_file() and json.loads(marker.read_text()).get("params") == params:
         return root / "data"
@@ -281,6 +355,17 @@ def write_pretrain_corpus(out: str | Path, *, seed: int = 0, documents: int = 10
                 for _, text in docs[f::FILES]:
                     fh.write(json.dumps({"text": text, "meta": {"redpajama_set_name": DOMAIN}}))
                     fh.write("\n")
+        if task_format is not None:
+            formatted = task_format_documents(task_format_documents, seed=seed,
+                                              tokenizer=tokenizer, seq_len=seq_len,
+                                              work=tmp / "task_format")  # fmt: skip
+            for f in range(FILES):
+                with (tmp / "data" / f"task_format_{f}.jsonl").open("w") as fh:
+                    for _, text in formatted[f::FILES]:
+                        fh.write(json.dumps({"text": text,
+                                             "meta": {"redpajama_set_name": DOMAIN}}))  # fmt: skip
+                        fh.write("\n")
+            docs = docs + formatted
         counts = Counter(kind for kind, _ in docs)
         words = sum(len(text.split()) for _, text in docs)
         atomic_write_json(tmp / "pretrain.json", {"params": params, "kinds": dict(counts),
@@ -294,4 +379,7 @@ def ensure_pretrain_corpus(cfg: ExperimentConfig) -> Path | None:
     if cfg.pretrain is None:
         return None
     corpus = cfg.pretrain.corpus
-    return write_pretrain_corpus(corpus.dir, seed=corpus.seed, documents=corpus.documents)
+    seq_len = int(cfg.pretrain.overrides.get("data.seq_len", cfg.data.seq_len))
+    return write_pretrain_corpus(corpus.dir, seed=corpus.seed, documents=corpus.documents,
+                                 task_format_documents=corpus.task_format_documents,
+                                 tokenizer=cfg.model.tokenizer, seq_len=seq_len)  # fmt: skip

@@ -33,6 +33,7 @@ from anchorctx.evaluation.averaging import (
     length_label,
     markdown_table,
     sorted_keys,
+    suite_markdown,
 )
 from anchorctx.io import atomic_write_json, atomic_write_text, read_json
 
@@ -218,10 +219,21 @@ def _numeric_columns(table: dict[str, Any]) -> bool:
     return bool(table["columns"]) and all(c.replace(".", "", 1).isdigit() for c in table["columns"])
 
 
-def write_experiment_report(experiment_dir: str | Path, variants: list[str]) -> dict[str, Any]:
-    """Compare ``variants`` of the experiment; write report.md/json and the RULER plot."""
+def write_experiment_report(
+    experiment_dir: str | Path, variants: list[str], base: str | None = None
+) -> dict[str, Any]:  # fmt: skip
+    """Compare ``variants`` of the experiment; write report.md/json and the RULER plot.
+
+    ``base``: the run directory name of the pretrained base model every arm starts from
+    (``pretrain-<hash>``); when it has an evaluation summary it is the tables' first row and
+    gets a section of its own (per-task RULER at its pretraining length)."""
     experiment_dir = Path(experiment_dir)
     experiment_dir.mkdir(parents=True, exist_ok=True)
+    arms = list(variants)
+    if base is not None and (experiment_dir / base / "eval" / SUMMARY_JSON).is_file():
+        variants = [base, *arms]
+    else:
+        base = None
     summaries = load_summaries(experiment_dir, variants)
     tables = {
         "ruler": ruler_table(summaries),
@@ -239,12 +251,14 @@ def write_experiment_report(experiment_dir: str | Path, variants: list[str]) -> 
         paths["ruler_plot"] = str(
             plot_ruler(tables["ruler"], experiment_dir / "ruler_by_length.png")
         )
-    markdown = _report_markdown(experiment_dir, variants, summaries, tables, paths, comparison)
+    markdown = _report_markdown(experiment_dir, variants, summaries, tables, paths, comparison,
+                                base)  # fmt: skip
     paths["markdown"] = str(atomic_write_text(experiment_dir / "report.md", markdown))
     paths["json"] = str(experiment_dir / "report.json")
     runs = {v: _run_info(s) for v, s in summaries.items()}
     atomic_write_json(experiment_dir / "report.json",
-                      {"experiment_dir": str(experiment_dir.resolve()), "variants": variants,
+                      {"experiment_dir": str(experiment_dir.resolve()), "variants": arms,
+                       "base": base,
                        "runs": runs, "tables": tables, "paths": paths,
                        "comparison": comparison})  # fmt: skip
     return {"markdown": markdown, "tables": tables, "paths": paths}
@@ -269,11 +283,18 @@ def _report_markdown(
     tables: dict[str, Any],
     paths: dict[str, str],
     comparison: dict[str, Any] | None = None,
+    base: str | None = None,
 ) -> str:
+    arms = [v for v in variants if v != base]
     lines = [f"# Experiment report: {experiment_dir.name}", ""]
     if comparison:
         lines += [provenance_markdown(comparison["provenance"]), ""]
-        lines += [comparison_markdown(comparison, variants, paths), ""]
+        lines += [comparison_markdown(comparison, arms, paths), ""]
+    if base is not None and (ruler := _suite(summaries[base], "ruler")):
+        lines += [f"## Base model: `{base}`", "",
+                  "The pretrained model every arm starts from (`model.path` of each arm), "
+                  "evaluated at the lengths it was pretrained for; it is the first row of "
+                  "the tables below.", "", suite_markdown("ruler", ruler), ""]  # fmt: skip
     lines += ["## Scores", ""]
     lines += ["Scores are mean ± std over each variant's last k evaluated checkpoints.", ""]
     lines += [chance_rule_markdown(tables), ""]

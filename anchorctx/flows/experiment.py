@@ -185,17 +185,21 @@ def train_flow(
 # ------------------------------------------------------------------------------- pretrain
 @flow(name="pretrain", flow_run_name=lambda: _run_name("pretrain", per_arm=False))
 def pretrain_flow(cfg: ExperimentConfig, force: bool = False,
-                  timeout_s: float | None = None) -> str:  # fmt: skip
+                  timeout_s: float | None = None, evaluate: bool = False) -> str:  # fmt: skip
     """Pretrain the experiment's base model (its ``pretrain`` section) and return its last
     checkpoint, the arms' ``model.path``: the generated corpus is written, then the
     pretraining config is packed and trained by the prepare-data and train flows (both
-    cached, so a second run reuses the model)."""
+    cached, so a second run reuses the model). ``evaluate``: also evaluate the base model on
+    the experiment's suites, RULER at the lengths it was pretrained for (the report's base
+    row)."""
     pre = cfg.pretraining()
     ensure_pretrain_corpus_task(pre)
     checkpoints = train_flow(pre, force=force, timeout_s=timeout_s)
     base = str(cfg.base_model_path)
     if not checkpoints or checkpoints[-1] != base:
         raise RuntimeError(f"pretraining {pre.run_dir} ended without its last checkpoint {base}")
+    if evaluate and pre.evaluation.suites:
+        evaluate_flow(pre, force=force)
     return base
 
 
@@ -351,7 +355,8 @@ def full_experiment(
     ensure_demo_corpus_task(cfg)  # before data keys: they fingerprint the corpus files
     ensure_pretrain_corpus_task(cfg)  # the arms' sources may list it too
     if cfg.pretrain is not None and "pretrain" in run_stages:
-        pretrain_flow(cfg, force="pretrain" in forced, timeout_s=train_timeout_s)
+        pretrain_flow(cfg, force="pretrain" in forced, timeout_s=train_timeout_s,
+                      evaluate="evaluate" in run_stages)  # fmt: skip
     if {"data", "train"} & set(run_stages):
         _check_base_model(cfg)  # the arms' tokenizer and weights are the pretrained model's
     datasets: dict[str, str] = {}
@@ -393,7 +398,8 @@ def full_experiment(
         # Loss curves, attention work (of the arms whose dataset this run resolved), RoPE study.
         arm_comparison_task(cfg, {a.variant_name: datasets[data_key(a)] for a in all_arms
                                   if data_key(a) in datasets})  # fmt: skip
-        report = report_task(str(cfg.experiment_dir), [a.variant_name for a in all_arms])
+        base = cfg.pretraining().variant_name if cfg.pretrain is not None else None
+        report = report_task(str(cfg.experiment_dir), [a.variant_name for a in all_arms], base)
         _publish_report(cfg, all_arms, report, datasets)
         log_report(cfg, report)
         out["report"] = report["paths"]

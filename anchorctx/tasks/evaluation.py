@@ -39,9 +39,11 @@ def summarize_task(run_dir: str, last_k: int) -> dict[str, Any]:
 
 
 @task(name="experiment-report")
-def report_task(experiment_dir: str, variants: list[str]) -> dict[str, Any]:
+def report_task(
+    experiment_dir: str, variants: list[str], base: str | None = None
+) -> dict[str, Any]:
     """The variants side by side in the paper's table shapes (report.md/json, plots)."""
-    return write_experiment_report(experiment_dir, variants)
+    return write_experiment_report(experiment_dir, variants, base=base)
 
 
 @task(name="arm-comparison")

@@ -356,7 +356,7 @@ def write_pretrain_corpus(
                     fh.write(json.dumps({"text": text, "meta": {"redpajama_set_name": DOMAIN}}))
                     fh.write("\n")
         if task_format is not None:
-            formatted = task_format_documents(task_format_documents, seed=seed,
+            formatted = _task_format(task_format_documents, seed=seed,
                                               tokenizer=tokenizer, seq_len=seq_len,
                                               work=tmp / "task_format")  # fmt: skip
             for f in range(FILES):
@@ -383,3 +383,6 @@ def ensure_pretrain_corpus(cfg: ExperimentConfig) -> Path | None:
     return write_pretrain_corpus(corpus.dir, seed=corpus.seed, documents=corpus.documents,
                                  task_format_documents=corpus.task_format_documents,
                                  tokenizer=cfg.model.tokenizer, seq_len=seq_len)  # fmt: skip
+
+
+_task_format = task_format_documents  # write_pretrain_corpus' parameter shadows the name

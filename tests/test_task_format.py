@@ -126,12 +126,6 @@ def _lines(files: list[Path]) -> list[dict]:
     return [json.loads(line) for f in files for line in f.read_text().splitlines()]
 
 
-@pytest.mark.xfail(
-    strict=True, raises=TypeError,
-    reason="BUG: write_pretrain_corpus's parameter task_format_documents (an int) shadows the "
-    "module function task_format_documents, so the call inside it raises TypeError: 'int' "
-    "object is not callable; remove this mark once fixed",
-)  # fmt: skip
 def test_write_pretrain_corpus_with_task_format_documents(demo_corpus, tmp_path):
     """task_format_documents > 0 writes FILES task_format_<i>.jsonl files with that many
     documents, records the parameters, and a second identical call reuses the corpus."""

@@ -318,7 +318,9 @@ def task_format_documents(
         samples = generate(task, length, tok, n, seed + TASK_FORMAT_SEED_OFFSET, fit="tight",
                            **paths)  # fmt: skip
         sep = " " if task in ("vt", "fwe") else ", "
-        docs += [(task, s["input"] + s["answer_prefix"] + " " + sep.join(s["outputs"]))
+        # The answer follows the prefix as the model would continue it: one space between
+        # them (vt's prefix already ends with one).
+        docs += [(task, s["input"] + s["answer_prefix"].rstrip(" ") + " " + sep.join(s["outputs"]))
                  for s in samples]  # fmt: skip
     random.Random(seed).shuffle(docs)
     return docs

@@ -69,13 +69,13 @@ def test_plan_places_one_copy_before_each_foreign_document():
     # only; the anchor document's second chunk sees key 0 already.
     layout = build_layout([3, 2, 2, 1], "anchor", seg_doc=[0, 1, 0, 2])
     plan = copy.CopyPlan((layout,), torch.device("cpu"), block=4)
-    assert plan.copies == 2 and plan.kv_len == 8 + 4  # T rounded to tiles + one copy tile
+    assert plan.copies == 2 and plan.kv_len == 8 + 16  # T rounded to tiles + four copy tiles
     assert plan.gather[0].tolist()[:10] == [0, 1, 2, 0, 3, 4, 5, 6, 0, 7]
     assert plan.pos_kv[0].tolist()[:10] == [0, 1, 2, 0, 3, 4, 5, 6, 0, 7]
     assert plan.token_slot[0].tolist() == [0, 1, 2, 4, 5, 6, 7, 9]
-    assert plan.extra[0].tolist() == [3, 8, 10, 11]  # two copies, two padding slots
-    assert copy._bucket(0, 128) == 0 and copy._bucket(1, 128) == 128
-    assert copy._bucket(129, 128) == 256 and copy._bucket(432, 128) == 512
+    assert plan.extra[0].tolist() == [3, 8, *range(10, 24)]  # two copies, then padding
+    assert copy._bucket(0, 128) == 0 and copy._bucket(1, 128) == 512
+    assert copy._bucket(512, 128) == 512 and copy._bucket(513, 128) == 1024
 
 
 @pytest.mark.parametrize("block", [16, 128])

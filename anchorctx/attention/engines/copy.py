@@ -20,7 +20,7 @@ in float32 (deterministic: no scatter with duplicate indices, no atomics). Paddi
 never attended, so their gradient is exactly zero and summing them with the copies is harmless.
 
 ``N`` is ``T`` rounded up to the tile size plus the copies rounded up to a power-of-two number
-of tiles, so the compiled kernel (static shapes) is shared by every layout whose copy count
+of tiles (at least four), so the compiled kernel (static shapes) is shared by every layout whose copy count
 falls in one bucket. ``full`` rows use one document for the whole row (causal); ``intra_doc``
 and ``intra_doc_reset`` rows get no copies. A batch without copies runs the ``flex`` engine.
 On CPU (FlexAttention has no backward there) the same augmented keys go through a dense masked
@@ -131,10 +131,11 @@ def _copy_starts(row: Layout) -> list[int]:
 
 
 def _bucket(m: int, block: int) -> int:
-    """Copy slots: ``m`` rounded up to a power-of-two number of tiles (0 for no copies)."""
+    """Copy slots: ``m`` rounded up to a power-of-two number of tiles, at least four (0 for no
+    copies): 128K-token rows hold up to ~500 documents, so one shape covers them all."""
     if m == 0:
         return 0
-    tiles = 1
+    tiles = 4
     while tiles * block < m:
         tiles *= 2
     return tiles * block

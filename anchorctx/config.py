@@ -21,9 +21,11 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from anchorctx.io import atomic_write_text
 
 Variant = Literal["full", "intra_doc", "intra_doc_reset", "anchor"]
-Engine = Literal["auto", "sdpa", "flex", "varlen", "flash_attn", "flex_merge"]
+Engine = Literal["auto", "sdpa", "flex", "varlen", "flash_attn", "flex_merge", "flex_copy"]
 VARIANTS: tuple[str, ...] = ("full", "intra_doc", "intra_doc_reset", "anchor")
-ENGINES: tuple[str, ...] = ("auto", "sdpa", "flex", "varlen", "flash_attn", "flex_merge")
+ENGINES: tuple[str, ...] = (
+    "auto", "sdpa", "flex", "varlen", "flash_attn", "flex_merge", "flex_copy",
+)  # fmt: skip
 
 # The paper's Figure 1 / Eq. 4 shift list (Δ1 values, with Δ2 = 16).
 PAPER_SHIFTS = [0, 2, 4, 6, 8, 10, 12, 14, 15, 16, 17, 18, 20, 22, 50, 100, 200, 500, 1000, 2000]

@@ -331,19 +331,22 @@ ISSUE_COLUMNS = (  # (header, variant, engine) of the summary table
     ("anchor varlen", "anchor", "varlen"),
     ("intra_doc flex", "intra_doc", "flex"),
     ("anchor flex_merge", "anchor", "flex_merge"),
+    ("anchor flex_copy", "anchor", "flex_copy"),
     ("anchor auto", "anchor", "auto"),
 )
 
 
 def summary(rows: list[Row]) -> str:
     """Forward+backward useful TFLOP/s, one line per (T, distribution), the engines side by side;
-    the last columns: flex_merge (anchor) over intra_doc flex, and auto over the best single
-    anchor engine (time ratios)."""
+    the last columns: flex_merge and flex_copy (anchor) over intra_doc flex (TFLOP/s ratios), and
+    auto over the best single anchor engine (time ratio)."""
     by_key = {(r.length, r.distribution, r.variant, r.engine): r for r in rows}
     heads = [h for h, _, _ in ISSUE_COLUMNS]
     lines = [
-        "| T | documents | " + " | ".join(heads) + " | merge / intra_doc | auto / best |",
-        "|---|---|" + "---:|" * (len(heads) + 2),
+        "| T | documents | "
+        + " | ".join(heads)
+        + " | merge / intra_doc | copy / intra_doc | auto / best |",
+        "|---|---|" + "---:|" * (len(heads) + 3),
     ]
     for length, dist in dict.fromkeys((r.length, r.distribution) for r in rows):
         cells, docs = [], ""
@@ -358,19 +361,25 @@ def summary(rows: list[Row]) -> str:
             r = by_key.get((*key, variant, engine))
             return r.fwdbwd_ms if r and not r.error else None
 
-        merge, intra = ms("anchor", "flex_merge"), ms("intra_doc", "flex")
         # useful FLOPs differ by the anchor column only (< 1%): compare TFLOP/s, as the issue
-        ratio = "—"
-        if merge and intra:
-            r_m = by_key[(length, dist, "anchor", "flex_merge")].fwdbwd_tflops
-            r_i = by_key[(length, dist, "intra_doc", "flex")].fwdbwd_tflops
-            ratio = f"{r_m / r_i:.3f}"
-        singles = [ms("anchor", e) for e in ("flex", "varlen", "flash_attn", "flex_merge")]
+        ratios = []
+        for engine in ("flex_merge", "flex_copy"):
+            ratio = "—"
+            if ms("anchor", engine) and ms("intra_doc", "flex"):
+                r_a = by_key[(length, dist, "anchor", engine)].fwdbwd_tflops
+                r_i = by_key[(length, dist, "intra_doc", "flex")].fwdbwd_tflops
+                ratio = f"{r_a / r_i:.3f}"
+            ratios.append(ratio)
+        singles = [
+            ms("anchor", e) for e in ("flex", "varlen", "flash_attn", "flex_merge", "flex_copy")
+        ]
         singles = [t for t in singles if t]
         auto = ms("anchor", "auto")
         vs_best = f"{auto / min(singles):.3f}" if auto and singles else "—"
         lines.append(
-            f"| {_k(length)} | {dist} ({docs}) | " + " | ".join(cells) + f" | {ratio} | {vs_best} |"
+            f"| {_k(length)} | {dist} ({docs}) | "
+            + " | ".join(cells)
+            + f" | {' | '.join(ratios)} | {vs_best} |"
         )
     return "\n".join(lines)
 
@@ -385,15 +394,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--engines",
         nargs="+",
-        default=["flex", "varlen", "flash_attn", "flex_merge", "auto"],
+        default=["flex", "varlen", "flash_attn", "flex_merge", "flex_copy", "auto"],
         choices=[*ENGINES, "auto"],
         help="Engines on the document masks.",
     )
     p.add_argument(
         "--anchor-only",
         nargs="*",
-        default=["flex_merge", "auto", "varlen"],
-        help="Engines timed on the anchor variant only (flex_merge and auto equal flex on "
+        default=["flex_merge", "flex_copy", "auto", "varlen"],
+        help="Engines timed on the anchor variant only (flex_merge, flex_copy and auto equal flex on "
         "intra_doc; varlen there is not in the summary).",
     )
     p.add_argument(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from anchorctx.attention.engines import cost
 from anchorctx.attention.engines.base import AttentionCall, Capabilities, Engine
+from anchorctx.attention.engines.copy import FlexCopyEngine
 from anchorctx.attention.engines.flex import FlexEngine
 from anchorctx.attention.engines.merge import FlexMergeEngine
 from anchorctx.attention.engines.sdpa import SdpaEngine
@@ -12,7 +13,14 @@ from anchorctx.attention.errors import AttentionError
 
 ENGINES: dict[str, Engine] = {
     e.name: e
-    for e in (SdpaEngine(), FlexEngine(), VarlenEngine(), FlashAttnEngine(), FlexMergeEngine())
+    for e in (
+        SdpaEngine(),
+        FlexEngine(),
+        VarlenEngine(),
+        FlashAttnEngine(),
+        FlexMergeEngine(),
+        FlexCopyEngine(),
+    )
 }
 ENGINE_NAMES: tuple[str, ...] = ("auto", *ENGINES)
 

@@ -52,6 +52,8 @@ MU = 1.2
 
 # Ties keep this order: on intra_doc rows flex_merge costs what flex does, and flex skips the
 # log-sum-exp output.
+# flex_copy (anchor copies) is left out: measured slower than flex_merge on every row
+# (docs/PERFORMANCE.md section 1, "Anchor copies").
 CANDIDATES = ("flex", "flex_merge", "varlen", "flash_attn")
 
 

@@ -305,6 +305,10 @@ def _evaluate_all(
     cached = 0
     for done, future in enumerate(as_completed(futures), start=1):
         progress.update(done / len(futures), force=done == len(futures))
+        # wait() keeps the final state the task returned: without it `state` asks the server,
+        # which may not have the task run's events yet and then answers Pending (so a cache
+        # hit was not marked and a failure could be missed).
+        future.wait()
         if future.state.is_failed():
             failed.append(future.state.message or str(future.task_run_id))
         cached += mark_cached(future.state)

@@ -13,7 +13,14 @@ import random
 
 import pytest
 import torch
-from test_attention_core import CASES, FLEX_CASES, make_case, random_row, reference_allowed
+from test_attention_core import (
+    CASES,
+    FLEX_CASES,
+    assert_matches_reference,
+    make_case,
+    random_row,
+    reference_allowed,
+)
 from test_attention_core import reference_attention as reference
 
 from anchorctx.attention import VARIANTS, attend, build_layout
@@ -34,12 +41,7 @@ def test_forward_and_gradients_match_reference(variant, case):
     q, k, v, masks, layouts = make_case(23, *case, variant, grad=True)
     out = attend(q, k, v, layouts, engine="flex_copy", scale=0.3)
     ref = reference(q, k, v, masks, 0.3)
-    torch.testing.assert_close(out, ref.float(), **TOL)
-    grad_out = torch.randn_like(out)
-    got = torch.autograd.grad(out, (q, k, v), grad_out)
-    want = torch.autograd.grad(ref, (q, k, v), grad_out.double())
-    for name, a, b in zip("qkv", got, want):
-        torch.testing.assert_close(a, b.float(), **TOL, msg=f"d{name}")
+    assert_matches_reference(out, ref, q, k, v, **TOL)
 
 
 def test_mixed_variants_and_shared_layout():
@@ -56,12 +58,7 @@ def test_mixed_variants_and_shared_layout():
     )
     out = attend(q, k, v, layout, engine="flex_copy")
     ref = reference(q, k, v, masks)
-    torch.testing.assert_close(out, ref.float(), **TOL)
-    grad_out = torch.randn_like(out)
-    got = torch.autograd.grad(out, (q, k, v), grad_out)
-    want = torch.autograd.grad(ref, (q, k, v), grad_out.double())
-    for name, a, b in zip("qkv", got, want):
-        torch.testing.assert_close(a, b.float(), **TOL, msg=f"d{name}")
+    assert_matches_reference(out, ref, q, k, v, **TOL)
 
 
 def test_plan_places_one_copy_before_each_foreign_document():

@@ -176,18 +176,26 @@ def test_layout_batch_validation():
 
 
 # ---------------------------------------------------------------------------------- engines
+
+
+def assert_matches_reference(out, ref, q, k, v, **tol) -> None:
+    """``out`` equals the float64 reference ``ref`` within ``tol``, and so do the gradients of
+    q, k and v for one random output gradient."""
+    torch.testing.assert_close(out, ref.float(), **tol)
+    grad_out = torch.randn_like(out)
+    got = torch.autograd.grad(out, (q, k, v), grad_out)
+    want = torch.autograd.grad(ref, (q, k, v), grad_out.double())
+    for name, a, b in zip("qkv", got, want):
+        torch.testing.assert_close(a, b.float(), **tol, msg=f"d{name}")
+
+
 @pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize("case", CASES, ids=lambda c: f"T{c[0]}-{c[1]}-H{c[2]}kv{c[3]}-B{c[4]}")
 def test_sdpa_forward_backward_matches_reference(variant, case):
     q, k, v, masks, layouts = make_case(7, *case, variant, grad=True)
     out = attend(q, k, v, layouts, engine="sdpa")
     ref = reference_attention(q, k, v, masks)
-    torch.testing.assert_close(out, ref.float(), atol=1e-5, rtol=1e-5)
-    grad_out = torch.randn_like(out)
-    got = torch.autograd.grad(out, (q, k, v), grad_out)
-    want = torch.autograd.grad(ref, (q, k, v), grad_out.double())
-    for name, a, b in zip("qkv", got, want):
-        torch.testing.assert_close(a, b.float(), atol=1e-5, rtol=1e-5, msg=f"d{name}")
+    assert_matches_reference(out, ref, q, k, v, atol=1e-5, rtol=1e-5)
 
 
 @pytest.mark.parametrize("variant", VARIANTS)

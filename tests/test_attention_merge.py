@@ -12,7 +12,14 @@ import random
 
 import pytest
 import torch
-from test_attention_core import CASES, FLEX_CASES, make_case, random_row, reference_allowed
+from test_attention_core import (
+    CASES,
+    FLEX_CASES,
+    assert_matches_reference,
+    make_case,
+    random_row,
+    reference_allowed,
+)
 from test_attention_core import reference_attention as reference
 
 from anchorctx.attention import VARIANTS, attend, build_layout
@@ -33,12 +40,7 @@ def test_flex_merge_forward_backward_matches_reference(variant, case):
     q, k, v, masks, layouts = make_case(23, *case, variant, grad=True)
     out = attend(q, k, v, layouts, engine="flex_merge", scale=0.3)
     ref = reference(q, k, v, masks, 0.3)
-    torch.testing.assert_close(out, ref.float(), **TOL)
-    grad_out = torch.randn_like(out)
-    got = torch.autograd.grad(out, (q, k, v), grad_out)
-    want = torch.autograd.grad(ref, (q, k, v), grad_out.double())
-    for name, a, b in zip("qkv", got, want):
-        torch.testing.assert_close(a, b.float(), **TOL, msg=f"d{name}")
+    assert_matches_reference(out, ref, q, k, v, **TOL)
 
 
 def test_flex_merge_rows_with_different_variants_and_a_shared_layout():

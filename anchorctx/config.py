@@ -240,6 +240,12 @@ class TrainingConfig(Strict):
     micro_batch_size: int = Field(1, gt=0)
     lr: float = Field(2e-5, gt=0)
     warmup_steps: int = Field(0, ge=0)
+    schedule: Literal["constant", "cosine"] = Field(
+        "constant",
+        description="Learning rate after the warmup: 'constant' (AnchorContext's, the paper's "
+        "code) or 'cosine' (down to a tenth of lr at the last step, training.engine.COSINE_FLOOR; "
+        "for pretraining from scratch, where the anneal lowers the final loss).",
+    )
     betas: tuple[float, float] = (0.9, 0.95)
     weight_decay: float = Field(0.1, ge=0)
     weight_decay_on: Literal["all", "matrices"] = Field(

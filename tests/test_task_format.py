@@ -16,10 +16,13 @@ from anchorctx.demo import pretrain_corpus as pc
 
 ROOT = Path(__file__).resolve().parents[1]
 GPU_SMALL = ROOT / "configs" / "gpu-small.yaml"
-SEQ_LEN = 2048  # 0.5 x 2048 = 1024 tokens: the smallest length every task fits (1024 does not)
+# 0.25 x 2048 = 512 tokens: too short for three tasks' templates with the demo tokenizer (their
+# documents move to 1024), long enough for the others.
+SEQ_LEN = 2048
 SEED = 7
 PER_CELL = 2
 COUNT = PER_CELL * len(pc.TASK_FORMAT_TASKS) * len(pc.TASK_FORMAT_LENGTHS)
+LENGTHS = sorted(int(f * SEQ_LEN) for f in pc.TASK_FORMAT_LENGTHS)
 EVAL_SEED = 42  # evaluation.ruler.seed's default
 
 
@@ -40,8 +43,9 @@ def formatted(demo_corpus, tmp_path_factory):
     return work, docs
 
 
-def _cells() -> list[tuple[str, int]]:
-    return [(t, int(f * SEQ_LEN)) for t in pc.TASK_FORMAT_TASKS for f in pc.TASK_FORMAT_LENGTHS]
+def _cells(docs) -> Counter:
+    """Documents per (task, length) as generated."""
+    return Counter((task, length) for task, length, _ in docs)
 
 
 def _samples(tokenizer, work: Path, task: str, length: int, n: int, seed: int) -> list[dict]:
@@ -57,20 +61,37 @@ def test_task_format_documents_count_tasks_and_lengths(formatted, tokenizer, dem
     _, docs = formatted
     assert len(docs) == COUNT
     per_task = PER_CELL * len(pc.TASK_FORMAT_LENGTHS)
-    assert Counter(task for task, _ in docs) == dict.fromkeys(pc.TASK_FORMAT_TASKS, per_task)
+    assert Counter(task for task, _, _ in docs) == dict.fromkeys(pc.TASK_FORMAT_TASKS, per_task)
     openings = {"niah": ("A special magic", "Some special magic"),
                 "vt": ("Memorize and track the chain(s) of variable assignment",),
                 "fwe": ("Read the following coded text",)}  # fmt: skip
-    for task, text in docs:
+    for task, length, text in docs:
         assert text.startswith(openings[task.split("_")[0]]), (task, text[:80])
-        assert len(tokenizer(text).input_ids) <= SEQ_LEN, task
-    # The documents span the lengths (not all at the smallest): some exceed 0.75 x seq_len.
-    longest = max(len(tokenizer(t).input_ids) for _, t in docs)
+        assert length in LENGTHS
+        assert len(tokenizer(text).input_ids) <= length, (task, length)
+    # Every task at every length where its template fits; the 512-token documents of the uuid
+    # multikey, multiquery and variable-tracking tasks (whose templates and one-shot examples
+    # alone are longer) moved to their next length.
+    cells = _cells(docs)
+    for task in pc.TASK_FORMAT_TASKS:
+        expected = dict.fromkeys(LENGTHS, PER_CELL)
+        if task in ("niah_multikey_3", "niah_multiquery", "vt"):
+            expected = {LENGTHS[1]: 2 * PER_CELL, LENGTHS[2]: PER_CELL}
+        assert {n: cells[task, n] for n in LENGTHS if cells[task, n]} == expected, task
+    longest = max(len(tokenizer(t).input_ids) for _, _, t in docs)
     assert longest > 0.75 * SEQ_LEN, longest
     # Fewer documents than cells: exactly that many still.
     few = pc.task_format_documents(7, seed=SEED, tokenizer=demo_corpus.tokenizer_dir,
                                    seq_len=SEQ_LEN, work=tmp_path / "w")  # fmt: skip
-    assert len(few) == 7 and {task for task, _ in few} <= set(pc.TASK_FORMAT_TASKS)
+    assert len(few) == 7 and {task for task, _, _ in few} <= set(pc.TASK_FORMAT_TASKS)
+
+
+def test_task_format_documents_too_short_for_every_length_is_an_error(demo_corpus, tmp_path):
+    """A pretraining length too short for a task at every length: the generator's error, not
+    silently fewer documents."""
+    with pytest.raises(ValueError, match=r"niah_\w+.*longer length"):
+        pc.task_format_documents(len(pc.TASK_FORMAT_TASKS), seed=SEED, seq_len=300,
+                                 tokenizer=demo_corpus.tokenizer_dir, work=tmp_path / "w")  # fmt: skip
 
 
 def test_task_format_documents_end_with_their_reference_answers(formatted, tokenizer):
@@ -78,12 +99,10 @@ def test_task_format_documents_end_with_their_reference_answers(formatted, token
     prompt, answer prefix, then exactly the sample's reference answers, each of which is in the
     document before its question line; the document fits the cell's length."""
     work, docs = formatted
-    remaining = Counter(text for _, text in docs)
-    task_of = {text: task for task, text in docs}
-    for task, length in _cells():
-        for s in _samples(
-            tokenizer, work, task, length, PER_CELL, SEED + pc.TASK_FORMAT_SEED_OFFSET
-        ):
+    remaining = Counter(text for _, _, text in docs)
+    task_of = {text: task for task, _, text in docs}
+    for (task, length), n in _cells(docs).items():
+        for s in _samples(tokenizer, work, task, length, n, SEED + pc.TASK_FORMAT_SEED_OFFSET):
             prompt = s["input"] + s["answer_prefix"]
             matches = [t for t in remaining if remaining[t] and t.startswith(prompt)]
             assert len(matches) == 1, (task, length, s["index"])
@@ -106,15 +125,22 @@ def test_task_format_documents_are_deterministic_and_seeded(formatted, demo_corp
     assert pc.task_format_documents(COUNT, seed=SEED, work=tmp_path / "a", **kw) == docs
     other = pc.task_format_documents(COUNT, seed=SEED + 1, work=tmp_path / "b", **kw)
     assert len(other) == COUNT
-    assert not {t for _, t in other} & {t for _, t in docs}
+    assert not {t for _, _, t in other} & {t for _, _, t in docs}
+
+
+def test_task_format_documents_do_not_depend_on_workers(formatted, demo_corpus, tmp_path):
+    """Generated in two processes: the very same documents in the same order."""
+    _, docs = formatted
+    kw = {"tokenizer": demo_corpus.tokenizer_dir, "seq_len": SEQ_LEN}
+    assert pc.task_format_documents(COUNT, seed=SEED, work=tmp_path / "a", workers=2, **kw) == docs
 
 
 def test_task_format_documents_share_no_prompt_with_the_evaluation(formatted, tokenizer):
     """No document's prompt is an evaluation sample's (seed 42) of the same task and length,
     even over the very same haystack."""
     work, docs = formatted
-    texts = [t for _, t in docs]
-    for task, length in _cells():
+    texts = [t for _, _, t in docs]
+    for task, length in _cells(docs):
         for s in _samples(tokenizer, work, task, length, 3, EVAL_SEED):
             prompt = s["input"] + s["answer_prefix"]
             assert not any(t.startswith(prompt) for t in texts), (task, length)

@@ -124,3 +124,37 @@ def test_weight_decay_groups(tiny_config, on):
     expected = [0.1, 0.1, 0.1, 0.1] if on == "all" else [0.1, 0.0, 0.0, 0.0]
     assert [decay[id(p)] for p in model.parameters()] == expected
     assert opt.defaults["betas"] == (0.9, 0.95) and opt.defaults["eps"] == 1e-8
+
+
+@pytest.mark.parametrize("schedule", ["constant", "cosine"])
+def test_lr_schedule(tiny_config, schedule):
+    """A linear warmup, then constant (the paper's code, the default) or a cosine from lr down
+    to a tenth of it at the last step; the engine's scheduler steps through exactly these."""
+    import itertools
+    import math
+
+    import torch
+
+    from anchorctx.training.engine import COSINE_FLOOR, build_optimizer, build_scheduler
+
+    assert tiny_config.training.schedule == "constant"
+    cfg = _cfg(tiny_config, lr=1e-3, warmup_steps=4, steps=24, schedule=schedule)
+    model = torch.nn.Linear(2, 2)
+    opt = build_optimizer(model, cfg, "cpu")
+    sched = build_scheduler(opt, cfg.training)
+    lrs = []
+    for _ in range(24):
+        lrs.append(opt.param_groups[0]["lr"])
+        opt.step()
+        sched.step()
+    assert lrs[:4] == pytest.approx([2.5e-4, 5e-4, 7.5e-4, 1e-3])
+    if schedule == "constant":
+        assert lrs[4:] == pytest.approx([1e-3] * 20)
+        return
+    decay = lrs[4:]
+    assert decay[0] == pytest.approx(1e-3) and decay[-1] == pytest.approx(COSINE_FLOOR * 1e-3)
+    assert all(a > b for a, b in itertools.pairwise(decay))
+    # Step 10 of the 20-step decay (19 intervals): the cosine at 10/19 of its half period.
+    assert decay[len(decay) // 2] == pytest.approx(
+        1e-3 * (COSINE_FLOOR + (1 - COSINE_FLOOR) * 0.5 * (1 + math.cos(math.pi * 10 / 19)))
+    )

@@ -42,9 +42,12 @@ They are written to ``data/task_format_<i>.jsonl`` (domain ``Retrieval`` too).
 
 from __future__ import annotations
 
+import functools
 import json
+import multiprocessing
 import random
 from collections import Counter
+from concurrent.futures import ProcessPoolExecutor
 from itertools import pairwise
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -54,19 +57,22 @@ from anchorctx.io import atomic_directory, atomic_write_json, hash_tree
 if TYPE_CHECKING:
     from anchorctx.config import ExperimentConfig
 
-PRETRAIN_CORPUS_VERSION = 3
+PRETRAIN_CORPUS_VERSION = 4
 DOMAIN = "Retrieval"  # the domain name of every document (pretraining mixes it with the demo's)
 KINDS: tuple[str, ...] = ("kv", "needle", "chain", "count", "qa")
 FILES = 4  # documents spread over this many files, like the demo corpus
 
 # RULER's tasks whose formats the task-format documents teach: every niah variant, variable
 # tracking and frequent words (the QA tasks need a passage set; the corpus' own `qa` kind stands
-# in). Lengths: prompt plus answer budget, up to the pretraining length.
+# in). Lengths: prompt plus answer budget, up to the pretraining length. Each document carries
+# one answer, so the short ones carry the most answers per token (a quarter-length document four
+# times a full one's): the skill is learnt from answers; the full length keeps the longest
+# haystacks the base model is evaluated on.
 TASK_FORMAT_TASKS: tuple[str, ...] = (
     "niah_single_1", "niah_single_2", "niah_single_3", "niah_multikey_1", "niah_multikey_2",
     "niah_multikey_3", "niah_multivalue", "niah_multiquery", "vt", "fwe",
 )  # fmt: skip
-TASK_FORMAT_LENGTHS: tuple[float, ...] = (0.5, 0.75, 1.0)  # of the pretraining length
+TASK_FORMAT_LENGTHS: tuple[float, ...] = (0.25, 0.5, 1.0)  # of the pretraining length
 # The RULER generator's seed for these documents: the corpus seed plus this offset, far from
 # any evaluation seed (evaluation.ruler.seed is 42 by default), so no evaluation sample recurs.
 TASK_FORMAT_SEED_OFFSET = 1_000_003
@@ -287,52 +293,95 @@ def _params(seed: int, documents: int, task_format: dict | None) -> dict:
     return params
 
 
-def task_format_documents(
-    count: int, *, seed: int, tokenizer: str | Path, seq_len: int, work: Path
-) -> list[tuple[str, str]]:  # fmt: skip
-    """``count`` (task, text) documents in RULER's task formats (``TASK_FORMAT_TASKS`` in turn
-    over ``TASK_FORMAT_LENGTHS`` × ``seq_len`` tokens of ``tokenizer``): prompt, answer prefix,
-    then the reference answer. ``work`` receives the haystack files the generator reads (an
-    essay of pseudo-word prose and an empty Punkt model)."""
-    # Imported here: the RULER generator imports transformers, which the rest of this module
-    # and its tests without task formats skip.
+def _task_format_plan(count: int, seq_len: int) -> list[tuple[str, list[tuple[int, int]]]]:
+    """Per task of ``TASK_FORMAT_TASKS``: its (length, documents) cells, lengths ascending;
+    ``count`` spread evenly over the cells in task-major order."""
+    lengths = sorted({max(256, int(f * seq_len)) for f in TASK_FORMAT_LENGTHS})
+    cells = [(t, n) for t in TASK_FORMAT_TASKS for n in lengths]
+    per_cell = [count // len(cells) + (i < count % len(cells)) for i in range(len(cells))]
+    return [(t, [(n, k) for (task, n), k in zip(cells, per_cell) if task == t])
+            for t in TASK_FORMAT_TASKS]  # fmt: skip
+
+
+@functools.lru_cache(maxsize=2)
+def _load_tokenizer(path: str):
     from transformers import AutoTokenizer
 
-    from anchorctx.demo.fixtures import write_empty_punkt
+    return AutoTokenizer.from_pretrained(path)
+
+
+def _task_documents(
+    task: str, cells: list[tuple[int, int]], seed: int, tokenizer: str, paths: dict
+) -> list[tuple[str, int, str]]:  # fmt: skip
+    """(task, length, text) documents of one task over its cells. A length too short for the
+    task's template and answer budget (the generator's ValueError; e.g. the uuid multikey task
+    at 512 tokens of a small vocabulary) passes its documents on to the task's next length."""
+    # Imported here: the RULER generator imports transformers, which the rest of this module
+    # and its tests without task formats skip.
     from anchorctx.evaluation.ruler.generate import generate
+
+    tok = _load_tokenizer(tokenizer)
+    docs: list[tuple[str, int, str]] = []
+    carried = 0
+    for i, (length, n) in enumerate(cells):
+        n += carried
+        if not n:
+            continue
+        try:
+            samples = generate(task, length, tok, n, seed, fit="tight", **paths)
+        except ValueError:
+            if i == len(cells) - 1:
+                raise
+            carried = n
+            continue
+        carried = 0
+        sep = " " if task in ("vt", "fwe") else ", "
+        # The answer follows the prefix as the model would continue it: one space between
+        # them (vt's prefix already ends with one).
+        docs += [(task, length, s["input"] + s["answer_prefix"].rstrip(" ") + " "
+                  + sep.join(s["outputs"])) for s in samples]  # fmt: skip
+    return docs
+
+
+def task_format_documents(
+    count: int, *, seed: int, tokenizer: str | Path, seq_len: int, work: Path, workers: int = 1
+) -> list[tuple[str, int, str]]:  # fmt: skip
+    """``count`` (task, length, text) documents in RULER's task formats: ``TASK_FORMAT_TASKS``
+    in turn over ``TASK_FORMAT_LENGTHS`` × ``seq_len`` tokens of ``tokenizer`` (``length``: the
+    one each document was fitted to), each the prompt, answer prefix, then the reference answer.
+    ``work`` receives the haystack files the generator reads (an essay of pseudo-word prose and
+    an empty Punkt model). ``workers`` > 1 generates the tasks in that many processes; the
+    documents are the same for any ``workers``."""
+    from anchorctx.demo.fixtures import write_empty_punkt
 
     g = _Gen(seed + TASK_FORMAT_SEED_OFFSET)
     essay = work / "essays.json"
     essay.parent.mkdir(parents=True, exist_ok=True)
     essay.write_text(json.dumps({"text": g.filler(_HAYSTACK_WORDS)}))
     paths = {"essay_path": essay, "nltk_data": write_empty_punkt(work / "nltk_data")}
-    tok = AutoTokenizer.from_pretrained(str(tokenizer))
-    cells = [
-        (t, max(256, int(f * seq_len))) for t in TASK_FORMAT_TASKS for f in TASK_FORMAT_LENGTHS
-    ]
-    per_cell = [count // len(cells) + (i < count % len(cells)) for i in range(len(cells))]
-    docs: list[tuple[str, str]] = []
-    for (task, length), n in zip(cells, per_cell):
-        if not n:
-            continue
-        samples = generate(task, length, tok, n, seed + TASK_FORMAT_SEED_OFFSET, fit="tight",
-                           **paths)  # fmt: skip
-        sep = " " if task in ("vt", "fwe") else ", "
-        # The answer follows the prefix as the model would continue it: one space between
-        # them (vt's prefix already ends with one).
-        docs += [(task, s["input"] + s["answer_prefix"].rstrip(" ") + " " + sep.join(s["outputs"]))
-                 for s in samples]  # fmt: skip
+    jobs = [(task, cells, seed + TASK_FORMAT_SEED_OFFSET, str(tokenizer), paths)
+            for task, cells in _task_format_plan(count, seq_len) if any(n for _, n in cells)]  # fmt: skip
+    workers = min(workers, len(jobs))
+    if workers > 1:
+        # spawn: the parent may hold a Rust tokenizer's threads, which fork would copy half-alive.
+        ctx = multiprocessing.get_context("spawn")
+        with ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
+            parts = list(pool.map(_task_documents, *zip(*jobs)))
+    else:
+        parts = [_task_documents(*job) for job in jobs]
+    docs = [doc for part in parts for doc in part]
     random.Random(seed).shuffle(docs)
     return docs
 
 
 def write_pretrain_corpus(
     out: str | Path, *, seed: int = 0, documents: int = 1000, task_format_documents: int = 0,
-    tokenizer: str | Path | None = None, seq_len: int = 2048,
+    tokenizer: str | Path | None = None, seq_len: int = 2048, workers: int = 1,
 ) -> Path:  # fmt: skip
     """Write (or reuse, when complete with the same parameters) the corpus at ``out``; returns
     its data directory. ``task_format_documents`` > 0 adds that many documents in RULER's task
-    formats (see the module doc), fitted to ``seq_len`` tokens of ``tokenizer``."""
+    formats (see the module doc), fitted to ``seq_len`` tokens of ``tokenizer``, generated in
+    ``workers`` processes (the corpus does not depend on it)."""
     root = Path(out)
     task_format = None
     if task_format_documents:
@@ -360,14 +409,14 @@ def write_pretrain_corpus(
         if task_format is not None:
             formatted = _task_format(task_format_documents, seed=seed,
                                               tokenizer=tokenizer, seq_len=seq_len,
-                                              work=tmp / "task_format")  # fmt: skip
+                                              work=tmp / "task_format", workers=workers)  # fmt: skip
             for f in range(FILES):
                 with (tmp / "data" / f"task_format_{f}.jsonl").open("w") as fh:
-                    for _, text in formatted[f::FILES]:
+                    for _, _, text in formatted[f::FILES]:
                         fh.write(json.dumps({"text": text,
                                              "meta": {"redpajama_set_name": DOMAIN}}))  # fmt: skip
                         fh.write("\n")
-            docs = docs + formatted
+            docs = docs + [(task, text) for task, _, text in formatted]
         counts = Counter(kind for kind, _ in docs)
         words = sum(len(text.split()) for _, text in docs)
         atomic_write_json(tmp / "pretrain.json", {"params": params, "kinds": dict(counts),
@@ -384,7 +433,8 @@ def ensure_pretrain_corpus(cfg: ExperimentConfig) -> Path | None:
     seq_len = int(cfg.pretrain.overrides.get("data.seq_len", cfg.data.seq_len))
     return write_pretrain_corpus(corpus.dir, seed=corpus.seed, documents=corpus.documents,
                                  task_format_documents=corpus.task_format_documents,
-                                 tokenizer=cfg.model.tokenizer, seq_len=seq_len)  # fmt: skip
+                                 tokenizer=cfg.model.tokenizer, seq_len=seq_len,
+                                 workers=cfg.data.num_workers)  # fmt: skip
 
 
 _task_format = task_format_documents  # write_pretrain_corpus' parameter shadows the name

@@ -17,6 +17,8 @@ over the whole sequence-data-parallel group, pinned with ``reduce_scatter: true`
 
 from __future__ import annotations
 
+import functools
+import math
 import os
 import time
 from pathlib import Path
@@ -31,7 +33,7 @@ from anchorctx.attention.hf import attention_name, select_attention
 from anchorctx.process import free_port
 
 if TYPE_CHECKING:
-    from anchorctx.config import ExperimentConfig
+    from anchorctx.config import ExperimentConfig, TrainingConfig
     from anchorctx.training.plan import Parallelism
 
 
@@ -159,12 +161,27 @@ def build_optimizer(model: torch.nn.Module, cfg: ExperimentConfig, device: str):
     return torch.optim.AdamW(groups, lr=t.lr, betas=tuple(t.betas), eps=1e-8, **fused)
 
 
-def build_scheduler(optimizer, warmup_steps: int):
-    """Constant learning rate after a linear warmup of ``warmup_steps`` optimiser steps."""
+# The cosine schedule ends at this fraction of the peak rate (the Chinchilla recipe's 10%).
+COSINE_FLOOR = 0.1
 
-    def factor(step: int) -> float:
-        return min(1.0, (step + 1) / warmup_steps) if warmup_steps else 1.0
 
+def lr_factor(step: int, warmup_steps: int, steps: int, schedule: str = "constant") -> float:
+    """The learning rate of optimiser step ``step`` (0-based) over ``training.lr``: a linear
+    warmup over ``warmup_steps``, then constant, or a cosine from 1 down to ``COSINE_FLOOR`` at
+    the last of ``steps``."""
+    if step < warmup_steps:
+        return (step + 1) / warmup_steps
+    if schedule == "constant" or steps - 1 <= warmup_steps:
+        return 1.0
+    progress = min(1.0, (step - warmup_steps) / (steps - 1 - warmup_steps))
+    return COSINE_FLOOR + (1 - COSINE_FLOOR) * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+def build_scheduler(optimizer, t: TrainingConfig):
+    """``lr_factor`` of ``training``'s warmup, steps and schedule, per optimiser step."""
+    factor = functools.partial(
+        lr_factor, warmup_steps=t.warmup_steps, steps=t.steps, schedule=t.schedule
+    )
     return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
 
 
@@ -212,7 +229,7 @@ def build_engine(model, cfg: ExperimentConfig, par: Parallelism, mpu, optimizer=
     deepspeed = import_deepspeed()
     if optimizer is None:
         optimizer = build_optimizer(model, cfg, par.device)
-    scheduler = build_scheduler(optimizer, cfg.training.warmup_steps)
+    scheduler = build_scheduler(optimizer, cfg.training)
     engine, _, _, _ = deepspeed.initialize(
         model=model, optimizer=optimizer, lr_scheduler=scheduler,
         config=deepspeed_config(cfg, par), mpu=mpu,

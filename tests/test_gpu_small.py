@@ -125,11 +125,10 @@ def test_gpu_small_config_sizing():
     n = ruler.num_samples * len(ruler.tasks)
     assert 1.96 * math.sqrt(0.25 / n) <= 0.05
     assert min(ruler.lengths) <= 2048 and max(ruler.lengths) >= 16384
-    # Two checkpoints are kept for averaging (evaluation.last_k=2 on the cached ones); the
-    # config evaluates the last one only (its comment says why).
+    # One checkpoint per arm, evaluated alone (the config's comment says why).
     saved = [s for s in range(1, cfg.training.steps + 1)
              if should_save(s, cfg.training.steps, cfg.training.save)]  # fmt: skip
-    assert saved == [40, 50]
+    assert saved == [50]
     assert cfg.evaluation.last_k == 1
 
 

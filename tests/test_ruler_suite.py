@@ -121,3 +121,51 @@ def test_engine_settings_reach_generation(tiny_config, model, tokenizer, monkeyp
         predictions[engine] = {r["key"]: r["prediction"] for r in recs}
     assert seen == [("hf", False), ("static", True)]
     assert predictions["hf"] == predictions["static"] and len(predictions["hf"]) == 2
+
+
+def test_samples_are_generated_once_per_process(tiny_config, model, tokenizer, monkeypatch):
+    """A second evaluation on the same samples (another checkpoint) generates none of them
+    again and records the same inputs; another seed, or a changed data file, generates anew."""
+    from anchorctx.evaluation.ruler import runner
+
+    runner.SAMPLES.clear()
+    calls: list[tuple[str, int, tuple[int, ...]]] = []
+    real = runner.generate
+
+    def spy(task, length, *args, indices, **kwargs):
+        calls.append((task, length, tuple(indices)))
+        return real(task, length, *args, indices=indices, **kwargs)
+
+    monkeypatch.setattr(runner, "generate", spy)
+    cfg = _cfg(tiny_config, tasks=["niah_single_1", "fwe"], num_samples=3)
+    first: list[dict] = []
+    run_suite(model, tokenizer, cfg, done={}, on_sample=first.append, progress=False)
+    assert sorted(calls) == [("fwe", 512, (0, 1, 2)), ("niah_single_1", 512, (0, 1, 2))]
+    second: list[dict] = []
+    run_suite(model, tokenizer, cfg, done={}, on_sample=second.append, progress=False)
+    assert len(calls) == 2
+    assert sorted((r["key"], r["prediction"]) for r in second) == sorted(
+        (r["key"], r["prediction"]) for r in first
+    )
+    # A subset (a resumed run) comes from the cache too; a new index is generated alone.
+    more = _cfg(tiny_config, tasks=["fwe"], num_samples=4)
+    done = {r["key"]: r for r in first if r["task"] == "fwe" and r["index"] < 2}
+    run_suite(model, tokenizer, more, done=done, on_sample=lambda r: None, progress=False)
+    assert calls[2:] == [("fwe", 512, (3,))]
+    # Another seed: other samples.
+    run_suite(model, tokenizer, _cfg(tiny_config, tasks=["fwe"], num_samples=1, seed=43),
+              done={}, on_sample=lambda r: None, progress=False)  # fmt: skip
+    assert calls[3:] == [("fwe", 512, (0,))]
+    runner.SAMPLES.clear()
+
+
+def test_sample_cache_is_bounded_by_characters():
+    """Past max_chars the oldest samples go; the newest always stays."""
+    from anchorctx.evaluation.ruler.runner import SampleCache
+
+    cache = SampleCache(max_chars=10)
+    for i in range(4):
+        cache._put(("id", i), {"index": i, "input": "x" * 4})
+    assert [k[1] for k in cache._samples] == [2, 3] and cache._chars == 8
+    cache._put(("id", 9), {"index": 9, "input": "y" * 50})
+    assert [k[1] for k in cache._samples] == [9]

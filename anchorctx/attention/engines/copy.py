@@ -31,25 +31,16 @@ from __future__ import annotations
 
 import torch
 
-from anchorctx.attention.engines.base import AttentionCall, Capabilities, Engine
-from anchorctx.attention.engines.flex import BLOCK, FlexEngine, _compiled_flex, flex_available
+from anchorctx.attention.engines.base import AttentionCall
+from anchorctx.attention.engines.flex import BLOCK, FlexAnchorEngine, FlexEngine, _compiled_flex
 from anchorctx.attention.layout import Layout
 
 _FAR = 2**30  # position of a padding slot: later than every query, so never attended
 _CHUNK_ELEMENTS = 2**25  # bound on the [q tiles, kv tiles, documents] comparison of one step
 
 
-class FlexCopyEngine(Engine):
+class FlexCopyEngine(FlexAnchorEngine):
     name = "flex_copy"
-    alternative = "flex"
-    capabilities = Capabilities(
-        devices=frozenset({"cpu", "cuda"}),
-        backward_devices=frozenset({"cpu", "cuda"}),
-        dtypes=frozenset({torch.float32, torch.bfloat16, torch.float16}),
-    )
-
-    def available(self) -> tuple[bool, str]:
-        return flex_available()
 
     def forward(self, call: AttentionCall) -> torch.Tensor:
         plan = cached_plan(call)

@@ -57,6 +57,22 @@ class FlexEngine(Engine):
         return fn(call.q, call.k, call.v, block_mask=block_mask, scale=call.scale, enable_gqa=gqa)
 
 
+class FlexAnchorEngine(Engine):
+    """What the exact anchor engines built on FlexAttention (flex_merge, flex_copy) share: they
+    run where FlexAttention does, backward on CPU too (their CPU path is their own dense exact
+    one, not FlexAttention's), and fall back to the plain flex engine."""
+
+    alternative = "flex"
+    capabilities = Capabilities(
+        devices=frozenset({"cpu", "cuda"}),
+        backward_devices=frozenset({"cpu", "cuda"}),
+        dtypes=frozenset({torch.float32, torch.bfloat16, torch.float16}),
+    )
+
+    def available(self) -> tuple[bool, str]:
+        return flex_available()
+
+
 def cached_block_mask(call: AttentionCall, block: int = BLOCK) -> Any:
     key = ("flex_block_mask", str(call.q.device), block)
     if key not in call.cache:

@@ -35,22 +35,13 @@ import functools
 import torch
 from torch.nn.attention import flex_attention as fa
 
-from anchorctx.attention.engines.base import AttentionCall, Capabilities, Engine
-from anchorctx.attention.engines.flex import _compiled_flex, build_block_mask, flex_available
+from anchorctx.attention.engines.base import AttentionCall
+from anchorctx.attention.engines.flex import FlexAnchorEngine, _compiled_flex, build_block_mask
 from anchorctx.attention.layout import Layout
 
 
-class FlexMergeEngine(Engine):
+class FlexMergeEngine(FlexAnchorEngine):
     name = "flex_merge"
-    alternative = "flex"
-    capabilities = Capabilities(
-        devices=frozenset({"cpu", "cuda"}),
-        backward_devices=frozenset({"cpu", "cuda"}),
-        dtypes=frozenset({torch.float32, torch.bfloat16, torch.float16}),
-    )
-
-    def available(self) -> tuple[bool, str]:
-        return flex_available()
 
     def forward(self, call: AttentionCall) -> torch.Tensor:
         q, k, v, scale = call.q, call.k, call.v, call.scale

@@ -504,6 +504,12 @@ class PretrainCorpusConfig(Strict):
         "project's RULER generator with this corpus' seed over pseudo-word haystacks, fitted "
         "to the pretraining length with model.tokenizer (anchorctx.demo.pretrain_corpus). 0: none.",
     )  # fmt: skip
+    english_haystack_share: float = Field(
+        0.0, ge=0, le=1,
+        description="Share of the essay-haystack tasks' task-format documents written over "
+        "English-word prose (RULER's word lists in the corpus' own templates) instead of "
+        "pseudo-word prose. 0: none (docs/REPRODUCTION.md, run 6, measured 0.5).",
+    )  # fmt: skip
 
 
 class PretrainConfig(Strict):

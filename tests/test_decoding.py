@@ -286,3 +286,25 @@ def _hf_rows(model, rows, new):
     with torch.no_grad():
         return [model.generate(input_ids=torch.tensor([r]), generation_config=config)[0, len(r):]
                 .tolist() for r in rows]  # fmt: skip
+
+
+@pytest.mark.parametrize("groups", [1, 2, 4])
+def test_grouped_sdpa_decode_equals_repeated_kv(groups):
+    """The GQA decode attention (query heads grouped per KV head, no K/V copy) equals attention
+    over K/V repeated to every query head (transformers' repeat_kv order) with the same slot
+    mask, in float64 on random inputs: the same arithmetic per row, so to rounding (1e-12)."""
+    from anchorctx.models.decoding import _grouped_sdpa_decode
+
+    torch.manual_seed(groups)
+    b, kv_heads, slots, d = 3, 2, 40, 8
+    heads = kv_heads * groups
+    q = torch.randn(b, heads, 1, d, dtype=torch.float64)
+    k, v = (torch.randn(b, kv_heads, slots, d, dtype=torch.float64) for _ in range(2))
+    mask = torch.rand(b, 1, 1, slots) < 0.6
+    mask[..., 0] = True  # every row sees at least one slot
+    got = _grouped_sdpa_decode(q, k, v, mask, 0.3)
+    k_rep, v_rep = (t.repeat_interleave(groups, dim=1) for t in (k, v))  # [B, H_q, S, D]
+    scores = (q @ k_rep.transpose(-1, -2) * 0.3).masked_fill(~mask, float("-inf"))
+    want = scores.softmax(-1) @ v_rep  # [B, H_q, 1, D]
+    assert got.shape == want.shape
+    torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)

@@ -124,26 +124,37 @@ def test_engine_settings_reach_generation(tiny_config, model, tokenizer, monkeyp
 
 
 def test_samples_are_generated_once_per_process(tiny_config, model, tokenizer, monkeypatch):
-    """A second evaluation on the same samples (another checkpoint) generates none of them
-    again and records the same inputs; another seed, or a changed data file, generates anew."""
+    """A second evaluation on the same samples (another checkpoint) generates and encodes none
+    of them again and records the same inputs; another seed, or a changed data file, generates
+    anew."""
+    from anchorctx.evaluation import generation
     from anchorctx.evaluation.ruler import runner
 
     runner.SAMPLES.clear()
     calls: list[tuple[str, int, tuple[int, ...]]] = []
     real = runner.generate
+    encoded: list[str] = []
+    real_encode = generation.encode_prompt
 
     def spy(task, length, *args, indices, **kwargs):
         calls.append((task, length, tuple(indices)))
         return real(task, length, *args, indices=indices, **kwargs)
 
+    def encode_spy(tok, text):
+        encoded.append(text)
+        return real_encode(tok, text)
+
     monkeypatch.setattr(runner, "generate", spy)
+    monkeypatch.setattr(generation, "encode_prompt", encode_spy)
     cfg = _cfg(tiny_config, tasks=["niah_single_1", "fwe"], num_samples=3)
     first: list[dict] = []
     run_suite(model, tokenizer, cfg, done={}, on_sample=first.append, progress=False)
     assert sorted(calls) == [("fwe", 512, (0, 1, 2)), ("niah_single_1", 512, (0, 1, 2))]
+    assert len(encoded) == 6
     second: list[dict] = []
     run_suite(model, tokenizer, cfg, done={}, on_sample=second.append, progress=False)
     assert len(calls) == 2
+    assert len(encoded) == 6  # the cached samples keep their token ids
     assert sorted((r["key"], r["prediction"]) for r in second) == sorted(
         (r["key"], r["prediction"]) for r in first
     )

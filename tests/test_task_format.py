@@ -24,6 +24,7 @@ PER_CELL = 2
 COUNT = PER_CELL * len(pc.TASK_FORMAT_TASKS) * len(pc.TASK_FORMAT_LENGTHS)
 LENGTHS = sorted(int(f * SEQ_LEN) for f in pc.TASK_FORMAT_LENGTHS)
 EVAL_SEED = 42  # evaluation.ruler.seed's default
+ENGLISH = 0.5  # english_haystack_share of the documents tested here (0 by default)
 
 
 # --------------------------------------------------------------------------- documents
@@ -39,7 +40,7 @@ def formatted(demo_corpus, tmp_path_factory):
     """(work dir, documents) of one task_format_documents call."""
     work = tmp_path_factory.mktemp("task_format") / "work"
     docs = pc.task_format_documents(COUNT, seed=SEED, tokenizer=demo_corpus.tokenizer_dir,
-                                    seq_len=SEQ_LEN, work=work)  # fmt: skip
+                                    seq_len=SEQ_LEN, work=work, english_share=ENGLISH)  # fmt: skip
     return work, docs
 
 
@@ -48,11 +49,19 @@ def _cells(docs) -> Counter:
     return Counter((task, length) for task, length, _ in docs)
 
 
-def _samples(tokenizer, work: Path, task: str, length: int, n: int, seed: int) -> list[dict]:
+def _samples(tokenizer, work: Path, task: str, length: int, n: int, seed: int,
+             haystack: str = "pseudo") -> list[dict]:  # fmt: skip
     from anchorctx.evaluation.ruler.generate import generate
 
-    return generate(task, length, tokenizer, n, seed, fit="tight",
-                    essay_path=work / "essays.json", nltk_data=work / "nltk_data")  # fmt: skip
+    try:
+        return generate(task, length, tokenizer, n, seed, fit="tight",
+                        **pc.haystack_paths(work, haystack))  # fmt: skip
+    except ValueError:  # too short for this haystack: its documents moved to the next length
+        return []
+
+
+def _haystacks(task: str) -> list[str]:
+    return list(pc.HAYSTACKS) if task in pc.ESSAY_TASKS else ["pseudo"]
 
 
 def test_task_format_documents_count_tasks_and_lengths(formatted, tokenizer, demo_corpus, tmp_path):
@@ -70,13 +79,16 @@ def test_task_format_documents_count_tasks_and_lengths(formatted, tokenizer, dem
         assert length in LENGTHS
         assert len(tokenizer(text).input_ids) <= length, (task, length)
     # Every task at every length where its template fits; the 512-token documents of the uuid
-    # multikey, multiquery and variable-tracking tasks (whose templates and one-shot examples
-    # alone are longer) moved to their next length.
+    # multikey and variable-tracking tasks (whose templates and one-shot examples alone are
+    # longer) and of multiquery over the pseudo-word haystack moved to their next length.
     cells = _cells(docs)
     for task in pc.TASK_FORMAT_TASKS:
         expected = dict.fromkeys(LENGTHS, PER_CELL)
-        if task in ("niah_multikey_3", "niah_multiquery", "vt"):
+        if task in ("niah_multikey_3", "vt"):
             expected = {LENGTHS[1]: 2 * PER_CELL, LENGTHS[2]: PER_CELL}
+        if task == "niah_multiquery":  # the pseudo-word half moved; the English half fits 512
+            half = PER_CELL // 2
+            expected = {LENGTHS[0]: half, LENGTHS[1]: PER_CELL + half, LENGTHS[2]: PER_CELL}
         assert {n: cells[task, n] for n in LENGTHS if cells[task, n]} == expected, task
     longest = max(len(tokenizer(t).input_ids) for _, _, t in docs)
     assert longest > 0.75 * SEQ_LEN, longest
@@ -95,33 +107,89 @@ def test_task_format_documents_too_short_for_every_length_is_an_error(demo_corpu
 
 
 def test_task_format_documents_end_with_their_reference_answers(formatted, tokenizer):
-    """Each document is a RULER sample of the corpus seed (+ offset) at its cell's length:
-    prompt, answer prefix, then exactly the sample's reference answers, each of which is in the
-    document before its question line; the document fits the cell's length."""
+    """Each document is a RULER sample of the corpus seed (+ its haystack's offset) at its
+    cell's length over one of its task's haystacks: prompt, answer prefix, then exactly the
+    sample's reference answers, each of which is in the document before its question line; the
+    document fits the cell's length. Essay tasks use both haystacks, about half each."""
     work, docs = formatted
     remaining = Counter(text for _, _, text in docs)
     task_of = {text: task for task, _, text in docs}
+    used: Counter = Counter()
     for (task, length), n in _cells(docs).items():
-        for s in _samples(tokenizer, work, task, length, n, SEED + pc.TASK_FORMAT_SEED_OFFSET):
-            prompt = s["input"] + s["answer_prefix"]
-            matches = [t for t in remaining if remaining[t] and t.startswith(prompt)]
-            assert len(matches) == 1, (task, length, s["index"])
-            text = matches[0]
-            remaining[text] -= 1
-            assert task_of[text] == task
-            answers = [a for a in re.split(r"[,\s]+", text[len(prompt) :]) if a]
-            assert answers == list(s["outputs"]) and answers, (task, text[-200:])
-            body = text.rsplit("\n", 1)[0]
-            for answer in answers:
-                assert answer in body, (task, answer)
-            assert len(tokenizer(text).input_ids) <= length, (task, length)
+        for haystack in _haystacks(task):
+            seed = pc.haystack_seed(SEED, haystack)
+            for s in _samples(tokenizer, work, task, length, n, seed, haystack):
+                prompt = s["input"] + s["answer_prefix"]
+                matches = [t for t in remaining if remaining[t] and t.startswith(prompt)]
+                assert len(matches) <= 1, (task, length, s["index"])
+                if not matches:  # more samples generated here than the cell's share
+                    continue
+                text = matches[0]
+                remaining[text] -= 1
+                used[task, haystack] += 1
+                assert task_of[text] == task
+                answers = [a for a in re.split(r"[,\s]+", text[len(prompt) :]) if a]
+                assert answers == list(s["outputs"]) and answers, (task, text[-200:])
+                body = text.rsplit("\n", 1)[0]
+                for answer in answers:
+                    assert answer in body, (task, answer)
+                assert len(tokenizer(text).input_ids) <= length, (task, length)
     assert not +remaining  # every document accounted for
+    per_task = PER_CELL * len(pc.TASK_FORMAT_LENGTHS)
+    for task in pc.TASK_FORMAT_TASKS:
+        if task in pc.ESSAY_TASKS:
+            assert used[task, "pseudo"] == used[task, "english"] == per_task // 2, task
+        else:
+            assert used[task, "pseudo"] == per_task, task
+
+
+def test_english_haystack_share_splits_only_the_essay_tasks():
+    """english_haystack_share 0 (the default): every job on the pseudo-word haystack, as before
+    the option existed; 0.5: half of each essay task's cells (rounded down) on the English one,
+    the other tasks untouched; the same documents in total either way."""
+
+    def counts(jobs):
+        out = Counter()
+        for task, haystack, cells in jobs:
+            out[task, haystack] += sum(k for _, k in cells)
+        return out
+
+    plain = counts(pc._task_format_jobs(COUNT, SEQ_LEN))
+    assert {h for _, h in plain} == {"pseudo"} and sum(plain.values()) == COUNT
+    split = counts(pc._task_format_jobs(COUNT, SEQ_LEN, ENGLISH))
+    assert sum(split.values()) == COUNT
+    for task in pc.TASK_FORMAT_TASKS:
+        english = split[task, "english"]
+        assert english == (plain[task, "pseudo"] // 2 if task in pc.ESSAY_TASKS else 0), task
+        assert split[task, "pseudo"] + english == plain[task, "pseudo"]
+
+
+def test_english_haystack_is_english_prose_not_the_evaluation_essay(formatted):
+    """The English haystack: sentences of wonderwords' words in this module's templates (never
+    the evaluation essays' "... near <place>." template), deterministic in its seed."""
+    import random
+
+    from anchorctx.demo.fixtures import PLACES
+
+    work, _ = formatted
+    text = json.loads(pc.haystack_paths(work, "english")["essay_path"].read_text())["text"]
+    words = re.findall(r"[a-z]+", text.lower())
+    assert len(words) >= 0.9 * pc._HAYSTACK_WORDS
+    english = pc.english_words()
+    function = {"a", "can", "the", "of", "many", "when", "is", "it", "to", "with", "every",
+                "will", "its", "in", "time", "we", "because", "was", "and", "nobody", "would",
+                "without"}  # fmt: skip
+    assert sum(w in english or w in function for w in words) / len(words) > 0.99
+    assert not any(f" near {place}." in text for place in PLACES)
+    again = pc.english_prose(random.Random(pc.haystack_seed(SEED, "english")), pc._HAYSTACK_WORDS)
+    assert again == text
+    assert pc.english_prose(random.Random(1), 500) != pc.english_prose(random.Random(2), 500)
 
 
 def test_task_format_documents_are_deterministic_and_seeded(formatted, demo_corpus, tmp_path):
     """The same seed gives identical documents (another work dir); another seed others."""
     _, docs = formatted
-    kw = {"tokenizer": demo_corpus.tokenizer_dir, "seq_len": SEQ_LEN}
+    kw = {"tokenizer": demo_corpus.tokenizer_dir, "seq_len": SEQ_LEN, "english_share": ENGLISH}
     assert pc.task_format_documents(COUNT, seed=SEED, work=tmp_path / "a", **kw) == docs
     other = pc.task_format_documents(COUNT, seed=SEED + 1, work=tmp_path / "b", **kw)
     assert len(other) == COUNT
@@ -131,7 +199,7 @@ def test_task_format_documents_are_deterministic_and_seeded(formatted, demo_corp
 def test_task_format_documents_do_not_depend_on_workers(formatted, demo_corpus, tmp_path):
     """Generated in two processes: the very same documents in the same order."""
     _, docs = formatted
-    kw = {"tokenizer": demo_corpus.tokenizer_dir, "seq_len": SEQ_LEN}
+    kw = {"tokenizer": demo_corpus.tokenizer_dir, "seq_len": SEQ_LEN, "english_share": ENGLISH}
     assert pc.task_format_documents(COUNT, seed=SEED, work=tmp_path / "a", workers=2, **kw) == docs
 
 
@@ -141,10 +209,11 @@ def test_task_format_documents_share_no_prompt_with_the_evaluation(formatted, to
     work, docs = formatted
     texts = [t for _, _, t in docs]
     for task, length in _cells(docs):
-        for s in _samples(tokenizer, work, task, length, 3, EVAL_SEED):
-            prompt = s["input"] + s["answer_prefix"]
-            assert not any(t.startswith(prompt) for t in texts), (task, length)
-            assert not any(t.startswith(s["input"]) for t in texts), (task, length)
+        for haystack in _haystacks(task):
+            for s in _samples(tokenizer, work, task, length, 3, EVAL_SEED, haystack):
+                prompt = s["input"] + s["answer_prefix"]
+                assert not any(t.startswith(prompt) for t in texts), (task, length)
+                assert not any(t.startswith(s["input"]) for t in texts), (task, length)
 
 
 # --------------------------------------------------------------------------- the corpus
@@ -174,6 +243,7 @@ def test_write_pretrain_corpus_with_task_format_documents(demo_corpus, tmp_path)
     assert task_format["documents"] == 12 and task_format["seq_len"] == SEQ_LEN
     assert re.fullmatch(r"[0-9a-f]{16}", task_format["tokenizer"])
     assert marker["params"]["version"] == pc.PRETRAIN_CORPUS_VERSION
+    assert "english_share" not in task_format  # the default: the corpus' identity is unchanged
     assert sum(marker["kinds"].values()) == 22
     assert sum(marker["kinds"].get(t, 0) for t in pc.TASK_FORMAT_TASKS) == 12
     stamps = [f.stat().st_mtime_ns for f in formatted]
@@ -185,6 +255,11 @@ def test_write_pretrain_corpus_with_task_format_documents(demo_corpus, tmp_path)
     assert (
         json.loads((out / "pretrain.json").read_text())["params"]["task_format"]["documents"] == 5
     )
+    # The English haystack share is part of the corpus' identity: rewritten, and recorded.
+    pc.write_pretrain_corpus(out, **{**kw, "english_haystack_share": ENGLISH})
+    params = json.loads((out / "pretrain.json").read_text())["params"]["task_format"]
+    assert params["english_share"] == ENGLISH
+    assert (out / "data" / "task_format_0.jsonl").is_file()
 
 
 def test_write_pretrain_corpus_task_format_needs_a_tokenizer(tmp_path):

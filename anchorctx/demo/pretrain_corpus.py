@@ -32,8 +32,11 @@ The data directory is what ``ExperimentConfig.pretraining`` adds to ``data.sourc
 ``task_format_documents`` (``pretrain.corpus.task_format_documents``, 0 by default) adds documents
 in RULER's own task formats: the project's RULER generator (``evaluation/ruler``) writes them with
 this corpus' seed (never the evaluation's), at lengths up to the pretraining length, over a
-haystack of this module's pseudo-word prose instead of the evaluation's essays, each ending with
-its reference answer. Without them a small model learns to retrieve in the formats above but
+haystack of generated prose instead of the evaluation's essays, each ending with its reference
+answer: this module's pseudo-word prose, or for a share of the essay-haystack tasks' documents
+(``pretrain.corpus.english_haystack_share``, 0 by default) English-word prose (this module's
+sentence templates over RULER's own word lists, wonderwords' nouns, adjectives and verbs; never
+the evaluation's essays or their templates). Without them a small model learns to retrieve in the formats above but
 does not transfer to RULER's prompts (measured: 0.0 on every RULER task at 2K after 700 steps
 on an H200, docs/REPRODUCTION.md). With them the 2K score measures a model that knows the
 formats, and what the arms' continual training changes is whether retrieval reaches 4K-16K.
@@ -46,6 +49,7 @@ import functools
 import json
 import multiprocessing
 import random
+import re
 from collections import Counter
 from concurrent.futures import ProcessPoolExecutor
 from itertools import pairwise
@@ -76,7 +80,19 @@ TASK_FORMAT_LENGTHS: tuple[float, ...] = (0.25, 0.5, 1.0)  # of the pretraining 
 # The RULER generator's seed for these documents: the corpus seed plus this offset, far from
 # any evaluation seed (evaluation.ruler.seed is 42 by default), so no evaluation sample recurs.
 TASK_FORMAT_SEED_OFFSET = 1_000_003
-_HAYSTACK_WORDS = 60_000  # pseudo-word prose for the essay-haystack tasks (repeats if short)
+_HAYSTACK_WORDS = 60_000  # prose per haystack of the essay-haystack tasks (repeats if short)
+# RULER's tasks whose haystack is an essay: ``english_haystack_share`` of their task-format
+# documents go over English-word prose instead of pseudo-word prose. Why the option: with
+# pseudo-word haystacks the base model found needles in RULER's noise haystack (niah_single_1,
+# 94.6-96.4% at 2K on an H200) more often than in its English essay one (niah_single_2,
+# 76.8-78.6%; docs/REPRODUCTION.md, runs 4 and 5). Why off by default: with a share of 0.5 the
+# same 1200 steps did not form the key-to-value lookup at all (run 6: niah_single_1 16.1%).
+ESSAY_TASKS: tuple[str, ...] = (
+    "niah_single_2", "niah_single_3", "niah_multikey_1", "niah_multivalue", "niah_multiquery",
+)  # fmt: skip
+# The haystacks and the offsets of their generator seeds: the English documents use their own
+# seed so that their needles are not the pseudo-word documents' again.
+HAYSTACKS: dict[str, int] = {"pseudo": 0, "english": 7_919}
 
 # Syllables of the pseudo-words. Three or more syllables make a word that is (almost surely)
 # no English word; tests check the generated keys against RULER's word lists.
@@ -130,6 +146,38 @@ _ECHO = {
     "count": "counting the list above, the three most frequent are",
     "qa": "according to the passages above, the answer is",
 }
+
+
+# Sentence templates of the English-word haystack ({A} adjective, {N} noun, {V} verb): this
+# module's own, unlike the evaluation essays' single "The adj noun verb the adj noun near place."
+_ENGLISH_SENTENCES = (
+    "A {A} {N} can {V} the {N} of a {A} {N}.",
+    "Many a {N} will {V} when the {N} is {A}.",
+    "It is {A} to {V} a {N} with the {N}.",
+    "Every {A} {N} will {V} its {A} {N} in time.",
+    "We {V} the {N} because it was {A} and {A}.",
+    "Nobody would {V} a {N} without a {A} {N}.",
+)
+
+
+def english_prose(rng: random.Random, words: int) -> str:
+    """About ``words`` words of English prose in paragraphs: the templates above filled with
+    wonderwords' nouns, adjectives and verbs (the lists RULER draws its needle keys from)."""
+    from anchorctx.evaluation.ruler.data import wonderwords_lists
+
+    nouns, adjectives, verbs = wonderwords_lists()
+    pick = {"A": adjectives, "N": nouns, "V": verbs}
+    paragraphs, paragraph, count = [], [], 0
+    while count < words:
+        template = rng.choice(_ENGLISH_SENTENCES)
+        sentence = re.sub(r"\{([ANV])\}", lambda m: rng.choice(pick[m.group(1)]), template)
+        paragraph.append(sentence[0].upper() + sentence[1:])
+        count += len(sentence.split())
+        if len(paragraph) >= rng.randint(4, 9):
+            paragraphs.append(" ".join(paragraph))
+            paragraph = []
+    paragraphs.append(" ".join(paragraph))
+    return "\n\n".join(p for p in paragraphs if p)
 
 
 def english_words() -> frozenset[str]:
@@ -343,24 +391,56 @@ def _task_documents(
     return docs
 
 
+def _task_format_jobs(count: int, seq_len: int,
+                      english_share: float = 0.0) -> list[tuple[str, str, list[tuple[int, int]]]]:  # fmt: skip
+    """(task, haystack name, cells) per generation job: ``_task_format_plan``'s cells, those of
+    ``ESSAY_TASKS`` split between the English haystack (``english_share`` of each cell, rounded
+    down) and the pseudo-word one (the rest); the other tasks' haystack is RULER's own (noise or
+    needles), generated by the pseudo-word job."""
+    jobs = []
+    for task, cells in _task_format_plan(count, seq_len):
+        english = [(n, int(k * english_share) if task in ESSAY_TASKS else 0) for n, k in cells]
+        pseudo = [(n, k - e) for (n, k), (_, e) in zip(cells, english)]
+        jobs += [(task, "pseudo", pseudo), (task, "english", english)]
+    return [job for job in jobs if any(k for _, k in job[2])]
+
+
+def haystack_paths(work: Path, name: str) -> dict[str, Path]:
+    """The RULER data paths of haystack ``name`` under ``work`` (``task_format_documents``
+    writes them)."""
+    essay = "essays.json" if name == "pseudo" else f"essays_{name}.json"
+    return {"essay_path": work / essay, "nltk_data": work / "nltk_data"}
+
+
+def haystack_seed(seed: int, name: str) -> int:
+    """The RULER generator's seed for corpus seed ``seed`` over haystack ``name``."""
+    return seed + TASK_FORMAT_SEED_OFFSET + HAYSTACKS[name]
+
+
 def task_format_documents(
-    count: int, *, seed: int, tokenizer: str | Path, seq_len: int, work: Path, workers: int = 1
+    count: int, *, seed: int, tokenizer: str | Path, seq_len: int, work: Path, workers: int = 1,
+    english_share: float = 0.0,
 ) -> list[tuple[str, int, str]]:  # fmt: skip
     """``count`` (task, length, text) documents in RULER's task formats: ``TASK_FORMAT_TASKS``
     in turn over ``TASK_FORMAT_LENGTHS`` × ``seq_len`` tokens of ``tokenizer`` (``length``: the
     one each document was fitted to), each the prompt, answer prefix, then the reference answer.
-    ``work`` receives the haystack files the generator reads (an essay of pseudo-word prose and
-    an empty Punkt model). ``workers`` > 1 generates the tasks in that many processes; the
-    documents are the same for any ``workers``."""
+    ``work`` receives the haystack files the generator reads (``haystack_paths``: the essay of
+    each haystack used and an empty Punkt model). ``english_share``: the share of the essay
+    tasks' documents over English-word prose (module doc). ``workers`` > 1 generates the jobs in
+    that many processes; the documents are the same for any ``workers``."""
     from anchorctx.demo.fixtures import write_empty_punkt
 
+    work.mkdir(parents=True, exist_ok=True)
+    write_empty_punkt(work / "nltk_data")
     g = _Gen(seed + TASK_FORMAT_SEED_OFFSET)
-    essay = work / "essays.json"
-    essay.parent.mkdir(parents=True, exist_ok=True)
-    essay.write_text(json.dumps({"text": g.filler(_HAYSTACK_WORDS)}))
-    paths = {"essay_path": essay, "nltk_data": write_empty_punkt(work / "nltk_data")}
-    jobs = [(task, cells, seed + TASK_FORMAT_SEED_OFFSET, str(tokenizer), paths)
-            for task, cells in _task_format_plan(count, seq_len) if any(n for _, n in cells)]  # fmt: skip
+    essays = {"pseudo": g.filler(_HAYSTACK_WORDS)}
+    if english_share > 0:
+        rng = random.Random(haystack_seed(seed, "english"))
+        essays["english"] = english_prose(rng, _HAYSTACK_WORDS)
+    for name, text in essays.items():
+        haystack_paths(work, name)["essay_path"].write_text(json.dumps({"text": text}))
+    jobs = [(task, cells, haystack_seed(seed, name), str(tokenizer), haystack_paths(work, name))
+            for task, name, cells in _task_format_jobs(count, seq_len, english_share)]  # fmt: skip
     workers = min(workers, len(jobs))
     if workers > 1:
         # spawn: the parent may hold a Rust tokenizer's threads, which fork would copy half-alive.
@@ -377,6 +457,7 @@ def task_format_documents(
 def write_pretrain_corpus(
     out: str | Path, *, seed: int = 0, documents: int = 1000, task_format_documents: int = 0,
     tokenizer: str | Path | None = None, seq_len: int = 2048, workers: int = 1,
+    english_haystack_share: float = 0.0,
 ) -> Path:  # fmt: skip
     """Write (or reuse, when complete with the same parameters) the corpus at ``out``; returns
     its data directory. ``task_format_documents`` > 0 adds that many documents in RULER's task
@@ -390,6 +471,8 @@ def write_pretrain_corpus(
                              "(model.tokenizer) to fit RULER's formats to the pretraining length")  # fmt: skip
         task_format = {"documents": task_format_documents, "seq_len": seq_len,
                        "tokenizer": hash_tree(tokenizer)[:16]}  # fmt: skip
+        if english_haystack_share:  # absent at 0: the corpus of earlier versions, unchanged
+            task_format["english_share"] = english_haystack_share
     params = _params(seed, documents, task_format)
     marker = root / "pretrain.json"
     if marker.is_file() and json.loads(marker.read_text()).get("params") == params:
@@ -409,7 +492,8 @@ def write_pretrain_corpus(
         if task_format is not None:
             formatted = _task_format(task_format_documents, seed=seed,
                                               tokenizer=tokenizer, seq_len=seq_len,
-                                              work=tmp / "task_format", workers=workers)  # fmt: skip
+                                              work=tmp / "task_format", workers=workers,
+                                              english_share=english_haystack_share)  # fmt: skip
             for f in range(FILES):
                 with (tmp / "data" / f"task_format_{f}.jsonl").open("w") as fh:
                     for _, _, text in formatted[f::FILES]:
@@ -434,7 +518,8 @@ def ensure_pretrain_corpus(cfg: ExperimentConfig) -> Path | None:
     return write_pretrain_corpus(corpus.dir, seed=corpus.seed, documents=corpus.documents,
                                  task_format_documents=corpus.task_format_documents,
                                  tokenizer=cfg.model.tokenizer, seq_len=seq_len,
-                                 workers=cfg.data.num_workers)  # fmt: skip
+                                 workers=cfg.data.num_workers,
+                                 english_haystack_share=corpus.english_haystack_share)  # fmt: skip
 
 
 _task_format = task_format_documents  # write_pretrain_corpus' parameter shadows the name

@@ -82,6 +82,26 @@ class SampleCache:
             held.update((sample["index"], sample) for sample in new)
         return [held[i] for i in indices if i in held]
 
+    @staticmethod
+    def prompt_ids(sample: dict, tokenizer) -> list[int]:
+        """``encode_prompt`` of the sample's base-model prompt, encoded once and kept with the
+        cached sample (int32, ~4 bytes a token): every later checkpoint's evaluation reuses it
+        (measured on an H200: 13 s of CPU per RULER pass at 2K-16K, 56 samples per cell)."""
+        # Imported here: generation imports torch; importing the suite registry stays light.
+        import numpy as np
+
+        from anchorctx.evaluation.generation import encode_prompt
+        from anchorctx.models.loading import anchor_token_id
+
+        ids = sample.get("prompt_ids")
+        # The identity holds the vocabulary, not the anchor rule: a tokenizer whose anchor
+        # differs re-encodes.
+        if ids is None or ids[0] != anchor_token_id(tokenizer):
+            text = sample["input"] + sample["answer_prefix"]
+            ids = np.asarray(encode_prompt(tokenizer, text), dtype=np.int32)
+            sample["prompt_ids"] = ids
+        return ids.tolist()
+
     def _put(self, key: tuple, sample: dict) -> None:
         if key in self._samples:
             return
@@ -149,6 +169,7 @@ def _predict(model, tokenizer, samples, evaluation: EvaluationConfig, bar, emit)
         max_new_tokens=samples[0]["max_new_tokens"], batch_size=evaluation.batch_size,
         progress=False, on_batch=on_batch, engine=evaluation.engine,
         deterministic=evaluation.deterministic_decode,
+        encoded=[SampleCache.prompt_ids(s, tokenizer) for s in samples],
     )  # fmt: skip
 
 

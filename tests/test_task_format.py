@@ -379,10 +379,34 @@ def test_report_has_a_base_model_section_and_first_row(experiment):
     assert f"| {BASE} | 70.00 | — |" in table5
     assert "| full | 80.00 | 30.00 |" in table5 and "| anchor | 85.00 | 45.00 |" in table5
     assert _table_rows(_section(md, "### Table 12", "\n\n#"))[0] == BASE
+    # niah_single_1 at 80 meets the bar (>=); its check is named in the section and the JSON.
+    assert "**Retrieval check: met** (niah_single_1 80.0 at 2K; the bar is 80 on each)" in section
     report = json.loads((experiment / "report.json").read_text())
+    assert report["base_check"] == {"passed": True, "bar": 80.0,
+                                    "scores": {"niah_single_1": {"2048": 80.0}}}  # fmt: skip
     assert report["base"] == BASE and report["variants"] == ARMS
     assert set(report["runs"]) == {BASE, *ARMS}
     assert list(report["tables"]["ruler"]["rows"]) == [BASE, *ARMS]
+
+
+def test_report_says_when_the_base_model_does_not_retrieve(experiment):
+    """A base model under the bar on either single-needle task at its own length: the report
+    says the check is not met and why the arms' RULER scores then say little (run 6's case);
+    a base model scored on neither task gets no check."""
+    from anchorctx.evaluation.report import write_experiment_report
+
+    _fake_run(experiment / BASE, 1200, {"niah_single_1": {"2048": 96.4},
+                                        "niah_single_2": {"2048": 76.8}}, mmlu=25.0)  # fmt: skip
+    md = write_experiment_report(experiment, ARMS, base=BASE)["markdown"]
+    section = _section(md, f"## Base model: `{BASE}`", "## Scores")
+    assert ("**Retrieval check: not met** (niah_single_1 96.4 at 2K, niah_single_2 76.8 at 2K; "
+            "the bar is 80 on each)") in section  # fmt: skip
+    assert "say little about the attention variants" in section
+    assert not json.loads((experiment / "report.json").read_text())["base_check"]["passed"]
+    _fake_run(experiment / BASE, 1200, {"vt": {"2048": 50.0}}, mmlu=25.0)
+    md = write_experiment_report(experiment, ARMS, base=BASE)["markdown"]
+    assert "Retrieval check" not in md
+    assert json.loads((experiment / "report.json").read_text())["base_check"] is None
 
 
 def test_report_without_the_base_summary_has_no_base(experiment):
@@ -395,6 +419,6 @@ def test_report_without_the_base_summary_has_no_base(experiment):
     assert "## Base model" not in md and BASE not in md
     assert _table_rows(_section(md, "### Table 5", "### Table 7")) == ARMS
     report = json.loads((experiment / "report.json").read_text())
-    assert report["base"] is None and report["variants"] == ARMS
+    assert report["base"] is None and report["variants"] == ARMS and report["base_check"] is None
     assert set(report["runs"]) == set(ARMS)
     assert write_experiment_report(experiment, ARMS)["markdown"] == md

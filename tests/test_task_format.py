@@ -246,6 +246,10 @@ def test_write_pretrain_corpus_with_task_format_documents(demo_corpus, tmp_path)
     assert "english_share" not in task_format  # the default: the corpus' identity is unchanged
     assert sum(marker["kinds"].values()) == 22
     assert sum(marker["kinds"].get(t, 0) for t in pc.TASK_FORMAT_TASKS) == 12
+    # Written with workers (the five kinds in a side process meanwhile): the same files.
+    pc.write_pretrain_corpus(tmp_path / "w", **kw, workers=2)
+    for f in sorted(data.glob("*.jsonl")):
+        assert (tmp_path / "w" / "data" / f.name).read_bytes() == f.read_bytes(), f.name
     stamps = [f.stat().st_mtime_ns for f in formatted]
     assert pc.write_pretrain_corpus(out, **kw) == data
     assert [f.stat().st_mtime_ns for f in formatted] == stamps

@@ -17,8 +17,10 @@ Layout of ``out``::
 from __future__ import annotations
 
 import json
+import multiprocessing
 import time
 from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
@@ -347,9 +349,12 @@ def _is_complete(root: Path, params: dict) -> bool:
 
 
 def write_demo_corpus(
-    out: str | Path, *, seed: int = 0, docs_per_domain: int = 40, progress: bool = True
-) -> DemoCorpus:
-    """Write (or reuse, when complete with the same parameters) the demo corpus at ``out``."""
+    out: str | Path, *, seed: int = 0, docs_per_domain: int = 40, progress: bool = True,
+    workers: int = 1,
+) -> DemoCorpus:  # fmt: skip
+    """Write (or reuse, when complete with the same parameters) the demo corpus at ``out``.
+    ``workers`` > 1 generates the domains in that many processes (the corpus does not depend
+    on it)."""
     root = Path(out)
     corpus = DemoCorpus(root, root / "data", root / "tokenizer")
     params = {"version": DEMO_VERSION, "seed": seed, "docs_per_domain": docs_per_domain}
@@ -362,7 +367,7 @@ def write_demo_corpus(
     if docs_per_domain < 1:
         raise ValueError(f"docs_per_domain must be >= 1, got {docs_per_domain}")
     start = time.perf_counter()
-    docs = _generate(seed, docs_per_domain, progress)
+    docs = _generate(seed, docs_per_domain, progress, workers)
     with atomic_directory(root) as tmp:
         _write_data(docs, tmp / "data", seed)
         text = _tokenizer_training_text(docs, tmp / "tokenizer-train.txt", chars=400_000)
@@ -375,9 +380,28 @@ def write_demo_corpus(
     return corpus
 
 
-def _generate(seed: int, docs_per_domain: int, progress: bool) -> dict[str, list[str]]:
-    bar = tqdm(DOMAINS, desc="demo corpus", unit="domain", disable=not progress)
-    return {d: _domain_documents(d, seed, docs_per_domain) for d in bar}
+def _generate(seed: int, docs_per_domain: int, progress: bool,
+              workers: int = 1) -> dict[str, list[str]]:  # fmt: skip
+    """Every domain's documents. Each domain has its own random stream ([seed, domain index]),
+    so they can be written in any order or process: with 600 documents per domain this is
+    75 s of CPU in one process (measured on a 2-core machine; Book alone 26 s)."""
+    bar = tqdm(total=len(DOMAINS), desc="demo corpus", unit="domain", disable=not progress)
+    workers = min(workers, len(DOMAINS))
+    if workers <= 1:
+        docs = {}
+        for d in DOMAINS:
+            docs[d] = _domain_documents(d, seed, docs_per_domain)
+            bar.update()
+        bar.close()
+        return docs
+    # spawn: a parent holding a Rust tokenizer's threads must not fork (see pretrain_corpus).
+    ctx = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
+        futures = {d: pool.submit(_domain_documents, d, seed, docs_per_domain) for d in DOMAINS}
+        for _ in as_completed(futures.values()):
+            bar.update()
+    bar.close()
+    return {d: futures[d].result() for d in DOMAINS}
 
 
 def _summary(docs: dict[str, list[str]], tokenizer_dir: Path) -> dict[str, dict[str, int]]:
@@ -401,6 +425,5 @@ def ensure_demo_corpus(cfg: ExperimentConfig, *, progress: bool = True) -> DemoC
     demo = cfg.data.demo_corpus
     if demo is None:
         return None
-    return write_demo_corpus(
-        demo.dir, seed=demo.seed, docs_per_domain=demo.docs_per_domain, progress=progress
-    )
+    return write_demo_corpus(demo.dir, seed=demo.seed, docs_per_domain=demo.docs_per_domain,
+                             progress=progress, workers=cfg.data.num_workers)  # fmt: skip

@@ -443,9 +443,7 @@ def task_format_documents(
             for task, name, cells in _task_format_jobs(count, seq_len, english_share)]  # fmt: skip
     workers = min(workers, len(jobs))
     if workers > 1:
-        # spawn: the parent may hold a Rust tokenizer's threads, which fork would copy half-alive.
-        ctx = multiprocessing.get_context("spawn")
-        with ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
+        with _spawn_pool(workers) as pool:
             parts = list(pool.map(_task_documents, *zip(*jobs)))
     else:
         parts = [_task_documents(*job) for job in jobs]
@@ -481,31 +479,45 @@ def write_pretrain_corpus(
         raise FileExistsError(
             f"{root} exists, is not empty and is not a pretraining corpus: choose a new directory"
         )
-    docs = generate_documents(seed, documents)
-    with atomic_directory(root) as tmp:
-        (tmp / "data").mkdir(parents=True)
-        for f in range(FILES):
-            with (tmp / "data" / f"pretrain_{f}.jsonl").open("w") as fh:
-                for _, text in docs[f::FILES]:
-                    fh.write(json.dumps({"text": text, "meta": {"redpajama_set_name": DOMAIN}}))
-                    fh.write("\n")
-        if task_format is not None:
-            formatted = _task_format(task_format_documents, seed=seed,
-                                              tokenizer=tokenizer, seq_len=seq_len,
-                                              work=tmp / "task_format", workers=workers,
-                                              english_share=english_haystack_share)  # fmt: skip
-            for f in range(FILES):
-                with (tmp / "data" / f"task_format_{f}.jsonl").open("w") as fh:
-                    for _, _, text in formatted[f::FILES]:
-                        fh.write(json.dumps({"text": text,
-                                             "meta": {"redpajama_set_name": DOMAIN}}))  # fmt: skip
-                        fh.write("\n")
+    # With task-format documents and workers, the five kinds (one seeded stream, ~20 s of CPU
+    # for 30000 documents) are written in a process of their own meanwhile.
+    side = _spawn_pool(1) if task_format is not None and workers > 1 else None
+    try:
+        plain = side.submit(generate_documents, seed, documents) if side is not None else None
+        with atomic_directory(root) as tmp:
+            (tmp / "data").mkdir(parents=True)
+            formatted = []
+            if task_format is not None:
+                formatted = _task_format(task_format_documents, seed=seed,
+                                         tokenizer=tokenizer, seq_len=seq_len,
+                                         work=tmp / "task_format", workers=workers,
+                                         english_share=english_haystack_share)  # fmt: skip
+                _write_jsonl(tmp / "data", "task_format", [text for _, _, text in formatted])
+            docs = plain.result() if plain is not None else generate_documents(seed, documents)
+            _write_jsonl(tmp / "data", "pretrain", [text for _, text in docs])
             docs = docs + [(task, text) for task, _, text in formatted]
-        counts = Counter(kind for kind, _ in docs)
-        words = sum(len(text.split()) for _, text in docs)
-        atomic_write_json(tmp / "pretrain.json", {"params": params, "kinds": dict(counts),
-                                                  "words": words})  # fmt: skip
+            counts = Counter(kind for kind, _ in docs)
+            words = sum(len(text.split()) for _, text in docs)
+            atomic_write_json(tmp / "pretrain.json", {"params": params, "kinds": dict(counts),
+                                                      "words": words})  # fmt: skip
+    finally:
+        if side is not None:
+            side.shutdown(cancel_futures=True)
     return root / "data"
+
+
+def _write_jsonl(data: Path, stem: str, texts: list[str]) -> None:
+    """``texts`` spread over ``FILES`` files ``<stem>_<i>.jsonl``, domain ``DOMAIN``."""
+    for f in range(FILES):
+        with (data / f"{stem}_{f}.jsonl").open("w") as fh:
+            for text in texts[f::FILES]:
+                fh.write(json.dumps({"text": text, "meta": {"redpajama_set_name": DOMAIN}}))
+                fh.write("\n")
+
+
+def _spawn_pool(workers: int) -> ProcessPoolExecutor:
+    # spawn: the parent may hold a Rust tokenizer's threads, which fork would copy half-alive.
+    return ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn"))
 
 
 def ensure_pretrain_corpus(cfg: ExperimentConfig) -> Path | None:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import multiprocessing
 import os
 import queue
 import signal
@@ -29,6 +30,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 _PR_SET_PDEATHSIG = 1
@@ -170,3 +172,9 @@ def _drain(lines, tail, on_line, on_tick, deadline, next_tick, tick_s) -> None:
         if on_tick is not None and now >= next_tick:
             on_tick()
             next_tick = now + tick_s
+
+
+def spawn_pool(workers: int) -> ProcessPoolExecutor:
+    """A process pool of ``workers`` spawned (not forked) processes: a parent that holds a Rust
+    tokenizer's threads must not fork, which would copy them half-alive."""
+    return ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn"))

@@ -17,10 +17,9 @@ Layout of ``out``::
 from __future__ import annotations
 
 import json
-import multiprocessing
 import time
 from collections.abc import Callable
-from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures import as_completed
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
@@ -30,6 +29,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, 
 from tqdm.auto import tqdm
 
 from anchorctx.io import atomic_directory, atomic_write_json
+from anchorctx.process import spawn_pool
 
 if TYPE_CHECKING:
     from anchorctx.config import ExperimentConfig
@@ -394,9 +394,7 @@ def _generate(seed: int, docs_per_domain: int, progress: bool,
             bar.update()
         bar.close()
         return docs
-    # spawn: a parent holding a Rust tokenizer's threads must not fork (see pretrain_corpus).
-    ctx = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
+    with spawn_pool(workers) as pool:
         futures = {d: pool.submit(_domain_documents, d, seed, docs_per_domain) for d in DOMAINS}
         for _ in as_completed(futures.values()):
             bar.update()

@@ -36,8 +36,8 @@ haystack of generated prose instead of the evaluation's essays, each ending with
 answer: this module's pseudo-word prose, or for a share of the essay-haystack tasks' documents
 (``pretrain.corpus.english_haystack_share``, 0 by default) English-word prose (this module's
 sentence templates over RULER's own word lists, wonderwords' nouns, adjectives and verbs; never
-the evaluation's essays or their templates). Without them a small model learns to retrieve in the formats above but
-does not transfer to RULER's prompts (measured: 0.0 on every RULER task at 2K after 700 steps
+the evaluation's essays or their templates). Without them a small model learns to retrieve in
+the formats above but does not transfer to RULER's prompts (measured: 0.0 on every RULER task at 2K after 700 steps
 on an H200, docs/REPRODUCTION.md). With them the 2K score measures a model that knows the
 formats, and what the arms' continual training changes is whether retrieval reaches 4K-16K.
 They are written to ``data/task_format_<i>.jsonl`` (domain ``Retrieval`` too).
@@ -47,16 +47,15 @@ from __future__ import annotations
 
 import functools
 import json
-import multiprocessing
 import random
 import re
 from collections import Counter
-from concurrent.futures import ProcessPoolExecutor
 from itertools import pairwise
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from anchorctx.io import atomic_directory, atomic_write_json, hash_tree
+from anchorctx.process import spawn_pool
 
 if TYPE_CHECKING:
     from anchorctx.config import ExperimentConfig
@@ -443,7 +442,7 @@ def task_format_documents(
             for task, name, cells in _task_format_jobs(count, seq_len, english_share)]  # fmt: skip
     workers = min(workers, len(jobs))
     if workers > 1:
-        with _spawn_pool(workers) as pool:
+        with spawn_pool(workers) as pool:
             parts = list(pool.map(_task_documents, *zip(*jobs)))
     else:
         parts = [_task_documents(*job) for job in jobs]
@@ -481,7 +480,7 @@ def write_pretrain_corpus(
         )
     # With task-format documents and workers, the five kinds (one seeded stream, ~20 s of CPU
     # for 30000 documents) are written in a process of their own meanwhile.
-    side = _spawn_pool(1) if task_format is not None and workers > 1 else None
+    side = spawn_pool(1) if task_format is not None and workers > 1 else None
     try:
         plain = side.submit(generate_documents, seed, documents) if side is not None else None
         with atomic_directory(root) as tmp:
@@ -513,11 +512,6 @@ def _write_jsonl(data: Path, stem: str, texts: list[str]) -> None:
             for text in texts[f::FILES]:
                 fh.write(json.dumps({"text": text, "meta": {"redpajama_set_name": DOMAIN}}))
                 fh.write("\n")
-
-
-def _spawn_pool(workers: int) -> ProcessPoolExecutor:
-    # spawn: the parent may hold a Rust tokenizer's threads, which fork would copy half-alive.
-    return ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn"))
 
 
 def ensure_pretrain_corpus(cfg: ExperimentConfig) -> Path | None:

@@ -191,7 +191,6 @@ def generate_greedy(
         encoded = [encode_prompt(tokenizer, p) for p in prompts]
     elif len(encoded) != len(prompts):
         raise ValueError(f"{len(encoded)} encoded prompts for {len(prompts)} prompts")
-    encoded = [list(e) for e in encoded]
     bar = tqdm(total=len(prompts), desc=desc, unit="sample", disable=not progress)
     if prompts and _pick_engine(engine, model, encoded, max_new_tokens) == "static":
         texts = _generate_static(model, tokenizer, encoded, max_new_tokens=max_new_tokens,

@@ -251,16 +251,16 @@ def write_experiment_report(
         paths["ruler_plot"] = str(
             plot_ruler(tables["ruler"], experiment_dir / "ruler_by_length.png")
         )
+    check = base_retrieval_check(_suite(summaries[base], "ruler")) if base is not None else None
     markdown = _report_markdown(experiment_dir, variants, summaries, tables, paths, comparison,
-                                base)  # fmt: skip
+                                base, check)  # fmt: skip
     paths["markdown"] = str(atomic_write_text(experiment_dir / "report.md", markdown))
     paths["json"] = str(experiment_dir / "report.json")
     runs = {v: _run_info(s) for v, s in summaries.items()}
     atomic_write_json(experiment_dir / "report.json",
                       {"experiment_dir": str(experiment_dir.resolve()), "variants": arms,
                        "base": base,
-                       "base_check": base_retrieval_check(_suite(summaries[base], "ruler"))
-                       if base is not None else None,
+                       "base_check": check,
                        "runs": runs, "tables": tables, "paths": paths,
                        "comparison": comparison})  # fmt: skip
     return {"markdown": markdown, "tables": tables, "paths": paths}
@@ -321,6 +321,7 @@ def _report_markdown(
     paths: dict[str, str],
     comparison: dict[str, Any] | None = None,
     base: str | None = None,
+    check: dict[str, Any] | None = None,
 ) -> str:
     arms = [v for v in variants if v != base]
     lines = [f"# Experiment report: {experiment_dir.name}", ""]
@@ -332,7 +333,7 @@ def _report_markdown(
                   "The pretrained model every arm starts from (`model.path` of each arm), "
                   "evaluated at the lengths it was pretrained for; it is the first row of "
                   "the tables below.", ""]  # fmt: skip
-        if check := base_retrieval_check(ruler):
+        if check is not None:
             lines += [base_check_markdown(check), ""]
         lines += [suite_markdown("ruler", ruler), ""]
     lines += ["## Scores", ""]

@@ -98,6 +98,7 @@ def collect_results(run_dir: str | Path) -> dict[str, list[dict[str, Any]]]:
         if not isinstance(result, dict) or "suite" not in result or "scores" not in result:
             continue
         result.setdefault("checkpoint_name", path.parent.name)
+        result["eval_key"] = path.parent.name  # where its per-sample records are
         out.setdefault(result["suite"], []).append(result)
     return out
 
@@ -141,6 +142,7 @@ def summarize_results(suite: str, results: list[dict[str, Any]]) -> dict[str, An
         scores.setdefault(task, {})[key] = s
     out: dict[str, Any] = {
         "checkpoints": [r.get("checkpoint_name") for r in results],
+        "eval_keys": [r.get("eval_key") for r in results],
         "steps": [result_step(r) for r in results],
         "n": len(results),
         "scores": {t: {k: scores[t][k] for k in sorted_keys(scores[t])} for t in sorted(scores)},

@@ -35,6 +35,7 @@ from anchorctx.evaluation.averaging import (
     sorted_keys,
     suite_markdown,
 )
+from anchorctx.evaluation.paired import intervals_markdown, ruler_intervals, ruler_sample_scores
 from anchorctx.io import atomic_write_json, atomic_write_text, read_json
 
 # The one score a general-ability suite is reported by: (task, metric) in its scores.
@@ -184,8 +185,15 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
         raise
 
 
-def plot_ruler(table: dict[str, Any], path: Path) -> Path:
-    """RULER score vs context length (log2 x axis), mean ± std band per variant."""
+def plot_ruler(
+    table: dict[str, Any],
+    path: Path,
+    intervals: dict[str, dict[str, dict[str, float]]] | None = None,
+) -> Path:
+    """RULER score vs context length (log2 x axis), one line per variant.
+
+    Error bars: the 95% sampling interval where ``intervals`` (:func:`ruler_intervals`'s
+    ``arms``) has the cell, else ± std over the last k checkpoints."""
     # Imported here: matplotlib loads only when a figure is drawn.
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
@@ -197,14 +205,17 @@ def plot_ruler(table: dict[str, Any], path: Path) -> Path:
         keys = [k for k in table["columns"] if k in row]
         xs = [float(k) for k in keys]
         ys = [row[k]["mean"] for k in keys]
-        sd = [row[k]["std"] for k in keys]
-        ax.errorbar(xs, ys, yerr=sd, marker="o", capsize=3, label=variant)
+        cells = (intervals or {}).get(variant, {})
+        low = [ys[i] - cells[k]["lo"] if k in cells else row[k]["std"] for i, k in enumerate(keys)]
+        high = [cells[k]["hi"] - ys[i] if k in cells else row[k]["std"] for i, k in enumerate(keys)]
+        ax.errorbar(xs, ys, yerr=[low, high], marker="o", capsize=3, label=variant)
     ax.set_xscale("log", base=2)
     ticks = [float(k) for k in table["columns"]]
     ax.set_xticks(ticks, [length_label(k) for k in table["columns"]])
     ax.set_xlabel("context length (tokens)")
     ax.set_ylabel("RULER score (mean over tasks)")
-    ax.set_title("RULER by length (mean ± std over the last k checkpoints)")
+    bars = "95% sampling interval" if intervals else "± std over the last k checkpoints"
+    ax.set_title(f"RULER by length (bars: {bars})")
     ax.grid(True, alpha=0.3)
     ax.legend()
     fig.tight_layout()
@@ -243,17 +254,24 @@ def write_experiment_report(
     counts = {v: suite_sample_counts(experiment_dir / v) for v in variants}
     for name in ("ruler", "general"):
         tables[name]["chance"] = chance_flags(name, tables[name], counts)
+    # Sampling intervals and paired differences of the arms' RULER averages (not the base model's:
+    # it is evaluated at its pretraining length only).
+    samples = {
+        arm: ruler_sample_scores(experiment_dir / arm, ruler) if (ruler := _suite(summaries[arm], "ruler")) else None
+        for arm in arms
+    }  # fmt: skip
+    intervals = ruler_intervals(samples, arms)
     comparison_path = experiment_dir / COMPARISON_JSON
     comparison = read_json(comparison_path) if comparison_path.is_file() else None
     # Plots of the arm comparison, as long as they are still there.
     paths = {k: p for k, p in (comparison or {}).get("paths", {}).items() if Path(p).is_file()}
     if tables["ruler"]["rows"] and _numeric_columns(tables["ruler"]):
         paths["ruler_plot"] = str(
-            plot_ruler(tables["ruler"], experiment_dir / "ruler_by_length.png")
+            plot_ruler(tables["ruler"], experiment_dir / "ruler_by_length.png", intervals["arms"])
         )
     check = base_retrieval_check(_suite(summaries[base], "ruler")) if base is not None else None
     markdown = _report_markdown(experiment_dir, variants, summaries, tables, paths, comparison,
-                                base, check)  # fmt: skip
+                                base, check, intervals)  # fmt: skip
     paths["markdown"] = str(atomic_write_text(experiment_dir / "report.md", markdown))
     paths["json"] = str(experiment_dir / "report.json")
     runs = {v: _run_info(s) for v, s in summaries.items()}
@@ -261,6 +279,7 @@ def write_experiment_report(
                       {"experiment_dir": str(experiment_dir.resolve()), "variants": arms,
                        "base": base,
                        "base_check": check,
+                       "ruler_intervals": intervals,
                        "runs": runs, "tables": tables, "paths": paths,
                        "comparison": comparison})  # fmt: skip
     return {"markdown": markdown, "tables": tables, "paths": paths}
@@ -322,6 +341,7 @@ def _report_markdown(
     comparison: dict[str, Any] | None = None,
     base: str | None = None,
     check: dict[str, Any] | None = None,
+    intervals: dict[str, Any] | None = None,
 ) -> str:
     arms = [v for v in variants if v != base]
     lines = [f"# Experiment report: {experiment_dir.name}", ""]
@@ -348,6 +368,8 @@ def _report_markdown(
     lines += ["", _markdown("Table 5 — RULER by length", tables["ruler"], variants, length_label)]
     if "ruler_plot" in paths:
         lines += ["", f"![RULER score by length]({Path(paths['ruler_plot']).name})"]
+    if intervals and intervals["arms"]:
+        lines += ["", intervals_markdown(intervals, arms)]
     lines += ["", _markdown("Table 7 — LongBench categories", tables["longbench"], variants)]
     lines += ["", _markdown("Table 12 — MMLU and HellaSwag", tables["general"], variants)]
     return "\n".join(lines) + "\n"

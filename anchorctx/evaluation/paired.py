@@ -1,0 +1,158 @@
+"""Sampling intervals of the RULER averages and paired differences between arms.
+
+Every arm of an experiment is evaluated on the same RULER samples (one generator seed, one
+sample set per task and length), so two arms differ on each sample by ``d = a - b``. The
+difference of their Table 5 averages is then estimated from those per-sample differences, which
+cancels the variance that the samples' own difficulty puts into each arm's average: what is left
+is how differently the two arms answer the same prompts.
+
+Table 5's average at a length is the unweighted mean over tasks of each task's mean score, so the
+estimate here is stratified the same way: with ``T`` tasks and ``n_t`` samples in task ``t``,
+
+    mean = (1/T) * sum_t mean_t(x),      se^2 = (1/T^2) * sum_t var_t(x) / n_t
+
+with ``var_t`` the sample variance (ddof=1) of the task's per-sample values ``x`` (one arm's
+scores, or two arms' differences). The 95% interval is ``mean ± 1.96 se``: the normal
+approximation of a mean of hundreds of bounded per-sample values (scores lie in [0, 100]); with
+equal ``n_t`` (the experiment's configs) the mean equals the plain mean over all samples.
+
+Per-sample scores are averaged over the arm's last k evaluated checkpoints first (the same
+checkpoints as its summary), so the interval is that of the number Table 5 shows.
+"""
+
+from __future__ import annotations
+
+import math
+from itertools import combinations
+from pathlib import Path
+from typing import Any
+
+from anchorctx.evaluation.averaging import length_label, markdown_table
+from anchorctx.io import read_jsonl
+
+Z95 = 1.959963984540054  # two-sided 95% quantile of the standard normal
+
+
+def _eval_keys(ruler_summary: dict[str, Any]) -> list[str]:
+    """The eval sub-directories of the summary's checkpoints (older summaries: their names)."""
+    return list(ruler_summary.get("eval_keys") or ruler_summary.get("checkpoints") or [])
+
+
+def ruler_sample_scores(
+    run_dir: str | Path, ruler_summary: dict[str, Any]
+) -> dict[str, dict[str, dict[str, float]]] | None:
+    """``{length: {task: {sample key: score}}}`` of the checkpoints ``ruler_summary`` averages,
+    each sample's score averaged over them; only the tasks of its Table 5 average.
+
+    None when a checkpoint's samples file is missing (nothing is filled in)."""
+    tasks = set(ruler_summary.get("average_tasks") or [])
+    keys = _eval_keys(ruler_summary)
+    if not keys:
+        return None
+    sums: dict[tuple[str, str, str], list[float]] = {}
+    for key in keys:
+        path = Path(run_dir) / "eval" / key / "ruler.samples.jsonl"
+        if not path.is_file():
+            return None
+        for row in read_jsonl(path):
+            if "key" not in row or not isinstance(row.get("score"), int | float):
+                continue  # the header line
+            if tasks and row["task"] not in tasks:
+                continue
+            sums.setdefault((str(row["length"]), row["task"], row["key"]), []).append(
+                float(row["score"])
+            )
+    out: dict[str, dict[str, dict[str, float]]] = {}
+    for (length, task, key), values in sums.items():
+        if len(values) == len(keys):  # a sample every averaged checkpoint scored
+            out.setdefault(length, {}).setdefault(task, {})[key] = sum(values) / len(values)
+    return out
+
+
+def stratified_interval(by_task: dict[str, list[float]]) -> dict[str, float] | None:
+    """Mean over tasks of the task means, its standard error and 95% interval (module doc).
+
+    None when a task has fewer than two values (no variance to estimate)."""
+    if not by_task or any(len(v) < 2 for v in by_task.values()):
+        return None
+    t = len(by_task)
+    mean = sum(sum(v) / len(v) for v in by_task.values()) / t
+    var = 0.0
+    for values in by_task.values():
+        m = sum(values) / len(values)
+        var += sum((x - m) ** 2 for x in values) / (len(values) - 1) / len(values)
+    se = math.sqrt(var) / t
+    n = sum(len(v) for v in by_task.values())
+    return {"mean": mean, "se": se, "lo": mean - Z95 * se, "hi": mean + Z95 * se, "n": n}
+
+
+def _paired(
+    a: dict[str, dict[str, float]], b: dict[str, dict[str, float]]
+) -> dict[str, list[float]]:
+    """Per task, ``a - b`` on the samples both arms scored."""
+    out: dict[str, list[float]] = {}
+    for task in sorted(set(a) & set(b)):
+        common = sorted(set(a[task]) & set(b[task]))
+        out[task] = [a[task][k] - b[task][k] for k in common]
+    return out
+
+
+def ruler_intervals(
+    samples: dict[str, dict[str, dict[str, dict[str, float]]] | None], arms: list[str]
+) -> dict[str, Any]:
+    """Each arm's 95% interval per length, and every pair's paired difference per length.
+
+    ``samples``: :func:`ruler_sample_scores` per arm (None: not available; such an arm is left
+    out). Pairs are ``later - earlier`` in ``arms`` order (the experiment's variant order)."""
+    have = [a for a in arms if samples.get(a)]
+    intervals = {
+        arm: {length: iv for length, by_task in samples[arm].items()  # type: ignore[union-attr]
+              if (iv := stratified_interval({t: list(s.values()) for t, s in by_task.items()}))}
+        for arm in have
+    }  # fmt: skip
+    differences: list[dict[str, Any]] = []
+    for first, second in combinations(have, 2):
+        cells = {}
+        for length in sorted(set(samples[first]) & set(samples[second]), key=float):  # type: ignore[arg-type]
+            iv = stratified_interval(_paired(samples[second][length], samples[first][length]))  # type: ignore[index]
+            if iv is not None:
+                cells[length] = iv | {"excludes_zero": iv["lo"] > 0 or iv["hi"] < 0}
+        if cells:
+            differences.append({"arm": second, "minus": first, "lengths": cells})
+    return {"confidence": 0.95, "arms": intervals, "differences": differences}
+
+
+def intervals_markdown(result: dict[str, Any], arms: list[str]) -> str:
+    """The two tables of :func:`ruler_intervals`, with how they were computed."""
+    lengths = sorted({k for iv in result["arms"].values() for k in iv}, key=float)
+    lines = [
+        "### RULER: 95% intervals and paired differences",
+        "",
+        "Every arm answered the same RULER samples. The first table gives each arm's Table 5 "
+        "average with its 95% sampling interval (stratified over tasks, normal approximation); "
+        "the second, the difference between two arms on the same samples with its 95% "
+        "interval, **bold** where the interval excludes 0. Each interval holds on its own: "
+        "among many cells, about one in twenty excludes 0 by chance alone.",
+        "",
+    ]
+    rows = [
+        [arm] + [
+            f"{iv['mean']:.1f} [{iv['lo']:.1f}, {iv['hi']:.1f}]" if (iv := result["arms"][arm].get(k))
+            else "—" for k in lengths
+        ]
+        for arm in arms if arm in result["arms"]
+    ]  # fmt: skip
+    ns = sorted({iv["n"] for by_len in result["arms"].values() for iv in by_len.values()})
+    lines += [markdown_table(["arm"] + [length_label(k) for k in lengths], rows), ""]
+    rows = []
+    for diff in result["differences"]:
+        row = [f"{diff['arm']} − {diff['minus']}"]
+        for k in lengths:
+            iv = diff["lengths"].get(k)
+            text = f"{iv['mean']:+.1f} [{iv['lo']:+.1f}, {iv['hi']:+.1f}]" if iv else "—"
+            row.append(f"**{text}**" if iv and iv["excludes_zero"] else text)
+        rows.append(row)
+    if rows:
+        lines += [markdown_table(["difference"] + [length_label(k) for k in lengths], rows), ""]
+    lines.append(f"n per length: {', '.join(str(n) for n in ns)}.")
+    return "\n".join(lines)

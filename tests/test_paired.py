@@ -136,3 +136,17 @@ def test_report_shows_intervals_and_differences(tmp_path):
     cell = report["ruler_intervals"]["differences"][0]["lengths"]["4096"]
     assert cell["mean"] == pytest.approx(37.5) and cell["excludes_zero"]
     assert (exp / "ruler_by_length.png").is_file()
+
+
+def test_report_leaves_intervals_out_when_every_arm_is_at_chance(tmp_path):
+    """RULER's chance level is 0: arms that never recall a value have zero-width intervals that
+    say nothing; the report says why the section is missing (the CPU demo's case)."""
+    from anchorctx.evaluation.report import write_experiment_report
+
+    exp = tmp_path / "exp"
+    for arm in ("full", "anchor"):
+        _write_ruler(exp / arm, 20, {("vt", "1024"): [0.0] * 8})
+        summarize_run(exp / arm, 1)
+    md = write_experiment_report(exp, ["full", "anchor"])["markdown"]
+    assert "RULER: 95% intervals" not in md
+    assert "every arm's RULER score is at chance" in md

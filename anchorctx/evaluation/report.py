@@ -369,7 +369,13 @@ def _report_markdown(
     if "ruler_plot" in paths:
         lines += ["", f"![RULER score by length]({Path(paths['ruler_plot']).name})"]
     if intervals and intervals["arms"]:
-        lines += ["", intervals_markdown(intervals, arms)]
+        flags = tables["ruler"].get("chance", {})
+        cells = [f["at_chance"] for arm in arms for f in flags.get(arm, {}).values()]
+        if cells and all(cells):  # intervals of guessers' zeros say nothing about the arms
+            lines += ["", "RULER intervals and paired differences are left out: every arm's "
+                      "RULER score is at chance."]  # fmt: skip
+        else:
+            lines += ["", intervals_markdown(intervals, arms)]
     lines += ["", _markdown("Table 7 — LongBench categories", tables["longbench"], variants)]
     lines += ["", _markdown("Table 12 — MMLU and HellaSwag", tables["general"], variants)]
     return "\n".join(lines) + "\n"

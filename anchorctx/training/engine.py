@@ -20,6 +20,7 @@ from __future__ import annotations
 import functools
 import math
 import os
+import sys
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -68,8 +69,25 @@ def prebuild_ops() -> float:
     return time.monotonic() - start
 
 
+def environment_tools_first() -> None:
+    """Put this interpreter's own ``bin`` directory first on PATH when it holds ``ninja``.
+
+    DeepSpeed's JIT build runs whichever ``ninja`` PATH finds. A process started without its
+    virtualenv activated (the flow's training tasks under ``anchorctx serve``, or
+    ``.venv/bin/python -m anchorctx``) finds another one, say a system ninja 1.11 next to the
+    locked 1.13 that scripts/setup.sh built the ops with. A different ninja treats the other's
+    build log as stale and compiles the op again: measured 56 s of the CPU demo's first arm on
+    two cores, and every later switch between the two pays it again. Where no other ninja is
+    installed, the build fails outright."""
+    bindir = os.path.dirname(sys.executable)
+    path = os.environ.get("PATH", "")
+    if os.path.isfile(os.path.join(bindir, "ninja")) and path.split(os.pathsep)[0] != bindir:
+        os.environ["PATH"] = bindir + os.pathsep + path if path else bindir
+
+
 def import_deepspeed():
     ops_cache_dir()
+    environment_tools_first()
     try:
         # Imported here: DeepSpeed is slow to import and needed only to train.
         import deepspeed

@@ -21,10 +21,12 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from anchorctx.io import atomic_write_text
 
 Variant = Literal["full", "intra_doc", "intra_doc_reset", "anchor"]
-Engine = Literal["auto", "sdpa", "flex", "varlen", "flash_attn", "flex_merge", "flex_copy"]
+Engine = Literal[
+    "auto", "sdpa", "flex", "varlen", "flash_attn", "flex_merge", "flex_copy", "triton"
+]
 VARIANTS: tuple[str, ...] = ("full", "intra_doc", "intra_doc_reset", "anchor")
 ENGINES: tuple[str, ...] = (
-    "auto", "sdpa", "flex", "varlen", "flash_attn", "flex_merge", "flex_copy",
+    "auto", "sdpa", "flex", "varlen", "flash_attn", "flex_merge", "flex_copy", "triton",
 )  # fmt: skip
 
 # The paper's Figure 1 / Eq. 4 shift list (Δ1 values, with Δ2 = 16).

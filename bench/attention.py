@@ -332,21 +332,24 @@ ISSUE_COLUMNS = (  # (header, variant, engine) of the summary table
     ("intra_doc flex", "intra_doc", "flex"),
     ("anchor flex_merge", "anchor", "flex_merge"),
     ("anchor flex_copy", "anchor", "flex_copy"),
+    ("anchor triton", "anchor", "triton"),
     ("anchor auto", "anchor", "auto"),
 )
+RATIO_ENGINES = ("flex_merge", "flex_copy", "triton")  # anchor engines over intra_doc flex
+SINGLE_ENGINES = ("flex", "varlen", "flash_attn", "flex_merge", "flex_copy", "triton")
 
 
 def summary(rows: list[Row]) -> str:
     """Forward+backward useful TFLOP/s, one line per (T, distribution), the engines side by side;
-    the last columns: flex_merge and flex_copy (anchor) over intra_doc flex (TFLOP/s ratios), and
-    auto over the best single anchor engine (time ratio)."""
+    the last columns: flex_merge, flex_copy and triton (anchor) over intra_doc flex (TFLOP/s
+    ratios), and auto over the best single anchor engine (time ratio)."""
     by_key = {(r.length, r.distribution, r.variant, r.engine): r for r in rows}
     heads = [h for h, _, _ in ISSUE_COLUMNS]
     lines = [
         "| T | documents | "
         + " | ".join(heads)
-        + " | merge / intra_doc | copy / intra_doc | auto / best |",
-        "|---|---|" + "---:|" * (len(heads) + 3),
+        + " | merge / intra_doc | copy / intra_doc | triton / intra_doc | auto / best |",
+        "|---|---|" + "---:|" * (len(heads) + 4),
     ]
     for length, dist in dict.fromkeys((r.length, r.distribution) for r in rows):
         cells, docs = [], ""
@@ -363,17 +366,14 @@ def summary(rows: list[Row]) -> str:
 
         # useful FLOPs differ by the anchor column only (< 1%): compare TFLOP/s, as the issue
         ratios = []
-        for engine in ("flex_merge", "flex_copy"):
+        for engine in RATIO_ENGINES:
             ratio = "—"
             if ms("anchor", engine) and ms("intra_doc", "flex"):
                 r_a = by_key[(length, dist, "anchor", engine)].fwdbwd_tflops
                 r_i = by_key[(length, dist, "intra_doc", "flex")].fwdbwd_tflops
                 ratio = f"{r_a / r_i:.3f}"
             ratios.append(ratio)
-        singles = [
-            ms("anchor", e) for e in ("flex", "varlen", "flash_attn", "flex_merge", "flex_copy")
-        ]
-        singles = [t for t in singles if t]
+        singles = [t for t in (ms("anchor", e) for e in SINGLE_ENGINES) if t]
         auto = ms("anchor", "auto")
         vs_best = f"{auto / min(singles):.3f}" if auto and singles else "—"
         lines.append(
@@ -394,16 +394,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--engines",
         nargs="+",
-        default=["flex", "varlen", "flash_attn", "flex_merge", "flex_copy", "auto"],
+        default=["flex", "varlen", "flash_attn", "flex_merge", "flex_copy", "triton", "auto"],
         choices=[*ENGINES, "auto"],
         help="Engines on the document masks.",
     )
     p.add_argument(
         "--anchor-only",
         nargs="*",
-        default=["flex_merge", "flex_copy", "auto", "varlen"],
+        default=["flex_merge", "flex_copy", "triton", "auto", "varlen"],
         help="Engines timed on the anchor variant only (flex_merge, flex_copy and auto equal flex on "
-        "intra_doc; varlen there is not in the summary).",
+        "intra_doc; varlen and triton there are not in the summary).",
     )
     p.add_argument(
         "--variants",

@@ -16,15 +16,24 @@ os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
-def pytest_collection_modifyitems(config, items):
-    """`gpu` tests run only where CUDA is available (pytest -m gpu on a GPU machine)."""
+def _has_cuda() -> bool:
     try:
         import torch
-
-        has_cuda = torch.cuda.is_available()
     except ImportError:
-        has_cuda = False
-    if has_cuda:
+        return False
+    return torch.cuda.is_available()
+
+
+# Without a GPU, Triton kernels (the ``triton`` attention engine) run in Triton's interpreter.
+# Triton reads the switch when it is first imported, which torch may do inside any test, so it
+# is set here, before every test module.
+if not _has_cuda():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+
+def pytest_collection_modifyitems(config, items):
+    """`gpu` tests run only where CUDA is available (pytest -m gpu on a GPU machine)."""
+    if _has_cuda():
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU")
     for item in items:

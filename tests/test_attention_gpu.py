@@ -19,7 +19,9 @@ pytestmark = pytest.mark.gpu
 
 T = 3000  # not a multiple of 128
 FUSED = [
-    name for name in ("flex", "varlen", "flash_attn", "flex_merge") if ENGINES[name].available()[0]
+    name
+    for name in ("flex", "varlen", "flash_attn", "flex_merge", "triton")
+    if ENGINES[name].available()[0]
 ]
 
 
@@ -75,11 +77,9 @@ def test_auto_picks_a_fused_engine_and_trains(engine):
     assert q.grad is not None and torch.isfinite(q.grad).all()
 
 
-def test_auto_takes_flex_merge_for_anchor_rows_and_checkpointing_keeps_gradients():
-    """The cost rule puts the merge first on anchor rows; under non-reentrant activation
-    checkpointing (as training runs it) the gradients are the same as without."""
-    from torch.utils.checkpoint import checkpoint
-
+def test_auto_takes_the_in_kernel_anchor_for_anchor_rows():
+    """The cost rule puts triton (the anchor inside the kernel) first on anchor rows, then the
+    merge; ``auto`` takes the first one this machine can run."""
     from anchorctx.attention.api import _as_batch
     from anchorctx.attention.engines import AttentionCall, select_engine
 
@@ -87,11 +87,22 @@ def test_auto_takes_flex_merge_for_anchor_rows_and_checkpointing_keeps_gradients
     q, k, v = (t.bfloat16() for t in _inputs(1, 8, 2))
     batch, cache = _as_batch(layout, 1)
     call = AttentionCall(q=q, k=k, v=v, batch=batch, cache=cache, scale=q.shape[-1] ** -0.5)
-    assert select_engine(call, "auto").name == "flex_merge"
+    want = "triton" if ENGINES["triton"].available()[0] else "flex_merge"
+    assert select_engine(call, "auto").name == want
+
+
+@pytest.mark.parametrize("engine", [e for e in ("flex_merge", "triton") if e in FUSED])
+def test_checkpointing_keeps_gradients(engine):
+    """Under non-reentrant activation checkpointing (as training runs it) the gradients are the
+    same as without: the engines save what backward needs the ordinary way."""
+    from torch.utils.checkpoint import checkpoint
+
+    layout = _layout("anchor", 9, False)
+    q, k, v = (t.bfloat16() for t in _inputs(1, 8, 2))
     grads = []
     for wrap in (False, True):
         x = [t.clone().requires_grad_() for t in (q, k, v)]
-        fn = lambda *a: attend(*a, layout, engine="flex_merge")  # noqa: E731
+        fn = lambda *a: attend(*a, layout, engine=engine)  # noqa: E731
         out = checkpoint(fn, *x, use_reentrant=False) if wrap else fn(*x)
         out.float().square().sum().backward()
         grads.append([t.grad for t in x])
@@ -99,6 +110,26 @@ def test_auto_takes_flex_merge_for_anchor_rows_and_checkpointing_keeps_gradients
     # a lost or doubled gradient path would be O(1).
     for name, a, b in zip("qkv", *grads):
         assert _rel(a, b) <= 1e-3, f"d{name} differs under checkpointing: {_rel(a, b):.2e}"
+
+
+def test_triton_tile_settings_agree():
+    """The two tile settings (long and short documents) give the same result on one row."""
+    if "triton" not in FUSED:
+        pytest.skip("triton unavailable")
+    from anchorctx.attention.engines import triton_doc
+
+    layout = _layout("anchor", 11, True)
+    q, k, v = (t.bfloat16() for t in _inputs(2, 8, 2))
+    grad = torch.randn_like(q)
+    results = []
+    for blocks in (triton_doc.LONG_BLOCKS, triton_doc.SHORT_BLOCKS):
+        x = [t.clone().requires_grad_() for t in (q, k, v)]
+        plan = triton_doc.build_plan((layout,) * 2, q.device, shared=True, blocks=blocks)
+        out = triton_doc.document_attention(*x, plan, q.shape[-1] ** -0.5)
+        results.append([out, *torch.autograd.grad(out, x, grad)])
+    # Different tilings sum in different orders: bf16 outputs agree to rounding.
+    for name, a, b in zip(["out", "dq", "dk", "dv"], *results):
+        assert _rel(a, b) <= 1e-2, f"{name}: {_rel(a, b):.2e}"
 
 
 def test_flex_reuses_compiled_kernel_for_new_layouts():

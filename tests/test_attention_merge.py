@@ -100,12 +100,12 @@ def _rows(lens: list[int], variant: str = "anchor"):
 def test_cost_rule_ranks_engines_per_document_histogram():
     fixed = _rows([2048] * 64)  # 128K of 2K documents
     books = _rows([300] * 40 + [96 * 1024] + [400] * 40)
-    # The merge first on anchor rows. Behind it the histogram decides: on short documents
-    # varlen beats the anchor-mask flex kernel (its serial backward chain), on long ones the
-    # chain is hidden and flex beats varlen.
-    assert cost.ranked(fixed) == ["flex_merge", "varlen", "flash_attn", "flex"]
-    assert cost.ranked(books) == ["flex_merge", "flex", "varlen", "flash_attn"]
-    # On intra_doc rows flex_merge is flex (equal cost): the tie keeps plain flex first.
+    # The in-kernel anchor first on anchor rows, then the merge. Behind them the histogram
+    # decides: on short documents varlen beats the anchor-mask flex kernel (its serial
+    # backward chain), on long ones the chain is hidden and flex beats varlen.
+    assert cost.ranked(fixed) == ["triton", "flex_merge", "varlen", "flash_attn", "flex"]
+    assert cost.ranked(books) == ["triton", "flex_merge", "flex", "varlen", "flash_attn"]
+    # On intra_doc rows triton and flex_merge cost what flex does: the tie keeps flex first.
     assert cost.ranked(_rows([2048] * 64, "intra_doc"))[0] == "flex"
     # The serial chain: anchor flex on short documents costs a multiple of intra_doc flex.
     ratio = cost.estimate("flex", fixed) / cost.estimate("flex", _rows([2048] * 64, "intra_doc"))

@@ -30,8 +30,8 @@ def attend(
         layout: one :class:`Layout` shared by all rows, or one per row (a ``LayoutBatch``,
             as ``hf.model_inputs`` returns, or a list). Engines' masks and plans are cached
             on the layout / batch, so every layer of a forward reuses them.
-        engine: ``auto``, ``sdpa``, ``flex``, ``varlen``, ``flash_attn``, ``flex_merge`` or
-            ``flex_copy``.
+        engine: ``auto``, ``sdpa``, ``flex``, ``varlen``, ``flash_attn``, ``flex_merge``,
+            ``flex_copy`` or ``triton``.
         scale: softmax scale; default ``1/sqrt(D)``.
 
     Returns:

@@ -8,6 +8,7 @@ from anchorctx.attention.engines.copy import FlexCopyEngine
 from anchorctx.attention.engines.flex import FlexEngine
 from anchorctx.attention.engines.merge import FlexMergeEngine
 from anchorctx.attention.engines.sdpa import SdpaEngine
+from anchorctx.attention.engines.triton_doc import TritonEngine
 from anchorctx.attention.engines.varlen import FlashAttnEngine, VarlenEngine
 from anchorctx.attention.errors import AttentionError
 
@@ -20,6 +21,7 @@ ENGINES: dict[str, Engine] = {
         FlashAttnEngine(),
         FlexMergeEngine(),
         FlexCopyEngine(),
+        TritonEngine(),
     )
 }
 ENGINE_NAMES: tuple[str, ...] = ("auto", *ENGINES)

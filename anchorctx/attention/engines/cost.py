@@ -19,13 +19,15 @@ varlen           ``ν·U``, anchor adds ``λ·n_q`` (the anchor K/V gathered in 
                  document, its gradient scattered back)
 flex_merge       ``U + μ·n_q`` (intra_doc flex with its log-sum-exp, plus the memory-bound
                  merge, linear in T); intra_doc rows: ``U``
+triton           ``U + ψ·n_q``: the anchor is a register-resident key in the kernel, so its
+                 tiles are intra_doc's; intra_doc rows: ``U``
 ===============  =================================================================
 
 The constants are fitted to one-H200 measurements (docs/PERFORMANCE.md section 1, 2026-11-23:
 32 query heads, 8 KV heads, d 128, bf16) as ratios to intra_doc flex on the same row, against
 ``x = n_q / U``: fixed 2K documents (x = 0.118), heavy-tailed (0.066 at 32K, 0.012 at 128K) and
 tiny documents (0.243). ``auto`` takes the cheapest engine that can run the call; ties keep
-the order of ``CANDIDATES``.
+the order of ``CANDIDATES``. ``n_q`` counts the query tiles of anchor rows only.
 """
 
 from __future__ import annotations
@@ -49,12 +51,18 @@ LAMBDA = 2.3
 # flex_merge over intra_doc flex - 1: 0.13 (x = 0.118, at 32K and 128K), 0.09 (0.066),
 # 0.30 (0.243): about 1.2 tiles per query tile (0 to 0.7 on the long-document rows).
 MU = 1.2
+# triton (anchor) over intra_doc flex - 1, in tiles per query tile: 0.45-0.54 (fixed 2K),
+# 0.39 (heavy-tailed 32K), below 0 on long-document and tiny-document rows (0.98-0.99 and
+# 0.95-0.97 of intra_doc's time): the upper envelope. Below flex_merge's MU on every row, as
+# measured (docs/PERFORMANCE.md section 1, "triton").
+PSI = 0.5
 
-# Ties keep this order: on intra_doc rows flex_merge costs what flex does, and flex skips the
-# log-sum-exp output.
+# Ties keep this order: on intra_doc rows triton and flex_merge cost what flex does (triton's
+# intra_doc speed was measured only through its anchor rows, and flex_merge adds a
+# log-sum-exp output), so flex stays first there.
 # flex_copy (anchor copies) is left out: measured slower than flex_merge on every row
 # (docs/PERFORMANCE.md section 1, "Anchor copies").
-CANDIDATES = ("flex", "flex_merge", "varlen", "flash_attn")
+CANDIDATES = ("flex", "triton", "flex_merge", "varlen", "flash_attn")
 
 
 def visited_tiles(layout: Layout, tile: int = TILE) -> int:
@@ -76,6 +84,8 @@ def estimate(engine: str, rows: Sequence[Layout], tile: int = TILE) -> float:
         return NU * u + LAMBDA * nq
     if engine == "flex_merge":
         return u + MU * nq
+    if engine == "triton":
+        return u + PSI * nq
     raise ValueError(f"no cost model for engine {engine!r}")
 
 

@@ -1,0 +1,373 @@
+"""``triton``: document-masked attention in Triton, with the anchor key inside the kernel.
+
+FlexAttention pays for the anchor variant in its tile structure: the anchor's key tile is one
+more (partial) tile for every query tile in the forward, and in the backward the program that
+owns key tile 0 accumulates dK/dV over every query tile of the row, a serial chain as long as
+the sequence (docs/PERFORMANCE.md section 1). Merging the anchor afterwards (``flex_merge``)
+removes both but adds about a dozen memory passes over [T, H, D] tensors, 0.5-1 ms at 128K.
+
+Here the anchor is one register-resident key, not a tile:
+
+- **forward** (one program per 128-query tile and head): queries outside the anchor's document
+  start their online softmax from the anchor key, ``m = s0 = scale·q·k0``, ``l = 1``,
+  ``acc = v0``; then the tiles the *intra-document* mask visits follow. The anchor costs one
+  [BM, D] dot product per tile, nothing per key tile.
+- **backward**: dK/dV programs (one per key tile and KV head, looping over the query heads of
+  the group, so no atomics) see only intra-document tiles, so key tile 0 is as cheap as any
+  other; the dQ programs add the anchor's term ``dq += ds0·k0`` with
+  ``ds0 = p0·(dO·v0 - Δ)`` and write their tile's share of ``dk0 = Σ ds0·q`` and
+  ``dv0 = Σ p0·dO``, summed afterwards over [B, H, n_tiles, D] (small, deterministic).
+
+The tiles come from per-batch lists like FlexAttention's BlockMask: for every query tile, the
+key tiles it shares a document with (causally), split into *full* tiles (one document, below
+the diagonal: no mask evaluated) and *partial* tiles (``kv <= q`` and equal document ids,
+evaluated per element). The lists are built once per batch on the GPU from document ids; the
+backward's dK/dV kernel uses the transposed lists. Interleaved chunks of one document share an
+id, so they are handled like any other layout. ``full`` rows are one document.
+
+Softmax in base 2 (``exp2``, scores pre-multiplied by ``scale·log2(e)``); the saved
+log-sum-exp is in that unit. Partial tiles mask with ``-inf`` while running maxima start at a
+large finite negative number, so a row whose keys in one tile are all masked keeps ``l = 0``
+and a rescale factor of 1 rather than ``exp2(-inf + inf) = NaN``.
+
+The kernels need Triton (shipped with CUDA builds of PyTorch). On a machine without a GPU they
+run in Triton's interpreter when ``TRITON_INTERPRET=1`` is set before the first call (the
+CPU tests do this), exact in float32.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from dataclasses import dataclass
+
+import torch
+
+from anchorctx.attention.engines.base import AttentionCall, Capabilities, Engine
+from anchorctx.attention.errors import AttentionError
+from anchorctx.attention.layout import Layout
+
+
+@dataclass(frozen=True)
+class Blocks:
+    """Tile shapes (query tokens × key tokens) of the kernels and their launch settings (warps,
+    software-pipeline stages). The defaults are :data:`LONG_BLOCKS`."""
+
+    m: int = 128  # forward
+    n: int = 128
+    fwd_warps: int = 8
+    fwd_stages: int = 2
+    dq_m: int = 128  # backward, dQ programs
+    dq_n: int = 64
+    m_kv: int = 64  # backward, dK/dV programs: one per n_kv keys, m_kv queries per step
+    n_kv: int = 128
+    bwd_warps: int = 8  # one launch runs both kinds of programs...
+    bwd_stages: int = 3
+    split_backward: bool = False  # ...or two launches, each with its own settings:
+    dq_warps: int = 8
+    dq_stages: int = 3
+    dkdv_warps: int = 8
+    dkdv_stages: int = 3
+
+
+# Measured on one H200 (docs/PERFORMANCE.md section 1, "triton"; 32 query heads, 8 KV heads,
+# d 128, bf16). Documents of 2K tokens and longer: large forward tiles and the backward in one
+# launch. Tiny documents (a few hundred tokens) waste most of a large tile on masked pairs:
+# 64×64 forward tiles, and dK/dV over 64-key tiles with four warps in a launch of its own
+# (11% faster than LONG_BLOCKS on 433 documents in 128K, 3-9% slower on 2K documents and longer).
+LONG_BLOCKS = Blocks()
+SHORT_BLOCKS = Blocks(
+    m=64, n=64, fwd_warps=4, fwd_stages=3,
+    split_backward=True, m_kv=32, n_kv=64, dkdv_warps=4, dkdv_stages=3,
+)  # fmt: skip
+# Rows whose query tiles per visited 128×128 tile (the cost rule's x = n_q / U) reach this
+# take SHORT_BLOCKS: 0.24 for the tiny-document rows, 0.12 for 2K documents, below 0.07 for
+# log-normal ones.
+SHORT_ROWS_X = 0.18
+HEAD_DIMS = (16, 32, 64, 128)
+
+
+def triton_available() -> tuple[bool, str]:
+    try:
+        import triton  # noqa: F401
+    except ImportError as err:
+        return False, f"triton is not installed ({err})"
+    if not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
+        return False, "no CUDA device (set TRITON_INTERPRET=1 to run Triton's interpreter)"
+    return True, ""
+
+
+# ----------------------------------------------------------------------------- tile lists
+@dataclass(frozen=True)
+class TileLists:
+    """Per query (or key) tile: counts [B', n] and ascending tile indices [B', n, n_other]
+    of the full and the partial tiles it visits. ``B' = 1`` when every row shares a layout."""
+
+    full_count: torch.Tensor
+    full_index: torch.Tensor
+    part_count: torch.Tensor
+    part_index: torch.Tensor
+
+    @property
+    def batch_stride(self) -> int:
+        return 0 if self.full_count.shape[0] == 1 else 1
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Everything the kernels need about one batch of rows (built once, reused by all layers)."""
+
+    docs: torch.Tensor  # int32 [B, T]; 0 everywhere on ``full`` rows
+    anchor: torch.Tensor  # int32 [B]: 1 on anchor rows
+    forward: TileLists  # (m, n) tiles, per query tile
+    dq: TileLists  # (dq_m, dq_n) tiles, per query tile
+    dkdv: TileLists  # (m_kv, n_kv) tiles, per key tile (transposed)
+    blocks: Blocks
+    has_anchor: bool
+
+
+def _ceil(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def tile_classes(docs: torch.Tensor, bm: int, bn: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(partial, full) booleans [n_q_tiles, n_kv_tiles] of one row's intra-document causal mask.
+
+    ``docs`` int [T]. A (query tile, key tile) pair is visited iff some key is not after some
+    query and both share a document; it is full iff every key precedes every query and both
+    tiles lie inside one and the same document with no padding.
+    """
+    t, device = docs.shape[0], docs.device
+    nq, nk = _ceil(t, bm), _ceil(t, bn)
+    _, dense = torch.unique(docs, return_inverse=True)
+    ndocs = int(dense.max()) + 1
+    pos = torch.arange(t, device=device)
+    # Presence of each document in each tile; products count shared documents (small integers:
+    # exact in float32).
+    pq = torch.zeros(nq, ndocs, device=device)
+    pq[pos // bm, dense] = 1.0
+    pk = torch.zeros(nk, ndocs, device=device)
+    pk[pos // bn, dense] = 1.0
+    share = (pq @ pk.T) > 0
+    q_first = torch.arange(nq, device=device) * bm
+    q_last = torch.clamp(q_first + bm, max=t) - 1
+    k_first = torch.arange(nk, device=device) * bn
+    k_last = k_first + bn - 1
+    visited = share & (k_first[None, :] <= q_last[:, None])
+    q_single = (pq.sum(1) == 1) & (q_first + bm <= t)
+    k_single = (pk.sum(1) == 1) & (k_last < t)
+    q_doc = torch.where(q_single, pq.argmax(1), -1)
+    k_doc = torch.where(k_single, pk.argmax(1), -2)
+    full = (
+        (k_last[None, :] <= q_first[:, None])
+        & (q_doc[:, None] == k_doc[None, :])
+        & q_single[:, None]
+        & k_single[None, :]
+    )
+    return visited & ~full, full
+
+
+def _lists(partial: torch.Tensor, full: torch.Tensor) -> TileLists:
+    """Dense tile booleans [B', n, n_other] -> counts and indices (visited tiles first, in order)."""
+
+    def ordered(dense: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        counts = dense.sum(-1, dtype=torch.int32).contiguous()
+        index = torch.argsort(dense.to(torch.int8), dim=-1, descending=True, stable=True)
+        return counts, index.to(torch.int32).contiguous()
+
+    return TileLists(*ordered(full), *ordered(partial))
+
+
+def row_docs(layout: Layout, device: torch.device) -> torch.Tensor:
+    """Document ids the kernel compares (int32 [T]); one document on ``full`` rows."""
+    docs = layout.doc_ids.to(device=device, dtype=torch.int32)
+    return torch.zeros_like(docs) if layout.variant == "full" else docs
+
+
+def build_plan(
+    rows: tuple[Layout, ...], device: torch.device, *, shared: bool, blocks: Blocks
+) -> Plan:
+    docs = torch.stack([row_docs(row, device) for row in rows])
+    tile_rows = docs[:1] if shared else docs
+
+    def lists(bm: int, bn: int, transposed: bool = False) -> TileLists:
+        classes = [tile_classes(d, bm, bn) for d in tile_rows]
+        if transposed:  # for every key tile, the query tiles that visit it
+            classes = [(p.T, f.T) for p, f in classes]
+        return _lists(torch.stack([p for p, _ in classes]), torch.stack([f for _, f in classes]))
+
+    forward = lists(blocks.m, blocks.n)
+    same = (blocks.dq_m, blocks.dq_n) == (blocks.m, blocks.n)
+    anchor = torch.tensor([row.variant == "anchor" for row in rows], dtype=torch.int32)
+    return Plan(
+        docs=docs.contiguous(),
+        anchor=anchor.to(device),
+        forward=forward,
+        dq=forward if same else lists(blocks.dq_m, blocks.dq_n),
+        dkdv=lists(blocks.m_kv, blocks.n_kv, transposed=True),
+        blocks=blocks,
+        has_anchor=bool(anchor.any()),
+    )
+
+
+# ---------------------------------------------------------------------------------- kernels
+@functools.cache
+def _kernels():
+    """(forward, Δ, backward) kernels, imported on first use."""
+    from anchorctx.attention.engines import triton_kernels as k
+
+    return k.fwd_kernel, k.delta_kernel, k.bwd_kernel, k.dq_kernel, k.dkdv_kernel
+
+
+# ------------------------------------------------------------------------------ launching
+LOG2E = 1.4426950408889634
+
+
+def _strides(x: torch.Tensor) -> tuple[int, int, int]:
+    """(batch, head, token) strides of a [B, H, T, D] tensor whose last dim is contiguous."""
+    return x.stride(0), x.stride(1), x.stride(2)
+
+
+def _dense_last(x: torch.Tensor) -> torch.Tensor:
+    return x if x.stride(-1) == 1 else x.contiguous()
+
+
+def attention_forward(q, k, v, plan: Plan, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(out [B, H, T, D] like q, lse float32 [B, H, T] in log2 units)."""
+    fwd_kernel = _kernels()[0]
+    bsz, h, t, d = q.shape
+    bl = plan.blocks
+    out = torch.empty_like(q)  # same strides as q: a [B, T, H, D] caller gets its layout back
+    lse = torch.empty(bsz, h, t, device=q.device, dtype=torch.float32)
+    lists = plan.forward
+    nq, nk = lists.full_index.shape[1], lists.full_index.shape[2]
+    fwd_kernel[(nq, bsz * h)](
+        q, k, v, out, lse, plan.docs, plan.anchor,
+        lists.full_count, lists.full_index, lists.part_count, lists.part_index,
+        *_strides(q), *_strides(k), *_strides(v), *_strides(out),
+        lists.batch_stride, t, nq, nk, scale * LOG2E,
+        H=h, G=h // k.shape[1], D=d, BM=bl.m, BN=bl.n, HAS_ANCHOR=plan.has_anchor,
+        num_warps=bl.fwd_warps, num_stages=bl.fwd_stages,
+    )  # fmt: skip
+    return out, lse
+
+
+def attention_backward(q, k, v, out, lse, dout, plan: Plan, scale: float):
+    """(dq, dk, dv) of :func:`attention_forward`: Δ, then dK/dV and dQ in one launch."""
+    _, delta_kernel, bwd_kernel, dq_kernel, dkdv_kernel = _kernels()
+    bsz, h, t, d = q.shape
+    hk = k.shape[1]
+    bl = plan.blocks
+    dout = _dense_last(dout)
+    delta = torch.empty(bsz, h, t, device=q.device, dtype=torch.float32)
+    delta_kernel[(_ceil(t, 128), bsz * h)](
+        out, dout, delta, *_strides(out), *_strides(dout), t, H=h, D=d, BM=128
+    )
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    ql, kl = plan.dq, plan.dkdv
+    nq, nkq = ql.full_index.shape[1], ql.full_index.shape[2]
+    nk1, nq1 = kl.full_index.shape[1], kl.full_index.shape[2]
+    n_dkdv = nk1 * bsz * hk
+    # [2, B, H, NQ, D] float32 shares of the anchor key's gradients, one per dQ program
+    # (written only with an anchor; summed below, so the result is deterministic).
+    shares = torch.empty(2, bsz, h, nq, d, device=q.device, dtype=torch.float32)
+    tensors = (q, k, v, dout, lse, delta)
+    strides = (*_strides(q), *_strides(k), *_strides(v), *_strides(dout))
+    dq_lists = (ql.full_count, ql.full_index, ql.part_count, ql.part_index)
+    kv_lists = (kl.full_count, kl.full_index, kl.part_count, kl.part_index)
+    anchor = (plan.anchor, shares[0], shares[1])
+    common = {"H": h, "G": h // hk, "D": d}
+    scales = (scale * LOG2E, scale)
+    if bl.split_backward:
+        dkdv_kernel[(nk1, bsz * hk)](
+            *tensors, dk, dv, plan.docs, *kv_lists, *strides, *_strides(dk), *_strides(dv),
+            kl.batch_stride, t, nk1, nq1, *scales, **common, BM_KV=bl.m_kv, BN_KV=bl.n_kv,
+            num_warps=bl.dkdv_warps, num_stages=bl.dkdv_stages,
+        )  # fmt: skip
+        dq_kernel[(nq, bsz * h)](
+            *tensors, dq, plan.docs, *anchor, *dq_lists, *strides, *_strides(dq),
+            ql.batch_stride, t, nq, nkq, *scales, **common, BM_DQ=bl.dq_m, BN_DQ=bl.dq_n,
+            HAS_ANCHOR=plan.has_anchor, num_warps=bl.dq_warps, num_stages=bl.dq_stages,
+        )  # fmt: skip
+    else:
+        bwd_kernel[(n_dkdv + nq * bsz * h,)](
+            *tensors, dq, dk, dv, plan.docs, *anchor, *dq_lists, *kv_lists, *strides,
+            *_strides(dq), *_strides(dk), *_strides(dv), ql.batch_stride, kl.batch_stride,
+            t, nq, nkq, nk1, nq1, n_dkdv, *scales, **common, BM_DQ=bl.dq_m, BN_DQ=bl.dq_n,
+            BM_KV=bl.m_kv, BN_KV=bl.n_kv, HAS_ANCHOR=plan.has_anchor,
+            num_warps=bl.bwd_warps, num_stages=bl.bwd_stages,
+        )  # fmt: skip
+    if plan.has_anchor:
+        # [2, B, H, NQ, D] -> [2, B, H_kv, D]: the query heads of each KV group and all tiles.
+        dk0, dv0 = shares.unflatten(2, (hk, h // hk)).sum((3, 4))
+        dk[:, :, 0] += (dk0 * scale).to(dk.dtype)
+        dv[:, :, 0] += dv0.to(dv.dtype)
+    return dq, dk, dv
+
+
+class _DocumentAttention(torch.autograd.Function):
+    # Saved through ctx.save_for_backward, so non-reentrant activation checkpointing drops and
+    # recomputes them like any other activation.
+    @staticmethod
+    def forward(ctx, q, k, v, plan: Plan, scale: float):
+        q, k, v = (_dense_last(x) for x in (q, k, v))
+        out, lse = attention_forward(q, k, v, plan, scale)
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.plan, ctx.scale = plan, scale
+        return out
+
+    @staticmethod
+    def backward(ctx, dout):
+        q, k, v, out, lse = ctx.saved_tensors
+        dq, dk, dv = attention_backward(q, k, v, out, lse, dout, ctx.plan, ctx.scale)
+        return dq, dk, dv, None, None
+
+
+def document_attention(q, k, v, plan: Plan, scale: float) -> torch.Tensor:
+    """Differentiable document-masked attention (with the anchor on anchor rows)."""
+    return _DocumentAttention.apply(q, k, v, plan, scale)
+
+
+def blocks_for(rows: tuple[Layout, ...]) -> Blocks:
+    """Tile settings for a batch of rows, from their document histogram (``x = n_q / U``)."""
+    from anchorctx.attention.engines.cost import TILE, visited_tiles
+
+    u = sum(visited_tiles(row) for row in rows)
+    n_q = sum(_ceil(row.seq_len, TILE) for row in rows)
+    return SHORT_BLOCKS if n_q >= SHORT_ROWS_X * u else LONG_BLOCKS
+
+
+# --------------------------------------------------------------------------------- engine
+class TritonEngine(Engine):
+    name = "triton"
+    alternative = "flex"
+    capabilities = Capabilities(
+        devices=frozenset({"cuda"}),
+        backward_devices=frozenset({"cuda"}),
+        dtypes=frozenset({torch.bfloat16, torch.float16}),
+        max_head_dim=128,
+    )
+
+    def available(self) -> tuple[bool, str]:
+        return triton_available()
+
+    def check(self, call: AttentionCall) -> None:
+        super().check(call)
+        d = call.q.shape[-1]
+        if d not in HEAD_DIMS:
+            raise AttentionError(
+                f"engine 'triton' supports head_dim in {HEAD_DIMS}, got {d}; use engine='flex'"
+            )
+
+    def forward(self, call: AttentionCall) -> torch.Tensor:
+        return document_attention(call.q, call.k, call.v, self.plan(call), call.scale)
+
+    @staticmethod
+    def plan(call: AttentionCall, blocks: Blocks | None = None) -> Plan:
+        blocks = blocks or blocks_for(call.rows)
+        key = ("triton_plan", str(call.q.device), blocks)
+        if key not in call.cache:
+            call.cache[key] = build_plan(
+                call.rows, call.q.device, shared=call.shared, blocks=blocks
+            )
+        return call.cache[key]

@@ -7,7 +7,8 @@
 # torch is not in the lock: requirements/cpu.txt adds the CPU build the project develops and tests
 # with (torch==2.13.0, and Triton for the kernels' interpreter tests), requirements/gpu.txt
 # expects the CUDA build of your cluster (which brings its Triton) installed first. Every other
-# package, runtime and dev, is pinned in common.txt. Then run the test suite from a fresh clone (scripts/test.sh) before committing the new lock.
+# package, runtime and dev, is pinned in common.txt. Then run the test suite from a fresh clone
+# (scripts/test.sh) before committing the new lock.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}

@@ -4,11 +4,12 @@ FlexAttention pays for the anchor variant in its tile structure: the anchor's ke
 more (partial) tile for every query tile in the forward, and in the backward the program that
 owns key tile 0 accumulates dK/dV over every query tile of the row, a serial chain as long as
 the sequence (docs/PERFORMANCE.md section 1). Merging the anchor afterwards (``flex_merge``)
-removes both but adds about a dozen memory passes over [T, H, D] tensors, 0.5-1 ms at 128K.
+removes both but adds about a dozen memory passes over [T, H, D] tensors (0.5-1 ms at 32K,
+3-4 ms at 128K: 12-28% of the intra-document kernel's time on short documents).
 
 Here the anchor is one register-resident key, not a tile:
 
-- **forward** (one program per 128-query tile and head): queries outside the anchor's document
+- **forward** (one program per query tile and head): queries outside the anchor's document
   start their online softmax from the anchor key, ``m = s0 = scale·q·k0``, ``l = 1``,
   ``acc = v0``; then the tiles the *intra-document* mask visits follow. The anchor costs one
   [BM, D] dot product per tile, nothing per key tile.
@@ -25,14 +26,14 @@ evaluated per element). The lists are built once per batch on the GPU from docum
 backward's dK/dV kernel uses the transposed lists. Interleaved chunks of one document share an
 id, so they are handled like any other layout. ``full`` rows are one document.
 
-Softmax in base 2 (``exp2``, scores pre-multiplied by ``scale·log2(e)``); the saved
+Softmax in base 2 (``exp2``, scores scaled by ``scale·log2(e)``); the saved
 log-sum-exp is in that unit. Partial tiles mask with ``-inf`` while running maxima start at a
 large finite negative number, so a row whose keys in one tile are all masked keeps ``l = 0``
 and a rescale factor of 1 rather than ``exp2(-inf + inf) = NaN``.
 
 The kernels need Triton (shipped with CUDA builds of PyTorch). On a machine without a GPU they
-run in Triton's interpreter when ``TRITON_INTERPRET=1`` is set before the first call (the
-CPU tests do this), exact in float32.
+run in Triton's interpreter when ``TRITON_INTERPRET=1`` is set before Triton is first
+imported (tests/conftest.py does this), exact in float32.
 """
 
 from __future__ import annotations

@@ -10,6 +10,18 @@ import triton.language as tl
 
 
 @triton.jit
+def anchor_key(q, kp, vp, docs_b, doc_q, row_ok, anchor_flag, qk_scale, D: tl.constexpr):
+    """(foreign [BM]: the query sees the anchor key from outside its document; k0, v0 [D] in
+    float32; s0 [BM]: the anchor key's scores in log2 units)."""
+    offs_d = tl.arange(0, D)
+    foreign = row_ok & (doc_q != tl.load(docs_b)) & (tl.load(anchor_flag) != 0)
+    k0 = tl.load(kp + offs_d).to(tl.float32)
+    v0 = tl.load(vp + offs_d).to(tl.float32)
+    s0 = tl.sum(q.to(tl.float32) * k0[None, :], 1) * qk_scale
+    return foreign, k0, v0, s0
+
+
+@triton.jit
 def fwd_tile(q, acc, l_i, m_i, kp, vp, skt, svt, docs_b, doc_q, offs_m, kt, T, qk_scale,
              BN: tl.constexpr, D: tl.constexpr, MASKED: tl.constexpr):  # fmt: skip
     offs_n = kt * BN + tl.arange(0, BN)
@@ -65,10 +77,7 @@ def fwd_kernel(Q, K, V, OUT, LSE, DOCS, ANCHOR, FC, FI, PC, PI,
     if HAS_ANCHOR:
         # Queries outside the anchor's document start from the anchor key: m = s0, l = 1,
         # acc = v0 (queries inside it meet key 0 in their own tiles).
-        foreign = row_ok & (doc_q != tl.load(docs_b)) & (tl.load(ANCHOR + b) != 0)
-        k0 = tl.load(kp + offs_d).to(tl.float32)
-        v0 = tl.load(vp + offs_d).to(tl.float32)
-        s0 = tl.sum(q.to(tl.float32) * k0[None, :], 1) * qk_scale
+        foreign, _k0, v0, s0 = anchor_key(q, kp, vp, docs_b, doc_q, row_ok, ANCHOR + b, qk_scale, D)
         m_i = tl.where(foreign, s0, m_i)
         l_i = tl.where(foreign, 1.0, l_i)
         acc = tl.where(foreign[:, None], v0[None, :] + acc, acc)
@@ -222,12 +231,9 @@ def dq_program(Q, K, V, DO, LSE, DELTA, DQ, DOCS, ANCHOR, DK0, DV0, FC, FI, PC, 
     if HAS_ANCHOR:
         # The anchor key's share: p0 = exp2(s0 - lse), ds0 = p0·(dO·v0 - Δ) (zero for queries
         # of the anchor's own document, which met key 0 in their tiles above).
-        foreign = row_ok & (doc_q != tl.load(docs_b)) & (tl.load(ANCHOR + b) != 0)
-        k0 = tl.load(kp + offs_d).to(tl.float32)
-        v0 = tl.load(vp + offs_d).to(tl.float32)
+        foreign, k0, v0, s0 = anchor_key(q, kp, vp, docs_b, doc_q, row_ok, ANCHOR + b, qk_scale, D)
         qf = q.to(tl.float32)
         dof = do.to(tl.float32)
-        s0 = tl.sum(qf * k0[None, :], 1) * qk_scale
         p0 = tl.where(foreign, tl.math.exp2(s0 - lse), 0.0)
         ds0 = p0 * (tl.sum(dof * v0[None, :], 1) - delta)
         dq += ds0[:, None] * k0[None, :]

@@ -144,3 +144,18 @@ def test_anchor_rows_visit_intra_document_tiles_only():
         for field in ("full_count", "full_index", "part_count", "part_index"):
             assert torch.equal(getattr(a, field), getattr(b, field)), (name, field)
     assert plans[0].has_anchor and not plans[1].has_anchor
+
+
+def test_tensors_beyond_32_bit_offsets_are_refused():
+    """The kernels' offsets are int32: a tensor spanning 2**31 elements is an error naming the
+    fix (meta tensors: nothing is allocated); a token-major view counts its whole span."""
+    fits = torch.empty(1, 32, 2**19 - 1, 128, device="meta")
+    assert triton_doc.index_limit_error(fits, fits[:, :8]) is None
+    big = torch.empty(1, 32, 2**19, 128, device="meta")
+    assert "q (1, 32, 524288, 128)" in triton_doc.index_limit_error(big, big[:, :8])
+    t = 2**19 + 1
+    small = torch.empty(1, 8, t, 128, device="meta")
+    # 8 of 32 heads of a token-major [B, T, H, D] buffer: the view spans (almost) all of it.
+    view = torch.empty(1, t, 32, 128, device="meta").transpose(1, 2)[:, :8]
+    assert triton_doc.index_limit_error(small, small) is None
+    assert f"k (1, 8, {t}, 128)" in triton_doc.index_limit_error(small, view)

@@ -24,7 +24,9 @@ key tiles it shares a document with (causally), split into *full* tiles (one doc
 the diagonal: no mask evaluated) and *partial* tiles (``kv <= q`` and equal document ids,
 evaluated per element). The lists are built once per batch on the GPU from document ids; the
 backward's dK/dV kernel uses the transposed lists. Interleaved chunks of one document share an
-id, so they are handled like any other layout. ``full`` rows are one document.
+id, so they are handled like any other layout. ``full`` rows are one document. Element
+offsets are 32-bit: a q or k spanning 2**31 elements (512K tokens × 32 heads × 128 on one GPU)
+is refused by ``check``, and ``auto`` takes the next engine.
 
 Softmax in base 2 (``exp2``, scores scaled by ``scale·log2(e)``); the saved
 log-sum-exp is in that unit. Partial tiles mask with ``-inf`` while running maxima start at a
@@ -329,6 +331,23 @@ def document_attention(q, k, v, plan: Plan, scale: float) -> torch.Tensor:
     return _DocumentAttention.apply(q, k, v, plan, scale)
 
 
+INDEX_LIMIT = 2**31
+
+
+def index_limit_error(q: torch.Tensor, k: torch.Tensor) -> str | None:
+    """Why the kernels cannot address these tensors, or None. Their element offsets are 32-bit
+    integers, so no tensor may span 2**31 elements (from 512K tokens × 32 heads × 128 on one GPU;
+    Ulysses splits the heads, so 512K on two GPUs fits)."""
+    for name, x in (("q", q), ("k", k)):
+        span = 1 + sum((n - 1) * st for n, st in zip(x.shape, x.stride()))
+        if span >= INDEX_LIMIT:
+            return (
+                f"engine 'triton' addresses at most 2**31 elements per tensor; {name} "
+                f"{tuple(x.shape)} spans {span:,}: use engine='flex_merge' (auto does)"
+            )
+    return None
+
+
 def blocks_for(rows: tuple[Layout, ...]) -> Blocks:
     """Tile settings for a batch of rows, from their document histogram (``x = n_q / U``)."""
     from anchorctx.attention.engines.cost import TILE, visited_tiles
@@ -359,6 +378,8 @@ class TritonEngine(Engine):
             raise AttentionError(
                 f"engine 'triton' supports head_dim in {HEAD_DIMS}, got {d}; use engine='flex'"
             )
+        if (err := index_limit_error(call.q, call.k)) is not None:
+            raise AttentionError(err)
 
     def forward(self, call: AttentionCall) -> torch.Tensor:
         return document_attention(call.q, call.k, call.v, self.plan(call), call.scale)

@@ -3,6 +3,10 @@
 Imported on first use: Triton decides at definition time whether a kernel runs compiled or
 in its interpreter (``TRITON_INTERPRET=1``), and a machine without Triton still imports the
 engine module.
+
+Names: ``NQ``/``NK`` count query/key tiles; ``W`` is a tile list's row stride (its largest
+count); ``FC``/``FI`` and ``PC``/``PI`` are the counts and indices of full and partial tiles;
+``list_b`` is 0 when every row of the batch shares one layout (one set of lists).
 """
 
 import triton
@@ -49,7 +53,7 @@ def fwd_tile(q, acc, l_i, m_i, kp, vp, skt, svt, docs_b, doc_q, offs_m, kt, T, q
 @triton.jit
 def fwd_kernel(Q, K, V, OUT, LSE, DOCS, ANCHOR, FC, FI, PC, PI,
                sqb, sqh, sqt, skb, skh, skt, svb, svh, svt, sob, soh, sot,
-               list_b, T, NQ, NK, qk_scale,
+               list_b, T, NQ, W, qk_scale,
                H: tl.constexpr, G: tl.constexpr, D: tl.constexpr,
                BM: tl.constexpr, BN: tl.constexpr, HAS_ANCHOR: tl.constexpr):  # fmt: skip
     # Tiles in reverse (the grid's first axis runs fastest: one head's tiles, then the next
@@ -83,11 +87,11 @@ def fwd_kernel(Q, K, V, OUT, LSE, DOCS, ANCHOR, FC, FI, PC, PI,
         acc = tl.where(foreign[:, None], v0[None, :] + acc, acc)
     lrow = (b * list_b) * NQ + qt
     for i in range(0, tl.load(FC + lrow)):
-        kt = tl.load(FI + lrow * NK + i)
+        kt = tl.load(FI + lrow * W + i)
         acc, l_i, m_i = fwd_tile(q, acc, l_i, m_i, kp, vp, skt, svt, docs_b, doc_q, offs_m,
                                  kt, T, qk_scale, BN, D, False)  # fmt: skip
     for i in range(0, tl.load(PC + lrow)):
-        kt = tl.load(PI + lrow * NK + i)
+        kt = tl.load(PI + lrow * W + i)
         acc, l_i, m_i = fwd_tile(q, acc, l_i, m_i, kp, vp, skt, svt, docs_b, doc_q, offs_m,
                                  kt, T, qk_scale, BN, D, True)  # fmt: skip
     l_safe = tl.where(l_i > 0, l_i, 1.0)  # padding rows only
@@ -130,7 +134,7 @@ def dkdv_tile(dk, dv, k, v, qp, dop, lsep, deltap, sqt, sdt, docs_b, doc_k, offs
 def dkdv_program(Q, K, V, DO, LSE, DELTA, DK, DV, DOCS, FC, FI, PC, PI,
                  sqb, sqh, sqt, skb, skh, skt, svb, svh, svt, sdb, sdh, sdt,
                  sdkb, sdkh, sdkt, sdvb, sdvh, sdvt,
-                 list_b, T, NQ, NK, qk_scale, sm_scale, kt, bhk,
+                 list_b, T, W, NK, qk_scale, sm_scale, kt, bhk,
                  H: tl.constexpr, G: tl.constexpr, D: tl.constexpr,
                  BM: tl.constexpr, BN: tl.constexpr):  # fmt: skip
     """dK, dV of key tile ``kt`` of KV head ``bhk`` (over the query heads of its group)."""
@@ -159,11 +163,11 @@ def dkdv_program(Q, K, V, DO, LSE, DELTA, DK, DV, DOCS, FC, FI, PC, PI,
         lsep = LSE + (b * H + h) * T
         deltap = DELTA + (b * H + h) * T
         for i in range(0, n_full):
-            qt = tl.load(FI + lrow * NQ + i)
+            qt = tl.load(FI + lrow * W + i)
             dk, dv = dkdv_tile(dk, dv, k, v, qp, dop, lsep, deltap, sqt, sdt, docs_b, doc_k,
                                offs_n, qt, T, qk_scale, BM, D, False)  # fmt: skip
         for i in range(0, n_part):
-            qt = tl.load(PI + lrow * NQ + i)
+            qt = tl.load(PI + lrow * W + i)
             dk, dv = dkdv_tile(dk, dv, k, v, qp, dop, lsep, deltap, sqt, sdt, docs_b, doc_k,
                                offs_n, qt, T, qk_scale, BM, D, True)  # fmt: skip
     tl.store(DK + b * sdkb + hk * sdkh + offs_n[:, None] * sdkt + offs_d[None, :],
@@ -198,7 +202,7 @@ def dq_tile(dq, q, do, lse, delta, kp, vp, skt, svt, docs_b, doc_q, offs_m, kt, 
 @triton.jit
 def dq_program(Q, K, V, DO, LSE, DELTA, DQ, DOCS, ANCHOR, DK0, DV0, FC, FI, PC, PI,
                sqb, sqh, sqt, skb, skh, skt, svb, svh, svt, sdb, sdh, sdt, sdqb, sdqh, sdqt,
-               list_b, T, NQ, NK, qk_scale, sm_scale, qt, bh,
+               list_b, T, NQ, W, qk_scale, sm_scale, qt, bh,
                H: tl.constexpr, G: tl.constexpr, D: tl.constexpr,
                BM: tl.constexpr, BN: tl.constexpr, HAS_ANCHOR: tl.constexpr):  # fmt: skip
     """dQ of query tile ``qt`` of head ``bh``, and its share of the anchor key's dK/dV."""
@@ -221,11 +225,11 @@ def dq_program(Q, K, V, DO, LSE, DELTA, DQ, DOCS, ANCHOR, DK0, DV0, FC, FI, PC, 
     dq = tl.zeros([BM, D], tl.float32)
     lrow = (b * list_b) * NQ + qt
     for i in range(0, tl.load(FC + lrow)):
-        kt = tl.load(FI + lrow * NK + i)
+        kt = tl.load(FI + lrow * W + i)
         dq = dq_tile(dq, q, do, lse, delta, kp, vp, skt, svt, docs_b, doc_q, offs_m, kt, T,
                      qk_scale, BN, D, False)  # fmt: skip
     for i in range(0, tl.load(PC + lrow)):
-        kt = tl.load(PI + lrow * NK + i)
+        kt = tl.load(PI + lrow * W + i)
         dq = dq_tile(dq, q, do, lse, delta, kp, vp, skt, svt, docs_b, doc_q, offs_m, kt, T,
                      qk_scale, BN, D, True)  # fmt: skip
     if HAS_ANCHOR:
@@ -272,7 +276,7 @@ def bwd_kernel(Q, K, V, DO, LSE, DELTA, DQ, DK, DV, DOCS, ANCHOR, DK0, DV0,
                QFC, QFI, QPC, QPI, KFC, KFI, KPC, KPI,
                sqb, sqh, sqt, skb, skh, skt, svb, svh, svt, sdb, sdh, sdt,
                sdqb, sdqh, sdqt, sdkb, sdkh, sdkt, sdvb, sdvh, sdvt,
-               qlist_b, klist_b, T, NQ, NKQ, NK1, NQ1, N_DKDV, qk_scale, sm_scale,
+               qlist_b, klist_b, T, NQ, W_DQ, NK1, W_KV, N_DKDV, qk_scale, sm_scale,
                H: tl.constexpr, G: tl.constexpr, D: tl.constexpr,
                BM_DQ: tl.constexpr, BN_DQ: tl.constexpr, BM_KV: tl.constexpr,
                BN_KV: tl.constexpr, HAS_ANCHOR: tl.constexpr):  # fmt: skip
@@ -290,13 +294,13 @@ def bwd_kernel(Q, K, V, DO, LSE, DELTA, DQ, DK, DV, DOCS, ANCHOR, DK0, DV0,
         dkdv_program(Q, K, V, DO, LSE, DELTA, DK, DV, DOCS, KFC, KFI, KPC, KPI,
                      sqb, sqh, sqt, skb, skh, skt, svb, svh, svt, sdb, sdh, sdt,
                      sdkb, sdkh, sdkt, sdvb, sdvh, sdvt,
-                     klist_b, T, NQ1, NK1, qk_scale, sm_scale, pid % NK1, pid // NK1,
+                     klist_b, T, W_KV, NK1, qk_scale, sm_scale, pid % NK1, pid // NK1,
                      H, G, D, BM_KV, BN_KV)  # fmt: skip
     else:
         p = pid - N_DKDV
         dq_program(Q, K, V, DO, LSE, DELTA, DQ, DOCS, ANCHOR, DK0, DV0, QFC, QFI, QPC, QPI,
                    sqb, sqh, sqt, skb, skh, skt, svb, svh, svt, sdb, sdh, sdt, sdqb, sdqh, sdqt,
-                   qlist_b, T, NQ, NKQ, qk_scale, sm_scale, NQ - 1 - p % NQ, p // NQ,
+                   qlist_b, T, NQ, W_DQ, qk_scale, sm_scale, NQ - 1 - p % NQ, p // NQ,
                    H, G, D, BM_DQ, BN_DQ, HAS_ANCHOR)  # fmt: skip
 
 
@@ -304,25 +308,25 @@ def bwd_kernel(Q, K, V, DO, LSE, DELTA, DQ, DK, DV, DOCS, ANCHOR, DK0, DV0,
 def dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, DOCS, KFC, KFI, KPC, KPI,
                 sqb, sqh, sqt, skb, skh, skt, svb, svh, svt, sdb, sdh, sdt,
                 sdkb, sdkh, sdkt, sdvb, sdvh, sdvt,
-                klist_b, T, NK1, NQ1, qk_scale, sm_scale,
+                klist_b, T, NK1, W_KV, qk_scale, sm_scale,
                 H: tl.constexpr, G: tl.constexpr, D: tl.constexpr,
                 BM_KV: tl.constexpr, BN_KV: tl.constexpr):  # fmt: skip
     """The backward's dK/dV programs as a launch of their own (``Blocks.split_backward``)."""
     dkdv_program(Q, K, V, DO, LSE, DELTA, DK, DV, DOCS, KFC, KFI, KPC, KPI,
                  sqb, sqh, sqt, skb, skh, skt, svb, svh, svt, sdb, sdh, sdt,
                  sdkb, sdkh, sdkt, sdvb, sdvh, sdvt,
-                 klist_b, T, NQ1, NK1, qk_scale, sm_scale, tl.program_id(0), tl.program_id(1),
+                 klist_b, T, W_KV, NK1, qk_scale, sm_scale, tl.program_id(0), tl.program_id(1),
                  H, G, D, BM_KV, BN_KV)  # fmt: skip
 
 
 @triton.jit
 def dq_kernel(Q, K, V, DO, LSE, DELTA, DQ, DOCS, ANCHOR, DK0, DV0, QFC, QFI, QPC, QPI,
               sqb, sqh, sqt, skb, skh, skt, svb, svh, svt, sdb, sdh, sdt, sdqb, sdqh, sdqt,
-              qlist_b, T, NQ, NKQ, qk_scale, sm_scale,
+              qlist_b, T, NQ, W_DQ, qk_scale, sm_scale,
               H: tl.constexpr, G: tl.constexpr, D: tl.constexpr,
               BM_DQ: tl.constexpr, BN_DQ: tl.constexpr, HAS_ANCHOR: tl.constexpr):  # fmt: skip
     """The backward's dQ programs as a launch of their own (``Blocks.split_backward``)."""
     dq_program(Q, K, V, DO, LSE, DELTA, DQ, DOCS, ANCHOR, DK0, DV0, QFC, QFI, QPC, QPI,
                sqb, sqh, sqt, skb, skh, skt, svb, svh, svt, sdb, sdh, sdt, sdqb, sdqh, sdqt,
-               qlist_b, T, NQ, NKQ, qk_scale, sm_scale, NQ - 1 - tl.program_id(0),
+               qlist_b, T, NQ, W_DQ, qk_scale, sm_scale, NQ - 1 - tl.program_id(0),
                tl.program_id(1), H, G, D, BM_DQ, BN_DQ, HAS_ANCHOR)  # fmt: skip

@@ -88,6 +88,16 @@ def test_tile_settings_follow_the_document_histogram():
     assert triton_doc.blocks_for((tiny,)) == triton_doc.SHORT_BLOCKS
     assert triton_doc.blocks_for((fixed,)) == triton_doc.LONG_BLOCKS
     assert triton_doc.blocks_for((books,)) == triton_doc.LONG_BLOCKS
+    # The engine decides once per batch and reuses the plan for every layer.
+    from anchorctx.attention.api import _as_batch
+    from anchorctx.attention.engines import AttentionCall
+
+    batch, cache = _as_batch(tiny, 1)
+    q = torch.zeros(1, 2, tiny.seq_len, 16)
+    call = AttentionCall(q=q, k=q, v=q, batch=batch, cache=cache, scale=0.25)
+    plan = triton_doc.TritonEngine.plan(call)
+    assert plan.blocks == triton_doc.SHORT_BLOCKS
+    assert triton_doc.TritonEngine.plan(call) is plan
 
 
 def test_rows_with_different_variants_and_a_shared_layout():

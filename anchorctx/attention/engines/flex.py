@@ -123,27 +123,55 @@ def _ceil(a: int, b: int) -> int:
 
 
 def _tile_classes(layout: Layout, block: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(partial, full) tile booleans [nq, nkv] of one row."""
-    t, device = layout.seq_len, layout.device
-    n = _ceil(t, block)
-    lower = torch.ones(n, n, dtype=torch.bool, device=device).tril_()
-    strictly_lower = lower.tril(-1)
-    complete = torch.arange(n, device=device) < t // block  # tiles without padding
-    if layout.variant == "full":
-        visited = lower
-        full = strictly_lower & complete[:, None]
-    else:
-        _, dense_doc = torch.unique(layout.doc_ids, return_inverse=True)
-        presence = torch.zeros(n, int(dense_doc.max()) + 1, device=device)  # [tiles, docs]
-        presence[torch.arange(t, device=device) // block, dense_doc] = 1.0
-        # Tiles i >= j share a document => some kv <= q pair in them is allowed (the
-        # diagonal tile always has q == kv). Counts are small integers: exact in fp32.
-        visited = ((presence @ presence.T) > 0) & lower
-        single = (presence.sum(1) == 1) & complete
-        tile_doc = torch.where(single, presence.argmax(1), -1)
-        full = strictly_lower & single[:, None] & (tile_doc[:, None] == tile_doc[None, :])
-        if layout.variant == "anchor":
-            visited[:, 0] = True
+    """(partial, full) tile booleans [nq, nkv] of one row: the intra-document tiles, plus the
+    anchor's column on anchor rows (key tile 0 is partial for every query tile it is not full
+    for)."""
+    partial, full = tile_classes(row_docs(layout, layout.device), block, block)
+    if layout.variant == "anchor":
+        partial[:, 0] = ~full[:, 0]
+    return partial, full
+
+
+def row_docs(layout: Layout, device: torch.device) -> torch.Tensor:
+    """Document ids a tile mask compares (int32 [T]); one document on ``full`` rows."""
+    docs = layout.doc_ids.to(device=device, dtype=torch.int32)
+    return torch.zeros_like(docs) if layout.variant == "full" else docs
+
+
+def tile_classes(docs: torch.Tensor, bm: int, bn: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(partial, full) booleans [n_q_tiles, n_kv_tiles] of one row's intra-document causal mask.
+
+    ``docs`` int [T]. A (query tile, key tile) pair is visited iff some key is not after some
+    query and both share a document; it is full iff every key precedes every query and both
+    tiles lie inside one and the same document with no padding.
+    """
+    t, device = docs.shape[0], docs.device
+    nq, nk = _ceil(t, bm), _ceil(t, bn)
+    _, dense = torch.unique(docs, return_inverse=True)
+    ndocs = int(dense.max()) + 1
+    pos = torch.arange(t, device=device)
+    # Presence of each document in each tile; products count shared documents (small integers:
+    # exact in float32).
+    pq = torch.zeros(nq, ndocs, device=device)
+    pq[pos // bm, dense] = 1.0
+    pk = torch.zeros(nk, ndocs, device=device)
+    pk[pos // bn, dense] = 1.0
+    share = (pq @ pk.T) > 0
+    q_first = torch.arange(nq, device=device) * bm
+    q_last = torch.clamp(q_first + bm, max=t) - 1
+    k_first = torch.arange(nk, device=device) * bn
+    k_last = k_first + bn - 1
+    visited = share & (k_first[None, :] <= q_last[:, None])
+    q_single = (pq.sum(1) == 1) & (q_first + bm <= t)
+    k_single = (pk.sum(1) == 1) & (k_last < t)
+    q_doc = torch.where(q_single, pq.argmax(1), -1)
+    k_doc = torch.where(k_single, pk.argmax(1), -2)
+    full = (
+        (k_last[None, :] <= q_first[:, None])
+        & (q_doc[:, None] == k_doc[None, :])
+        & q_single[:, None]
+        & k_single[None, :]
+    )
     return visited & ~full, full
 
 

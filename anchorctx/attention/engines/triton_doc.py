@@ -47,6 +47,8 @@ from dataclasses import dataclass
 import torch
 
 from anchorctx.attention.engines.base import AttentionCall, Capabilities, Engine
+from anchorctx.attention.engines.cost import TILE, visited_tiles
+from anchorctx.attention.engines.flex import _ceil, _ordered, row_docs, tile_classes
 from anchorctx.attention.errors import AttentionError
 from anchorctx.attention.layout import Layout
 
@@ -90,7 +92,9 @@ SHORT_ROWS_X = 0.18
 HEAD_DIMS = (16, 32, 64, 128)
 
 
+@functools.cache
 def triton_available() -> tuple[bool, str]:
+    # Cached: ``check`` asks on every attention call, and Triton reads TRITON_INTERPRET once.
     try:
         import triton  # noqa: F401
     except ImportError as err:
@@ -130,72 +134,20 @@ class Plan:
     has_anchor: bool
 
 
-def _ceil(a: int, b: int) -> int:
-    return -(-a // b)
-
-
-def tile_classes(docs: torch.Tensor, bm: int, bn: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(partial, full) booleans [n_q_tiles, n_kv_tiles] of one row's intra-document causal mask.
-
-    ``docs`` int [T]. A (query tile, key tile) pair is visited iff some key is not after some
-    query and both share a document; it is full iff every key precedes every query and both
-    tiles lie inside one and the same document with no padding.
-    """
-    t, device = docs.shape[0], docs.device
-    nq, nk = _ceil(t, bm), _ceil(t, bn)
-    _, dense = torch.unique(docs, return_inverse=True)
-    ndocs = int(dense.max()) + 1
-    pos = torch.arange(t, device=device)
-    # Presence of each document in each tile; products count shared documents (small integers:
-    # exact in float32).
-    pq = torch.zeros(nq, ndocs, device=device)
-    pq[pos // bm, dense] = 1.0
-    pk = torch.zeros(nk, ndocs, device=device)
-    pk[pos // bn, dense] = 1.0
-    share = (pq @ pk.T) > 0
-    q_first = torch.arange(nq, device=device) * bm
-    q_last = torch.clamp(q_first + bm, max=t) - 1
-    k_first = torch.arange(nk, device=device) * bn
-    k_last = k_first + bn - 1
-    visited = share & (k_first[None, :] <= q_last[:, None])
-    q_single = (pq.sum(1) == 1) & (q_first + bm <= t)
-    k_single = (pk.sum(1) == 1) & (k_last < t)
-    q_doc = torch.where(q_single, pq.argmax(1), -1)
-    k_doc = torch.where(k_single, pk.argmax(1), -2)
-    full = (
-        (k_last[None, :] <= q_first[:, None])
-        & (q_doc[:, None] == k_doc[None, :])
-        & q_single[:, None]
-        & k_single[None, :]
-    )
-    return visited & ~full, full
-
-
 def _lists(partial: torch.Tensor, full: torch.Tensor) -> TileLists:
     """Dense tile booleans [B', n, n_other] -> counts and indices (visited tiles first, in order)."""
 
-    def ordered(dense: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        counts = dense.sum(-1, dtype=torch.int32).contiguous()
-        index = torch.argsort(dense.to(torch.int8), dim=-1, descending=True, stable=True)
-        return counts, index.to(torch.int32)
-
-    full_count, full_index = ordered(full)
-    part_count, part_index = ordered(partial)
+    full_count, full_index = _ordered(full)
+    part_count, part_index = _ordered(partial)
     # Only the first max-count columns are ever read: a row of 2K documents at 512K keeps
     # 16 indices per 128-token tile (256 KB per array) instead of 4096 (64 MB).
     width = max(1, int(max(full_count.max(), part_count.max())))
     return TileLists(
-        full_count,
+        full_count.contiguous(),
         full_index[..., :width].contiguous(),
-        part_count,
+        part_count.contiguous(),
         part_index[..., :width].contiguous(),
     )
-
-
-def row_docs(layout: Layout, device: torch.device) -> torch.Tensor:
-    """Document ids the kernel compares (int32 [T]); one document on ``full`` rows."""
-    docs = layout.doc_ids.to(device=device, dtype=torch.int32)
-    return torch.zeros_like(docs) if layout.variant == "full" else docs
 
 
 def build_plan(
@@ -283,9 +235,10 @@ def attention_backward(q, k, v, out, lse, dout, plan: Plan, scale: float):
     nq, nkq = ql.full_index.shape[1], ql.full_index.shape[2]
     nk1, nq1 = kl.full_index.shape[1], kl.full_index.shape[2]
     n_dkdv = nk1 * bsz * hk
-    # [2, B, H, NQ, D] float32 shares of the anchor key's gradients, one per dQ program
-    # (written only with an anchor; summed below, so the result is deterministic).
-    shares = torch.empty(2, bsz, h, nq, d, device=q.device, dtype=torch.float32)
+    # [2, B, H, NQ, D] float32 shares of the anchor key's gradients, one per dQ program, summed
+    # below (deterministic); without an anchor the kernels never touch them.
+    shape = (2, bsz, h, nq, d) if plan.has_anchor else (2, 1)
+    shares = torch.empty(shape, device=q.device, dtype=torch.float32)
     tensors = (q, k, v, dout, lse, delta)
     strides = (*_strides(q), *_strides(k), *_strides(v), *_strides(dout))
     dq_lists = (ql.full_count, ql.full_index, ql.part_count, ql.part_index)
@@ -362,8 +315,6 @@ def index_limit_error(q: torch.Tensor, k: torch.Tensor) -> str | None:
 
 def blocks_for(rows: tuple[Layout, ...]) -> Blocks:
     """Tile settings for a batch of rows, from their document histogram (``x = n_q / U``)."""
-    from anchorctx.attention.engines.cost import TILE, visited_tiles
-
     u = sum(visited_tiles(row) for row in rows)
     n_q = sum(_ceil(row.seq_len, TILE) for row in rows)
     return SHORT_BLOCKS if n_q >= SHORT_ROWS_X * u else LONG_BLOCKS
@@ -398,7 +349,10 @@ class TritonEngine(Engine):
 
     @staticmethod
     def plan(call: AttentionCall, blocks: Blocks | None = None) -> Plan:
-        blocks = blocks or blocks_for(call.rows)
+        if blocks is None:  # chosen once per batch, like the plan: every layer asks
+            if "triton_blocks" not in call.cache:
+                call.cache["triton_blocks"] = blocks_for(call.rows)
+            blocks = call.cache["triton_blocks"]
         key = ("triton_plan", str(call.q.device), blocks)
         if key not in call.cache:
             call.cache[key] = build_plan(

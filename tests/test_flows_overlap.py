@@ -106,3 +106,44 @@ def test_overlapped_experiment_equals_sequential(tmp_path, demo_corpus, monkeypa
         for ckpt in (arm.run_dir / "checkpoints").iterdir():
             results.evaluate_checkpoint(arm, ckpt, "ruler", force=True, progress=False)
     assert _outputs(cfg) == overlapped
+
+
+@pytest.mark.slow
+def test_one_gpu_prefetches_ruler_samples_while_training(tmp_path, demo_corpus, monkeypatch):
+    """On one GPU the flow generates the arms' RULER samples in a thread while training runs:
+    the evaluations then generate none themselves (every sample is generated once, outside
+    run_suite), and the records equal an evaluation that generated its own."""
+    import inspect
+
+    from prefect.testing.utilities import prefect_test_harness
+
+    from anchorctx.evaluation.ruler import runner
+    from anchorctx.flows.experiment import full_experiment
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
+    raw = _raw(tmp_path / "runs", demo_corpus, "auto")
+    raw["evaluation"]["ruler"].update(tasks=["niah_single_1", "fwe"], lengths=[512, 768])
+    cfg = config_from_dict(raw)
+    calls: list[tuple[str, int, bool]] = []
+    real = runner.generate
+
+    def spy(task, length, *args, **kwargs):
+        in_suite = any(frame.function == "run_suite" for frame in inspect.stack())
+        calls.append((task, length, in_suite))
+        return real(task, length, *args, **kwargs)
+
+    monkeypatch.setattr(runner, "generate", spy)
+    runner.SAMPLES.clear()
+    with prefect_test_harness(server_startup_timeout=120):
+        full_experiment(cfg, stages=["data", "train", "evaluate"])
+    assert sorted(calls) == sorted((t, n, False) for t in ("fwe", "niah_single_1")
+                                   for n in (768, 512))  # fmt: skip
+    prefetched = _outputs(cfg)
+    runner.SAMPLES.clear()
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    for arm in cfg.arms():
+        for ckpt in (arm.run_dir / "checkpoints").iterdir():
+            results.evaluate_checkpoint(arm, ckpt, "ruler", force=True, progress=False)
+    assert _outputs(cfg) == prefetched
+    assert any(in_suite for *_, in_suite in calls[4:])  # the reference generated its own
+    runner.SAMPLES.clear()

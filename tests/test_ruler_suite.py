@@ -180,3 +180,37 @@ def test_sample_cache_is_bounded_by_characters():
     assert [k[1] for k in cache._samples] == [2, 3] and cache._chars == 8
     cache._put(("id", 9), {"index": 9, "input": "y" * 50})
     assert [k[1] for k in cache._samples] == [9]
+
+
+def test_prefetched_samples_are_not_generated_again(tiny_config, model, tokenizer, monkeypatch):
+    """What a flow generates while the GPU trains (longest first) is what the evaluation then
+    reads: it generates and encodes nothing itself, and its records match an unfetched run's."""
+    from anchorctx.evaluation import generation
+    from anchorctx.evaluation.ruler import runner
+
+    cfg = _cfg(tiny_config, tasks=["niah_single_1", "fwe"], lengths=[512, 768], num_samples=2)
+    runner.SAMPLES.clear()
+    cold: list[dict] = []
+    run_suite(model, tokenizer, cfg, done={}, on_sample=cold.append, progress=False)
+    runner.SAMPLES.clear()
+    calls: list[tuple[str, int]] = []
+    real = runner.generate
+    encoded: list[str] = []
+    real_encode = generation.encode_prompt
+    monkeypatch.setattr(runner, "generate", lambda task, length, *a, **k: calls.append(
+        (task, length)) or real(task, length, *a, **k))  # fmt: skip
+    monkeypatch.setattr(generation, "encode_prompt",
+                        lambda tok, text: encoded.append(text) or real_encode(tok, text))  # fmt: skip
+    assert runner.prefetch_samples(cfg, tokenizer) == 8
+    assert [length for _, length in calls] == [768, 768, 512, 512]  # longest first
+    assert len(encoded) == 8
+    warm: list[dict] = []
+    run_suite(model, tokenizer, cfg, done={}, on_sample=warm.append, progress=False)
+    assert len(calls) == 4 and len(encoded) == 8
+    assert sorted((r["key"], r["prediction"]) for r in warm) == sorted(
+        (r["key"], r["prediction"]) for r in cold
+    )
+    # Asked to stop, it ends between cells.
+    runner.SAMPLES.clear()
+    assert runner.prefetch_samples(cfg, tokenizer, should_stop=lambda: True) == 0
+    runner.SAMPLES.clear()

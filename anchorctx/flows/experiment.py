@@ -55,6 +55,7 @@ from anchorctx.tasks.data import (
 from anchorctx.tasks.evaluation import (
     arm_comparison_task,
     evaluate_task,
+    prefetch_ruler_task,
     report_task,
     result_exists,
     summarize_task,
@@ -351,25 +352,69 @@ def full_experiment(
     reusing, within that scope, in ``force_stages`` (default: every stage that runs). A forced
     run that is cancelled or fails leaves the previous results in place.
     """
-    logger = get_run_logger()
     all_arms = cfg.arms()
     selected = select_arms(all_arms, arms)
     run_stages = check_stages(stages, "stages") or list(STAGES)
     forced = set(check_stages(force_stages, "force_stages") or run_stages) if force else set()
     ensure_demo_corpus_task(cfg)  # before data keys: they fingerprint the corpus files
     ensure_pretrain_corpus_task(cfg)  # the arms' sources may list it too
+    stop_prefetch = threading.Event()
+    prefetch = _prefetch_samples(cfg, selected, run_stages, suites, stop_prefetch)
+    try:
+        return _run_experiment(cfg, all_arms, selected, run_stages, forced, suites,
+                               train_timeout_s)  # fmt: skip
+    finally:
+        stop_prefetch.set()  # a failed or cancelled run does not wait for samples it won't use
+        if prefetch is not None:
+            prefetch.wait()
+
+
+def _prefetch_samples(cfg: ExperimentConfig, arms: list[ExperimentConfig], run_stages: list[str],
+                      suites: list[str] | None, stop: threading.Event):  # fmt: skip
+    """Start generating the arms' RULER samples in this process while the GPU trains (a
+    future), or None: nothing to gain (no training before the evaluation, no RULER, evaluation
+    on CPU, where the thread would only compete with training for the cores, or in other
+    processes: several GPUs or a work pool)."""
+    ev = cfg.evaluation
+    if not ({"pretrain", "train"} & set(run_stages) and "evaluate" in run_stages):
+        return None
+    if ev.device == "cpu" or ev.work_pool or "ruler" not in (suites or ev.suites):
+        return None
+    if not any("ruler" in a.evaluation.suites for a in arms) or len(visible_gpus()) != 1:
+        return None
+    # Before pretraining the arms' model (the base checkpoint) does not exist yet; its
+    # tokenizer is the pretraining config's, so the samples are the same (the sample cache
+    # keys them by vocabulary: were it to differ, the evaluation just generates its own).
+    tok = cfg.pretraining() if cfg.pretrain is not None else arms[0]
+    if not Path(tok.model.tokenizer_path).is_dir():
+        return None
+    ensure_eval_fixtures_task(arms[0])
+    return prefetch_ruler_task.submit(arms[0], tok, stop)
+
+
+def _run_experiment(cfg, all_arms, selected, run_stages, forced, suites, train_timeout_s):
+    logger = get_run_logger()
+    base_eval = None
     if cfg.pretrain is not None and "pretrain" in run_stages:
-        pretrain_flow(cfg, force="pretrain" in forced, timeout_s=train_timeout_s,
-                      evaluate="evaluate" in run_stages)  # fmt: skip
+        pretrain_flow(cfg, force="pretrain" in forced, timeout_s=train_timeout_s)
+        pre = cfg.pretraining()
+        if "evaluate" in run_stages and pre.evaluation.suites:
+            # The base model's evaluation (GPU) runs beside the arms' data packing (CPU).
+            base_eval = evaluate_arm_task.submit(pre, pre.evaluation.suites,
+                                                 "pretrain" in forced, None)  # fmt: skip
     if {"data", "train"} & set(run_stages):
         _check_base_model(cfg)  # the arms' tokenizer and weights are the pretrained model's
     datasets: dict[str, str] = {}
-    if "data" in run_stages or "train" in run_stages:
-        for arm in selected:
-            key = data_key(arm)
-            if key not in datasets:
-                datasets[key] = prepare_data_flow(arm, force="data" in forced)
-            logger.info("arm %s: dataset %s", arm.variant_name, datasets[key])
+    try:
+        if "data" in run_stages or "train" in run_stages:
+            for arm in selected:
+                key = data_key(arm)
+                if key not in datasets:
+                    datasets[key] = prepare_data_flow(arm, force="data" in forced)
+                logger.info("arm %s: dataset %s", arm.variant_name, datasets[key])
+    finally:
+        if base_eval is not None:  # before the arms train: they would share the GPU with it
+            wait_all([base_eval], "base model evaluations")
     gpus, train_gpus = [], None
     if {"train", "evaluate"} <= set(run_stages) and len(selected) > 1:
         gpus = visible_gpus()

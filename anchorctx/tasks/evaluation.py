@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from prefect import task
+from prefect.cache_policies import NO_CACHE
 from prefect.runtime import task_run
 
 from anchorctx.config import ExperimentConfig
@@ -30,6 +31,21 @@ def _evaluate_run_name() -> str:
 def evaluate_task(cfg: ExperimentConfig, checkpoint: str, suite: str, force: bool = False) -> str:
     """Evaluate one checkpoint on one suite; returns the results JSON path."""
     return str(evaluate_checkpoint(cfg, checkpoint, suite, force=force, progress=False))
+
+
+# Never cached: it fills this process' in-memory sample cache, which a cache hit would not.
+@task(name="prefetch-ruler-samples", cache_policy=NO_CACHE, persist_result=False)
+def prefetch_ruler_task(cfg: ExperimentConfig, tokenizer_cfg: ExperimentConfig,
+                        stop: Any = None) -> int:  # fmt: skip
+    """Generate ``cfg``'s RULER samples, tokenised by ``tokenizer_cfg``'s tokenizer, into the
+    flow process' sample cache while the GPU trains (the evaluations later in this process
+    reuse them); returns how many. ``stop``: a ``threading.Event`` that ends it early."""
+    # Imported here: the RULER runner pulls in transformers, which light flows never need.
+    from anchorctx.evaluation.ruler.runner import prefetch_samples
+    from anchorctx.models.loading import load_tokenizer
+
+    return prefetch_samples(cfg, load_tokenizer(tokenizer_cfg.model),
+                            should_stop=stop.is_set if stop is not None else lambda: False)  # fmt: skip
 
 
 @task(name="summarize-run")

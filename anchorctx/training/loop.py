@@ -182,15 +182,30 @@ def _train(cfg, par: Parallelism, rank, local_rank, resume, data_dir, prepared) 
         log.info("run already complete at step %d: %s", start, run_dir)
         return _summary(cfg, state["step"], state.get("tokens_seen", 0), state.get("loss"), start)
     device = f"cuda:{local_rank}" if par.device == "cuda" else "cpu"
+    built = time.perf_counter()
     engine = _build(cfg, par, pre, device)
     if state is not None:
         ckpt.load_resume(engine, cfg.run_dir)
         log.info("resumed from step %d", state["step"])
+    if rank == 0:
+        log.info(startup_line(time.perf_counter() - built))
     plan = BatchPlan(
         dataset, seed=cfg.seed, par=par, seq_len=cfg.data.seq_len,
         variant=cfg.training.attention, pad_id=int(pre.manifest["anchor_token_id"]), rank=rank,
     )  # fmt: skip
     return _loop(cfg, par, pre, engine, plan, loss_scale(engine, par), device, state)
+
+
+def startup_line(engine_s: float) -> str:
+    """How long this process took to reach its first step, and how much of it the model and
+    DeepSpeed engine took (the rest: interpreter, imports, checks, data, process group)."""
+    import psutil  # DeepSpeed's own dependency: there wherever training runs
+
+    since = time.time() - psutil.Process().create_time()
+    return (
+        f"ready for the first step {since:.1f} s after the process started (model and "
+        f"DeepSpeed engine {engine_s:.1f} s; the rest: imports, checks, data, process group)"
+    )
 
 
 def _build(cfg, par: Parallelism, pre: Preflight, device: str):
@@ -259,10 +274,12 @@ def _report(cfg, row: dict, eta_s: float, bar) -> None:
 def _save(cfg, par, pre: Preflight, engine, step: int, tokens_seen: int, loss: float) -> None:
     t = cfg.training
     if ckpt.should_save(step, t.steps, t.save):
+        t0 = time.perf_counter()
         meta = _checkpoint_meta(cfg, pre, tokens_seen, loss)
         path = ckpt.save_checkpoint(engine, pre.tokenizer, cfg.run_dir, step, meta, t.save)
-        log.info("checkpoint %s", path)
+        log.info("checkpoint %s (%.1f s)", path, time.perf_counter() - t0)
     if ckpt.should_save_resume(step, t.steps, t.save):
+        t0 = time.perf_counter()
         trainer = {
             "step": step,
             "tokens_seen": tokens_seen,
@@ -270,7 +287,8 @@ def _save(cfg, par, pre: Preflight, engine, step: int, tokens_seen: int, loss: f
             "parallel": par.to_dict(),
             "config_fingerprint": resume_fingerprint(cfg),
         }
-        ckpt.save_resume(engine, cfg.run_dir, trainer)  # fmt: skip
+        ckpt.save_resume(engine, cfg.run_dir, trainer)
+        log.info("resume state at step %d (%.1f s)", step, time.perf_counter() - t0)
 
 
 def _checkpoint_meta(cfg, pre: Preflight, tokens_seen: int, loss: float) -> dict[str, Any]:

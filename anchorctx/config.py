@@ -216,6 +216,14 @@ class MemoryConfig(Strict):
         description="Keep each checkpointed layer's input ([T, hidden]) in CPU memory until "
         "backward (DeepSpeed cpu_checkpointing). Needs activation_checkpointing.",
     )
+    keep_activations: int = Field(
+        0,
+        ge=0,
+        description="Selective checkpointing: with activation_checkpointing, the last N decoder "
+        "layers keep their forward activations for backward instead of recomputing them (each "
+        "kept layer costs about one layer's working set of memory and saves its forward's "
+        "recomputation).",
+    )
     init_on_device: bool = Field(
         False,
         description="Build a model.tiny model directly on the training device (its random "
@@ -277,6 +285,11 @@ class TrainingConfig(Strict):
             )
         if self.memory.offload_optimizer and self.zero_stage == 0:
             raise ValueError("memory.offload_optimizer needs ZeRO: set zero_stage to 1, 2 or 3")
+        if self.memory.keep_activations and not self.activation_checkpointing:
+            raise ValueError(
+                "memory.keep_activations needs activation_checkpointing=true (without it every "
+                "layer keeps its activations)"
+            )
         return self
 
 

@@ -82,13 +82,19 @@ def make_config(args, layers: int, seq_len: int, world: int):
                      "zero_stage": args.zero_stage, "activation_checkpointing": True,
                      "sequence_parallel": world, "nproc": world, "micro_batch_size": 1,
                      "global_batch_size": 1, "steps": args.steps,
-                     "memory": {k: getattr(args, k) for k in MEMORY_FLAGS}},
+                     "memory": memory_options(args)},
     }  # fmt: skip
     return config_from_dict(raw)
 
 
 MEMORY_FLAGS = ("tiled_mlp", "tiled_loss", "offload_optimizer", "offload_checkpoints",
                 "init_on_device")  # fmt: skip
+
+
+def memory_options(args) -> dict:
+    """``training.memory`` from the command line: the flags and ``--keep-activations``."""
+    return {**{k: getattr(args, k) for k in MEMORY_FLAGS},
+            "keep_activations": args.keep_activations}  # fmt: skip
 
 
 def load(cfg, device: str = "cpu"):
@@ -139,7 +145,8 @@ def measure(engine, par, variant: str, seq_len: int, rank: int, args, cfg) -> di
     mem = cfg.training.memory
     opts = MM.Options(gpus=par.world, sp=par.sp, tiled_mlp=mem.tiled_mlp,
                       tiled_loss=mem.tiled_loss, offload_optimizer=mem.offload_optimizer,
-                      offload_checkpoints=mem.offload_checkpoints)  # fmt: skip
+                      offload_checkpoints=mem.offload_checkpoints,
+                      keep_activations=mem.keep_activations)  # fmt: skip
     predicted = MM.summary(MM.predict(MM.Shape.from_hf(text), seq_len, opts))
     return {
         "layers": text.num_hidden_layers, "sp": par.sp, "seq_len": seq_len, "variant": variant,
@@ -151,7 +158,7 @@ def measure(engine, par, variant: str, seq_len: int, rank: int, args, cfg) -> di
         "peak_mem_gib": round(M.peak_memory_gib(DEVICE), 2),
         "predicted_peak_gib": predicted["peak"], "predicted": predicted,
         "host_max_rss_gib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 1),
-        "memory": {k: getattr(mem, k) for k in MEMORY_FLAGS},
+        "memory": {k: getattr(mem, k) for k in (*MEMORY_FLAGS, "keep_activations")},
         "step_times_s": [round(t, 4) for t in times],
         "last_loss": round(stats.loss, 4),  # a real step: finite, ≈ ln(vocab) on random tokens
     }  # fmt: skip
@@ -281,6 +288,9 @@ def main() -> int:
     for flag in MEMORY_FLAGS:
         p.add_argument("--" + flag.replace("_", "-"), action="store_true",
                        help=f"training.memory.{flag}")  # fmt: skip
+    p.add_argument("--keep-activations", type=int, default=0, metavar="N",
+                   help="training.memory.keep_activations: the last N layers are not "
+                   "checkpointed (selective activation checkpointing).")  # fmt: skip
     p.add_argument(
         "--predict",
         action="store_true",

@@ -205,3 +205,25 @@ def test_miniature_pretrains_then_trains_the_arms_from_it(tmp_path, demo_corpus)
     other = config_from_dict(raw, [*_miniature(tmp_path, demo_corpus), "pretrain.corpus.seed=1"])
     with pytest.raises(FileNotFoundError, match="run the pretrain stage first"):
         _check_base_model(other)
+
+
+def test_the_two_gpu_deployment_is_the_same_comparison_with_sequence_parallelism():
+    """full-experiment/gpu-small-sp2: the shipped config with Ulysses SP=2 over two processes,
+    for the pretraining and every arm: one data-parallel replica, so the same global batch and
+    steps as on one GPU; its own experiment directory (no mixing with the one-GPU runs)."""
+    from anchorctx.flows.deployments import GPU_SMALL_SP2, build_deployments
+    from anchorctx.models.loading import build_hf_config
+    from anchorctx.training.plan import check_heads, plan_parallelism
+
+    one = load_config(CONFIG)
+    two = load_config(CONFIG, [*GPU_SMALL_SP2, "training.device=cpu"])
+    assert two.name != one.name and two.experiment_dir != one.experiment_dir
+    for cfg, ref in ((two.pretraining(), one.pretraining()), *zip(two.arms(), one.arms())):
+        par = plan_parallelism(cfg)
+        assert (par.world, par.sp, par.dp) == (2, 2, 1)
+        assert par.micro * par.accum == ref.training.global_batch_size
+        assert cfg.training.steps == ref.training.steps and cfg.data == ref.data
+    pre = two.pretraining()  # the arms continue this model: Ulysses splits its heads over 2
+    served = {d.name: d for d in build_deployments(ROOT / "configs")}
+    assert served["gpu-small-sp2"].parameters["cfg"].training.sequence_parallel == 2
+    check_heads(build_hf_config(pre.model, seq_len=pre.data.seq_len, vocab_size=3000), 2)

@@ -1,4 +1,5 @@
-"""Long-row memory options (tiled MLP, tiled loss, checkpoint offload) and the memory model.
+"""Long-row memory options (tiled MLP, tiled loss, checkpoint offload, kept layers) and the
+memory model.
 
 Tiling changes only the order of float additions: the MLP and the loss are per-token, so each
 tile computes exactly the untiled per-token values, but weight gradients are summed tile by tile
@@ -13,12 +14,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from anchorctx.config import ConfigError, config_from_dict
+from anchorctx.config import ConfigError, MemoryConfig, config_from_dict
 from anchorctx.demo.synthetic import synthetic_row
 from anchorctx.training import memory as MM
 from anchorctx.training import tiling
 from anchorctx.training.data import shard_rows
 from anchorctx.training.loss import count_targets
+from anchorctx.training.plan import TrainingError
 from anchorctx.training.step import loss_sum
 
 RTOL, ATOL = 1e-5, 1e-6
@@ -130,7 +132,7 @@ def test_memory_config_is_validated():
 
     assert cfg().training.memory.model_dump() == {
         "tiled_mlp": False, "tiled_loss": False, "offload_optimizer": False,
-        "offload_checkpoints": False, "init_on_device": False,
+        "offload_checkpoints": False, "keep_activations": 0, "init_on_device": False,
     }  # fmt: skip
     with pytest.raises(ConfigError, match="tiled_mpl"):
         cfg(memory={"tiled_mpl": True})
@@ -138,6 +140,32 @@ def test_memory_config_is_validated():
         cfg(activation_checkpointing=False, memory={"offload_checkpoints": True})
     with pytest.raises(ConfigError, match="zero_stage"):
         cfg(zero_stage=0, memory={"offload_optimizer": True})
+    with pytest.raises(ConfigError, match="keep_activations needs activation_checkpointing"):
+        cfg(activation_checkpointing=False, memory={"keep_activations": 1})
+    with pytest.raises(ConfigError, match="keep_activations"):
+        cfg(memory={"keep_activations": -1})
+
+
+def test_kept_layers_are_not_recomputed_and_give_the_same_gradients(plain):
+    """keep_activations=1 of 2 layers: only the first layer's forward runs again in backward,
+    and loss and gradients equal the run without checkpointing (recomputation replays the same
+    fp32 arithmetic on the CPU: exact)."""
+    mb, ref = plain
+    model = _model()
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    with pytest.raises(TrainingError, match="keep_activations=3 exceeds the model's 2"):
+        tiling.keep_activations(model, 3)
+    tiling.apply_memory_options(model, MemoryConfig(keep_activations=1))
+    assert [layer.gradient_checkpointing for layer in model.model.layers] == [True, False]
+    calls = []
+    for i, layer in enumerate(model.model.layers):  # (module hooks do not fire on recompute)
+        forward = layer.mlp.forward
+        layer.mlp.forward = lambda *a, i=i, f=forward: calls.append(i) or f(*a)
+    got = _loss_and_grads(model, mb, tiled_loss=False)
+    assert calls == [0, 1, 0]  # forward of both, then layer 0 again in backward
+    torch.testing.assert_close(got[0], ref[0], rtol=0, atol=0)
+    for name, grad in got[1].items():
+        torch.testing.assert_close(grad, ref[1][name], rtol=0, atol=0, msg=name)
 
 
 def test_init_on_device_builds_tiny_models_on_the_device(tiny_config):
@@ -237,6 +265,29 @@ def test_memory_model_components():
         "tiled_mlp", "tiled_loss", "offload_optimizer")}))  # fmt: skip
     assert two["checkpointed_activations"] == alst["checkpointed_activations"]
     assert two["cpu"] - MM.HOST_PROCESS_BYTES == 8 * s.params
+
+
+def test_memory_model_counts_kept_layers():
+    """A kept layer's forward tensors replace its checkpointed input: 11 [t, H], 3 [t, Hkv] and
+    4 [t, I] bf16 tensors (Llama-2-7B at 128K: 24.75 GiB a layer)."""
+    s, t, gib = MM.LLAMA2_7B, 131_072, MM.GIB
+    all_ckpt = MM.predict(s, t, MM.Options())
+    kept = MM.predict(s, t, MM.Options(keep_activations=2))
+    assert all_ckpt["kept_activations"] == 0
+    per_layer = (11 * t * s.hidden + 3 * t * s.kv_width + 4 * t * s.intermediate) * MM.BF16
+    assert per_layer / gib == pytest.approx(24.75)
+    assert kept["kept_activations"] == 2 * per_layer
+    assert all_ckpt["checkpointed_activations"] - kept["checkpointed_activations"] == (
+        2 * t * s.hidden * MM.BF16
+    )
+    # Peak: the logits phase now holds both kept layers (the 32K-vocab logits outweigh a
+    # layer's working set); measured on an H200 with 4 layers: 115.4 GiB against 116.0.
+    base = kept["peak"] - kept["kept_activations"] - kept["logits"]
+    assert base == pytest.approx(all_ckpt["peak"] - all_ckpt["logits"] - 2 * t * s.hidden * 2)
+    short = MM.predict(s, t, MM.Options(keep_activations=2, tiled_loss=True))  # small logits:
+    assert short["peak"] - base == pytest.approx(  # the first kept layer's backward is the peak
+        short["kept_activations"] + short["layer_working_set"] - per_layer
+    )
 
 
 def test_max_seq_len_is_the_boundary():

@@ -36,3 +36,36 @@ def test_path_is_left_alone_without_a_ninja_beside_the_interpreter(tmp_path, mon
     monkeypatch.setenv("PATH", "/usr/bin")
     environment_tools_first()
     assert os.environ["PATH"] == "/usr/bin"
+
+
+_GPU_HOST = """
+import os, sys, torch
+torch.cuda.device_count = lambda: 1  # what DeepSpeed's detection sees on a GPU host
+torch.cuda.is_available = lambda: True
+os.environ.pop("DS_ACCELERATOR", None)
+from anchorctx.training.engine import use_accelerator
+if sys.argv[1] == "fixed":
+    use_accelerator("cpu")
+from deepspeed.accelerator import get_accelerator
+print(get_accelerator().device_name())
+if sys.argv[1] == "fixed":
+    use_accelerator("cuda")  # a later GPU run in the same process switches back
+    print(get_accelerator().device_name())
+    use_accelerator("cpu")
+    print(get_accelerator().device_name())
+"""
+
+
+def test_a_cpu_run_on_a_gpu_host_uses_deepspeeds_cpu_accelerator():
+    """DeepSpeed detects CUDA wherever a GPU is visible and moves the model there; a run with
+    training.device cpu (the demo) on a GPU host must keep it on the CPU. Simulated on this
+    CPU machine by making torch report a GPU before DeepSpeed is imported."""
+    import subprocess
+
+    def accelerators(mode: str) -> list[str]:
+        out = subprocess.run([sys.executable, "-c", _GPU_HOST, mode], capture_output=True,
+                             text=True, check=True)  # fmt: skip
+        return out.stdout.split()
+
+    assert accelerators("detected") == ["cuda"]  # the failure this guards against
+    assert accelerators("fixed") == ["cpu", "cuda", "cpu"]

@@ -4,7 +4,8 @@
 - ``full-experiment/paper-llama2-64k`` and ``paper-llama2-128k``: configs/paper/llama2-7b-*.yaml
   (Table 1); any other ``configs/paper/<stem>.yaml`` becomes ``full-experiment/paper-<stem>``;
 - ``full-experiment/gpu-small``: configs/gpu-small.yaml (a base model pretrained here, the
-  four arms at 16K, RULER 2K-16K; one GPU, about 25 minutes);
+  four arms at 16K, RULER 2K-16K; one GPU, about 25 minutes); ``full-experiment/gpu-small-sp2``:
+  the same on two GPUs with sequence parallelism (:data:`GPU_SMALL_SP2`);
 - ``prepare-data/default``, ``train/default``, ``evaluate/default``, ``rope-precision/default``:
   the demo config as the default parameters.
 
@@ -26,6 +27,12 @@ if TYPE_CHECKING:
 # Deployment names of the paper presets (others in configs/paper/ get "paper-<stem>").
 PAPER_NAMES = {"llama2-7b-64k": "paper-llama2-64k", "llama2-7b-128k": "paper-llama2-128k"}
 TAGS = ["anchorctx"]
+
+# full-experiment/gpu-small-sp2: configs/gpu-small.yaml on a two-GPU host, every training run
+# (the pretraining and the four arms) split over both GPUs by DeepSpeed-Ulysses (sequence
+# parallelism 2, so one data-parallel replica: the same steps, batches and tokens as on one
+# GPU), in its own experiment directory.
+GPU_SMALL_SP2 = ["name=gpu-small-sp2", "training.nproc=2", "training.sequence_parallel=2"]
 
 
 def paper_presets(configs_dir: Path) -> dict[str, Path]:
@@ -67,6 +74,10 @@ def build_deployments(
         deployments.append(_deploy(fx.full_experiment, "gpu-small", load_config(small),
                                    f"{small}: pretrain a ~150M Llama, then the four arms at 16K, "
                                    "on one GPU."))  # fmt: skip
+        deployments.append(_deploy(fx.full_experiment, "gpu-small-sp2",
+                                   load_config(small, GPU_SMALL_SP2),
+                                   f"{small} with {' '.join(GPU_SMALL_SP2)}: the same comparison "
+                                   "with DeepSpeed-Ulysses over two GPUs."))  # fmt: skip
     for name, path in paper_presets(configs_dir).items():
         cfg = load_config(path)
         deployments.append(_deploy(fx.full_experiment, name, cfg,

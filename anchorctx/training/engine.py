@@ -104,6 +104,30 @@ _SINGLE_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_A
 _owned_env: list[str] = []
 
 
+def use_accelerator(device: str) -> None:
+    """Make DeepSpeed's accelerator the training device's.
+
+    DeepSpeed detects its accelerator once per process, CUDA wherever a GPU is visible, and
+    ``deepspeed.initialize`` moves the model there. A CPU run on a GPU host (the demo's
+    ``training.device: cpu``) then trained a model on cuda:0 fed with CPU batches ("index is on
+    cpu, different from other tensors on cuda:0"). Before DeepSpeed is imported the choice goes
+    through ``DS_ACCELERATOR`` (torchrun's workers inherit it); after, the accelerator object is
+    replaced (a process that trains on both, as the test suite does)."""
+    name = "cpu" if device == "cpu" else "cuda"
+    if "deepspeed" not in sys.modules:
+        os.environ["DS_ACCELERATOR"] = name
+        return
+    from deepspeed.accelerator import get_accelerator, set_accelerator
+
+    if get_accelerator().device_name() == name:
+        return
+    if name == "cpu":
+        from deepspeed.accelerator.cpu_accelerator import CPU_Accelerator as Accelerator
+    else:
+        from deepspeed.accelerator.cuda_accelerator import CUDA_Accelerator as Accelerator
+    set_accelerator(Accelerator())
+
+
 def init_distributed(device: str) -> tuple[int, int, int]:
     """Start (or join) the process group; returns (rank, world, local_rank).
 
@@ -111,6 +135,7 @@ def init_distributed(device: str) -> tuple[int, int, int]:
     the same DeepSpeed code path serves one process and many; :func:`shutdown_distributed`
     removes those variables again (a later run in this process picks a new port).
     """
+    use_accelerator(device)
     deepspeed = import_deepspeed()
     if "RANK" not in os.environ:
         single = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1",

@@ -13,9 +13,14 @@ Persistent (held through the whole step):
 - gradients: ``2P/N`` bf16 partitions plus DeepSpeed's reduce bucket (5e8 elements); with
   optimizer offload only the bucket stays on the GPU (the fp32 gradients live on the CPU);
 - optimizer state: ``12P/N`` (fp32 master weights and two Adam moments), 0 with offload;
-- checkpointed activations: each layer's input, ``L · t · H · 2``, 0 with checkpoint offload.
+- checkpointed activations: each layer's input, ``L · t · H · 2``, 0 with checkpoint offload;
+- kept activations (``memory.keep_activations``, K layers not checkpointed): each such layer's
+  forward tensors that backward reads, :data:`KEPT_UNITS` ``[t, H]``, :data:`KV_UNITS`
+  ``[t, Hkv]`` and :data:`KEPT_MLP_UNITS` ``[t, I]`` (its input is among them, so it leaves
+  the checkpointed count).
 
-Transient, the larger of two phases (the logits are freed before the layers' backward runs):
+Transient, the largest of the phases (the logits are freed before the layers' backward runs;
+kept layers' tensors are held until their backward, which comes first):
 
 - logits phase: ``t · V`` elements × :data:`LOGIT_BYTES` (bf16 logits, the fp32 log-softmax,
   its fp32 gradient and the bf16 gradient); tiled: one tile's worth plus the hidden states and
@@ -43,6 +48,11 @@ ATTN_UNITS = 14  # [t, H] bf16 tensors live in one layer's backward (see module 
 KV_UNITS = 3  # [t, Hkv] tensors: k, v, rotated k
 ULYSSES_UNITS = 4  # all-to-all copies of q, k, v (head-sharded layout) and the output
 MLP_UNITS = 6  # [t, I] tensors: gate, up, act(gate), product, two gradients
+# A layer that is not checkpointed keeps, for its backward: its input, the two RMSNorm outputs
+# and their fp32 copies (2 units each), q and rotated q, the attention output and the residual
+# ([t, H]: 11), k, v and rotated k ([t, Hkv]), and gate, up, act(gate), product ([t, I]).
+KEPT_UNITS = 11
+KEPT_MLP_UNITS = 4
 # Fitted, not counted: the one-H200 measurement (7B shape, 256K tokens, tiled MLP and loss,
 # optimizer offload; 2026-11-23) peaked at 121.7 GiB against 112.7 GiB counted; the 9 GiB
 # difference is charged to the one term that scales with t there, as 4.5 more [t, H] tensors.
@@ -103,6 +113,7 @@ class Options:
     tiled_loss: bool = False
     offload_optimizer: bool = False
     offload_checkpoints: bool = False
+    keep_activations: int = 0  # last layers not checkpointed
 
 
 def predict(shape: Shape, seq_len: int, opt: Options) -> dict[str, float]:
@@ -117,7 +128,10 @@ def predict(shape: Shape, seq_len: int, opt: Options) -> dict[str, float]:
     gathered = 2 * shape.layer_params * BF16
     state = 12 * p / n
     grads = 2 * p / n
-    ckpt = shape.layers * t * h * BF16
+    kept = min(opt.keep_activations, shape.layers)
+    ckpt = (shape.layers - kept) * t * h * BF16
+    kept_bytes = kept * (KEPT_UNITS * t * h + KV_UNITS * t * shape.kv_width
+                         + KEPT_MLP_UNITS * t * shape.intermediate) * BF16  # fmt: skip
     if opt.tiled_loss:
         tile_tokens = min(t, LOSS_TILE_BYTES / (4 * shape.vocab))
         logits = tile_tokens * shape.vocab * LOGIT_BYTES + 2 * t * h * BF16
@@ -132,11 +146,17 @@ def predict(shape: Shape, seq_len: int, opt: Options) -> dict[str, float]:
         "gradients": REDUCE_BUCKET + (0 if opt.offload_optimizer else grads),
         "optimizer_state": 0.0 if opt.offload_optimizer else state,
         "checkpointed_activations": 0.0 if opt.offload_checkpoints else ckpt,
+        "kept_activations": kept_bytes,
         "layer_working_set": layer,
         "logits": logits,
     }
-    persistent = sum(v for k, v in out.items() if k not in ("layer_working_set", "logits"))
-    out["peak"] = persistent + max(layer, logits)
+    base = sum(v for k, v in out.items()
+               if k not in ("layer_working_set", "logits", "kept_activations"))  # fmt: skip
+    # Backward meets the kept (last) layers first: the logits phase and the kept layers'
+    # backward hold every kept tensor (a kept layer's working set includes its own kept
+    # tensors), the checkpointed layers' backward none of them.
+    kept_one = kept_bytes / kept if kept else 0.0
+    out["peak"] = base + max(kept_bytes + logits, kept_bytes + layer - kept_one, layer)
     offloaded = (16 * p / n if opt.offload_optimizer else 0.0) + (
         ckpt if opt.offload_checkpoints else 0.0
     )

@@ -123,6 +123,21 @@ def apply_memory_options(model, memory: MemoryConfig) -> None:
         enable_tiled_mlp(model)
     if memory.offload_checkpoints:
         enable_checkpoint_offload(model)
+    if memory.keep_activations:
+        keep_activations(model, memory.keep_activations)
+
+
+def keep_activations(model, count: int) -> None:
+    """Turn activation checkpointing off for the last ``count`` decoder layers: they keep their
+    forward activations for backward (transformers checkpoints per layer, by each layer's
+    ``gradient_checkpointing`` flag). The last layers are the first that backward reaches, so
+    their activations are also the first freed."""
+    layers = model.get_decoder().layers
+    if count > len(layers):
+        raise TrainingError(f"training.memory.keep_activations={count} exceeds the model's "
+                            f"{len(layers)} decoder layers")  # fmt: skip
+    for layer in list(layers)[len(layers) - count :]:
+        layer.gradient_checkpointing = False
 
 
 def offload_entries(memory: MemoryConfig, par: Parallelism) -> tuple[dict, dict]:

@@ -235,6 +235,12 @@ class MemoryConfig(Strict):
 class TrainingConfig(Strict):
     attention: Variant = "anchor"
     engine: Engine = "auto"
+    kernels: Literal["torch", "liger"] = Field(
+        "torch",
+        description="RMSNorm and SwiGLU: transformers' own modules (torch), or Liger-Kernel's "
+        "fused Triton kernels in their place (liger: CUDA, pip install liger-kernel; the same "
+        "arithmetic up to float rounding, docs/FIDELITY.md).",
+    )
     device: Literal["auto", "cpu", "cuda"] = "auto"
     nproc: int | None = Field(
         None,

@@ -62,6 +62,7 @@ from anchorctx.training.engine import (  # noqa: E402
     register_sequence_parallel,
     shutdown_distributed,
 )
+from anchorctx.training.kernels import use_kernels  # noqa: E402
 from anchorctx.training.loss import count_targets  # noqa: E402
 from anchorctx.training.plan import plan_parallelism  # noqa: E402
 from anchorctx.training.step import train_step  # noqa: E402
@@ -78,7 +79,8 @@ def make_config(args, layers: int, seq_len: int, world: int):
                            "num_key_value_heads": args.kv_heads, "vocab_size": VOCAB},
                   "tokenizer": "unused", "dtype": "bfloat16", "rope_theta": 1e7},
         "data": {"seq_len": seq_len},
-        "training": {"device": DEVICE, "engine": args.engine, "precision": "bf16",
+        "training": {"device": DEVICE, "engine": args.engine, "kernels": args.kernels,
+                     "precision": "bf16",
                      "zero_stage": args.zero_stage, "activation_checkpointing": True,
                      "sequence_parallel": world, "nproc": world, "micro_batch_size": 1,
                      "global_batch_size": 1, "steps": args.steps,
@@ -103,6 +105,7 @@ def load(cfg, device: str = "cpu"):
     memory slope), so on-device models are built only when their turn comes."""
     with init_context(cfg, device):
         model = load_model(cfg.model, seq_len=cfg.data.seq_len, dtype="bfloat16", device=device)
+    use_kernels(model, cfg.training.kernels)
     model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     apply_memory_options(model, cfg.training.memory)
     return model.train()
@@ -146,11 +149,12 @@ def measure(engine, par, variant: str, seq_len: int, rank: int, args, cfg) -> di
     opts = MM.Options(gpus=par.world, sp=par.sp, tiled_mlp=mem.tiled_mlp,
                       tiled_loss=mem.tiled_loss, offload_optimizer=mem.offload_optimizer,
                       offload_checkpoints=mem.offload_checkpoints,
-                      keep_activations=mem.keep_activations)  # fmt: skip
+                      keep_activations=mem.keep_activations,
+                      kernels=cfg.training.kernels)  # fmt: skip
     predicted = MM.summary(MM.predict(MM.Shape.from_hf(text), seq_len, opts))
     return {
         "layers": text.num_hidden_layers, "sp": par.sp, "seq_len": seq_len, "variant": variant,
-        "engine": par.engine, "zero_stage": par.zero_stage, "step_time_s": round(dt, 4),
+        "engine": par.engine, "kernels": cfg.training.kernels, "zero_stage": par.zero_stage, "step_time_s": round(dt, 4),
         "tokens_per_s": round(seq_len / dt, 1),
         "tokens_per_s_per_gpu": round(seq_len / dt / par.world, 1),
         "tflops_per_gpu": round(per_gpu / 1e12, 1),
@@ -277,6 +281,9 @@ def main() -> int:
     p.add_argument("--layers", type=int, nargs="+", default=[4])
     p.add_argument("--kv-heads", type=int, default=32, help="32: Llama-2-7B (MHA).")
     p.add_argument("--engine", default="auto")
+    p.add_argument("--kernels", default="torch", choices=["torch", "liger"],
+                   help="training.kernels: RMSNorm and SwiGLU as transformers' modules or "
+                   "Liger-Kernel's fused kernels.")  # fmt: skip
     p.add_argument("--zero-stage", type=int, default=3)
     p.add_argument("--steps", type=int, default=3, help="Timed steps (median reported).")
     p.add_argument("--warmup", type=int, default=2, help="Untimed steps (compilation).")

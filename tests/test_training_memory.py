@@ -290,6 +290,17 @@ def test_memory_model_counts_kept_layers():
     )
 
 
+def test_memory_model_counts_fused_kernels():
+    """training.kernels=liger: no fp32 RMSNorm copies (4 [t, H]) and no act(gate) ([t, I]) in
+    a layer's working set or a kept layer."""
+    s, t = MM.LLAMA2_7B, 131_072
+    torch_ = MM.predict(s, t, MM.Options(keep_activations=2))
+    liger = MM.predict(s, t, MM.Options(keep_activations=2, kernels="liger"))
+    fewer = (4 * t * s.hidden + t * s.intermediate) * MM.BF16
+    assert torch_["layer_working_set"] - liger["layer_working_set"] == fewer
+    assert torch_["kept_activations"] - liger["kept_activations"] == 2 * fewer
+
+
 def test_max_seq_len_is_the_boundary():
     m = MM.MACHINES[1]  # 1×H200
     opt = MM.Options(tiled_mlp=True, tiled_loss=True, offload_optimizer=True)
@@ -323,3 +334,55 @@ def test_training_loop_with_tiling_matches_the_plain_loop(tiny_config, packed_de
     for plain, tiled in zip(rows["plain"], rows["tiled"], strict=True):
         assert tiled["loss"] == pytest.approx(plain["loss"], rel=RTOL)
         assert tiled["grad_norm"] == pytest.approx(plain["grad_norm"], rel=RTOL)
+
+
+def test_kernels_option_is_validated_and_liger_is_optional(monkeypatch):
+    """training.kernels: torch changes nothing; liger without Liger-Kernel installed is one
+    error naming the key and the package (the CPU lock does not carry it)."""
+    import builtins
+
+    from anchorctx.training.kernels import use_kernels
+
+    base = {"name": "m", "model": {"path": "/nonexistent"}}
+    assert config_from_dict(base).training.kernels == "torch"
+    with pytest.raises(ConfigError, match="kernels"):
+        config_from_dict({**base, "training": {"kernels": "fused"}})
+    model = _model()
+    before = [type(m) for m in model.modules()]
+    assert use_kernels(model, "torch") == 0 and [type(m) for m in model.modules()] == before
+    real_import = builtins.__import__
+
+    def no_liger(name, *args, **kwargs):
+        if name.startswith("liger_kernel"):
+            raise ImportError(f"No module named {name!r}")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_liger)
+    with pytest.raises(TrainingError, match=r"training.kernels=liger needs Liger-Kernel.*pip"):
+        use_kernels(model, "liger")
+
+
+@pytest.mark.gpu
+def test_liger_kernels_give_the_plain_loss_and_gradients():
+    """training.kernels=liger on a GPU: every RMSNorm and SwiGLU fused, the same weights, and
+    the plain model's loss and gradients within the GPU tolerance (fp32: the fused kernels
+    keep the same fp32 arithmetic, in another order); with the tiled MLP too."""
+    pytest.importorskip("liger_kernel")
+    from anchorctx.training.engine import init_distributed, shutdown_distributed
+    from anchorctx.training.kernels import use_kernels
+
+    init_distributed("cuda")  # the tiled MLP agrees its tile count over the process group
+    try:
+        mb = _micro_batch("cuda")
+        ref = _loss_and_grads(_model(device="cuda"), mb, tiled_loss=False)
+        model = _model(device="cuda")
+        weight = model.model.norm.weight
+        assert use_kernels(model, "liger") == 1 + 2 * 3  # final norm; per layer 2 norms, MLP
+        assert type(model.model.norm).__name__ == "LigerRMSNorm"
+        assert model.model.norm.weight is weight
+        assert type(model.model.layers[0].mlp).__name__ == "LigerLlamaMLP"
+        _assert_same(_loss_and_grads(model, mb, tiled_loss=False), ref, GPU_RTOL, GPU_ATOL)
+        tiling.enable_tiled_mlp(model)
+        _assert_same(_loss_and_grads(model, mb, tiled_loss=False), ref, GPU_RTOL, GPU_ATOL)
+    finally:
+        shutdown_distributed()

@@ -50,6 +50,7 @@ from anchorctx.training.engine import (
     register_sequence_parallel,
     shutdown_distributed,
 )
+from anchorctx.training.kernels import use_kernels
 from anchorctx.training.nodes import check_shared_run_dir
 from anchorctx.training.plan import (
     Parallelism,
@@ -214,6 +215,7 @@ def _build(cfg, par: Parallelism, pre: Preflight, device: str):
     with init_context(cfg, device):
         model = load_model(cfg.model, seq_len=cfg.data.seq_len, dtype=dtype, device=device,
                            tokenizer=pre.tokenizer)  # fmt: skip
+    use_kernels(model, cfg.training.kernels)
     if cfg.training.activation_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     apply_memory_options(model, cfg.training.memory)

@@ -53,6 +53,11 @@ MLP_UNITS = 6  # [t, I] tensors: gate, up, act(gate), product, two gradients
 # ([t, H]: 11), k, v and rotated k ([t, Hkv]), and gate, up, act(gate), product ([t, I]).
 KEPT_UNITS = 11
 KEPT_MLP_UNITS = 4
+# training.kernels=liger: the fused RMSNorm keeps no fp32 copies (4 [t, H] units of two norms
+# fewer, in a layer's working set and in a kept layer) and the fused SwiGLU no act(gate) (one
+# [t, I] unit fewer).
+FUSED_NORM_UNITS = 4
+FUSED_MLP_UNITS = 1
 # Fitted, not counted: the one-H200 measurement (7B shape, 256K tokens, tiled MLP and loss,
 # optimizer offload; 2026-11-23) peaked at 121.7 GiB against 112.7 GiB counted; the 9 GiB
 # difference is charged to the one term that scales with t there, as 4.5 more [t, H] tensors.
@@ -114,6 +119,7 @@ class Options:
     offload_optimizer: bool = False
     offload_checkpoints: bool = False
     keep_activations: int = 0  # last layers not checkpointed
+    kernels: str = "torch"  # training.kernels
 
 
 def predict(shape: Shape, seq_len: int, opt: Options) -> dict[str, float]:
@@ -130,17 +136,20 @@ def predict(shape: Shape, seq_len: int, opt: Options) -> dict[str, float]:
     grads = 2 * p / n
     kept = min(opt.keep_activations, shape.layers)
     ckpt = (shape.layers - kept) * t * h * BF16
-    kept_bytes = kept * (KEPT_UNITS * t * h + KV_UNITS * t * shape.kv_width
-                         + KEPT_MLP_UNITS * t * shape.intermediate) * BF16  # fmt: skip
+    fused_norm, fused_mlp = (
+        (FUSED_NORM_UNITS, FUSED_MLP_UNITS) if opt.kernels == "liger" else (0, 0)
+    )
+    kept_bytes = kept * ((KEPT_UNITS - fused_norm) * t * h + KV_UNITS * t * shape.kv_width
+                         + (KEPT_MLP_UNITS - fused_mlp) * t * shape.intermediate) * BF16  # fmt: skip
     if opt.tiled_loss:
         tile_tokens = min(t, LOSS_TILE_BYTES / (4 * shape.vocab))
         logits = tile_tokens * shape.vocab * LOGIT_BYTES + 2 * t * h * BF16
     else:
         logits = t * shape.vocab * LOGIT_BYTES
-    attn_units = ATTN_UNITS + FITTED_UNITS + (ULYSSES_UNITS if opt.sp > 1 else 0)
+    attn_units = ATTN_UNITS - fused_norm + FITTED_UNITS + (ULYSSES_UNITS if opt.sp > 1 else 0)
     mlp_tokens = t / mlp_tiles(int(t), h) if opt.tiled_mlp else t
     layer = (attn_units * t * h + KV_UNITS * t * shape.kv_width) * BF16
-    layer += MLP_UNITS * mlp_tokens * shape.intermediate * BF16
+    layer += (MLP_UNITS - fused_mlp) * mlp_tokens * shape.intermediate * BF16
     out = {
         "parameters": 2 * p / n + gathered,
         "gradients": REDUCE_BUCKET + (0 if opt.offload_optimizer else grads),

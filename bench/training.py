@@ -146,15 +146,12 @@ def measure(engine, par, variant: str, seq_len: int, rank: int, args, cfg) -> di
     peak = M.peak_tflops(DEVICE, "bf16", args.peak_tflops)
     per_gpu = flops / dt / par.world
     mem = cfg.training.memory
-    opts = MM.Options(gpus=par.world, sp=par.sp, tiled_mlp=mem.tiled_mlp,
-                      tiled_loss=mem.tiled_loss, offload_optimizer=mem.offload_optimizer,
-                      offload_checkpoints=mem.offload_checkpoints,
-                      keep_activations=mem.keep_activations,
-                      kernels=cfg.training.kernels)  # fmt: skip
+    opts = MM.Options.of_run(cfg.training, par.world, par.sp)
     predicted = MM.summary(MM.predict(MM.Shape.from_hf(text), seq_len, opts))
     return {
         "layers": text.num_hidden_layers, "sp": par.sp, "seq_len": seq_len, "variant": variant,
-        "engine": par.engine, "kernels": cfg.training.kernels, "zero_stage": par.zero_stage, "step_time_s": round(dt, 4),
+        "engine": par.engine, "kernels": cfg.training.kernels, "zero_stage": par.zero_stage,
+        "step_time_s": round(dt, 4),
         "tokens_per_s": round(seq_len / dt, 1),
         "tokens_per_s_per_gpu": round(seq_len / dt / par.world, 1),
         "tflops_per_gpu": round(per_gpu / 1e12, 1),
@@ -162,7 +159,7 @@ def measure(engine, par, variant: str, seq_len: int, rank: int, args, cfg) -> di
         "peak_mem_gib": round(M.peak_memory_gib(DEVICE), 2),
         "predicted_peak_gib": predicted["peak"], "predicted": predicted,
         "host_max_rss_gib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 1),
-        "memory": {k: getattr(mem, k) for k in (*MEMORY_FLAGS, "keep_activations")},
+        "memory": mem.model_dump(),
         "step_times_s": [round(t, 4) for t in times],
         "last_loss": round(stats.loss, 4),  # a real step: finite, ≈ ln(vocab) on random tokens
     }  # fmt: skip

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -36,16 +37,15 @@ def evaluate_task(cfg: ExperimentConfig, checkpoint: str, suite: str, force: boo
 # Never cached: it fills this process' in-memory sample cache, which a cache hit would not.
 @task(name="prefetch-ruler-samples", cache_policy=NO_CACHE, persist_result=False)
 def prefetch_ruler_task(cfg: ExperimentConfig, tokenizer_cfg: ExperimentConfig,
-                        stop: Any = None) -> int:  # fmt: skip
+                        stop: threading.Event) -> int:  # fmt: skip
     """Generate ``cfg``'s RULER samples, tokenised by ``tokenizer_cfg``'s tokenizer, into the
     flow process' sample cache while the GPU trains (the evaluations later in this process
-    reuse them); returns how many. ``stop``: a ``threading.Event`` that ends it early."""
+    reuse them); returns how many. ``stop``, once set, ends it between cells."""
     # Imported here: the RULER runner pulls in transformers, which light flows never need.
     from anchorctx.evaluation.ruler.runner import prefetch_samples
     from anchorctx.models.loading import load_tokenizer
 
-    return prefetch_samples(cfg, load_tokenizer(tokenizer_cfg.model),
-                            should_stop=stop.is_set if stop is not None else lambda: False)  # fmt: skip
+    return prefetch_samples(cfg, load_tokenizer(tokenizer_cfg.model), should_stop=stop.is_set)
 
 
 @task(name="summarize-run")

@@ -198,14 +198,16 @@ def _train(cfg, par: Parallelism, rank, local_rank, resume, data_dir, prepared) 
 
 
 def startup_line(engine_s: float) -> str:
-    """How long this process took to reach its first step, and how much of it the model and
-    DeepSpeed engine took (the rest: interpreter, imports, checks, data, process group)."""
+    """How long this process took to reach its first step, and how much of it the model,
+    DeepSpeed engine and resume state took (the rest: interpreter, imports, checks, data,
+    process group)."""
     import psutil  # DeepSpeed's own dependency: there wherever training runs
 
     since = time.time() - psutil.Process().create_time()
     return (
         f"ready for the first step {since:.1f} s after the process started (model and "
-        f"DeepSpeed engine {engine_s:.1f} s; the rest: imports, checks, data, process group)"
+        f"DeepSpeed engine {engine_s:.1f} s, with any resume state; the rest: imports, checks, "
+        "data, process group)"
     )
 
 

@@ -121,6 +121,14 @@ class Options:
     keep_activations: int = 0  # last layers not checkpointed
     kernels: str = "torch"  # training.kernels
 
+    @classmethod
+    def of_run(cls, training, gpus: int, sp: int) -> Options:
+        """The options of a run's ``training`` section on ``gpus`` ranks with SP ``sp``."""
+        m = training.memory
+        return cls(gpus=gpus, sp=sp, tiled_mlp=m.tiled_mlp, tiled_loss=m.tiled_loss,
+                   offload_optimizer=m.offload_optimizer, offload_checkpoints=m.offload_checkpoints,
+                   keep_activations=m.keep_activations, kernels=training.kernels)  # fmt: skip
+
 
 def predict(shape: Shape, seq_len: int, opt: Options) -> dict[str, float]:
     """Bytes per GPU of each component at ``seq_len`` tokens per row (one row per step), the

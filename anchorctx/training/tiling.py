@@ -132,11 +132,11 @@ def keep_activations(model, count: int) -> None:
     forward activations for backward (transformers checkpoints per layer, by each layer's
     ``gradient_checkpointing`` flag). The last layers are the first that backward reaches, so
     their activations are also the first freed."""
-    layers = model.get_decoder().layers
+    layers = decoder_layers(model)
     if count > len(layers):
         raise TrainingError(f"training.memory.keep_activations={count} exceeds the model's "
                             f"{len(layers)} decoder layers")  # fmt: skip
-    for layer in list(layers)[len(layers) - count :]:
+    for layer in layers[len(layers) - count :]:
         layer.gradient_checkpointing = False
 
 

@@ -22,8 +22,9 @@ from collections.abc import Callable
 from typing import NamedTuple
 
 from anchorctx.analysis import commands as analysis_commands
-from anchorctx.config import ConfigError, load_config
+from anchorctx.config import ConfigError
 from anchorctx.evaluation import commands as evaluation_commands
+from anchorctx.experiment import load_config
 from anchorctx.flows import commands as flows_commands
 from anchorctx.packing import commands as packing_commands
 from anchorctx.training import commands as training_commands
@@ -49,32 +50,71 @@ def show_config(args: argparse.Namespace) -> int:
 
 
 COMMANDS: dict[str, Command] = {
-    "config": Command(show_config, show_config_arguments,
-                      "Validate a config and print it resolved.", True),
-    "demo-corpus": Command(packing_commands.demo_corpus, packing_commands.demo_corpus_arguments,
-                           "Write the seeded synthetic corpus and its tokenizer.", False),
-    "prepare-data": Command(packing_commands.prepare_data, packing_commands.prepare_data_arguments,
-                            "Sample, tokenise and pack the corpus into a packed dataset.", True),
-    "train": Command(training_commands.train, training_commands.train_arguments,
-                     "Train one variant (in-process, or launching torchrun for several ranks).", True),
-    "evaluate": Command(evaluation_commands.evaluate, evaluation_commands.evaluate_arguments,
-                        "Evaluate checkpoints: RULER, LongBench, MMLU, HellaSwag.", True),
-    "average-weights": Command(evaluation_commands.average_weights,
-                               evaluation_commands.average_weights_arguments,
-                               "Write a weight-averaged checkpoint of the last k checkpoints.", True),
-    "report": Command(evaluation_commands.report, evaluation_commands.report_arguments,
-                      "Average the last k checkpoints and write the experiment report.", True),
-    "rope-precision": Command(analysis_commands.rope_precision,
-                              analysis_commands.rope_precision_arguments,
-                              "The BF16 RoPE precision study (paper Section 2).", True),
-    "serve": Command(flows_commands.serve, flows_commands.serve_arguments,
-                     "Serve all Prefect deployments against the configured Prefect API.", False),
-    "run": Command(flows_commands.run, flows_commands.run_arguments,
-                   "Run a deployment (full-experiment/demo by default), optionally one arm, stage "
-                   "or suite, and follow its progress in the terminal.", False),
-    "eval-worker": Command(flows_commands.eval_worker, flows_commands.eval_worker_arguments,
-                           "Run one evaluation worker (one GPU slot) of a Prefect work pool.", False),
-}  # fmt: skip
+    "config": Command(
+        show_config, show_config_arguments, "Validate a config and print it resolved.", True
+    ),
+    "demo-corpus": Command(
+        packing_commands.demo_corpus,
+        packing_commands.demo_corpus_arguments,
+        "Write the seeded synthetic corpus and its tokenizer.",
+        False,
+    ),
+    "prepare-data": Command(
+        packing_commands.prepare_data,
+        packing_commands.prepare_data_arguments,
+        "Sample, tokenise and pack the corpus into a packed dataset.",
+        True,
+    ),
+    "train": Command(
+        training_commands.train,
+        training_commands.train_arguments,
+        "Train one variant (in-process, or launching torchrun for several ranks).",
+        True,
+    ),
+    "evaluate": Command(
+        evaluation_commands.evaluate,
+        evaluation_commands.evaluate_arguments,
+        "Evaluate checkpoints: RULER, LongBench, MMLU, HellaSwag.",
+        True,
+    ),
+    "average-weights": Command(
+        evaluation_commands.average_weights,
+        evaluation_commands.average_weights_arguments,
+        "Write a weight-averaged checkpoint of the last k checkpoints.",
+        True,
+    ),
+    "report": Command(
+        evaluation_commands.report,
+        evaluation_commands.report_arguments,
+        "Average the last k checkpoints and write the experiment report.",
+        True,
+    ),
+    "rope-precision": Command(
+        analysis_commands.rope_precision,
+        analysis_commands.rope_precision_arguments,
+        "The BF16 RoPE precision study (paper Section 2).",
+        True,
+    ),
+    "serve": Command(
+        flows_commands.serve,
+        flows_commands.serve_arguments,
+        "Serve all Prefect deployments against the configured Prefect API.",
+        False,
+    ),
+    "run": Command(
+        flows_commands.run,
+        flows_commands.run_arguments,
+        "Run a deployment (full-experiment/demo by default), optionally one arm, stage "
+        "or suite, and follow its progress in the terminal.",
+        False,
+    ),
+    "eval-worker": Command(
+        flows_commands.eval_worker,
+        flows_commands.eval_worker_arguments,
+        "Run one evaluation worker (one GPU slot) of a Prefect work pool.",
+        False,
+    ),
+}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -84,17 +124,22 @@ def build_parser() -> argparse.ArgumentParser:
         "training, evaluation and reports. Each command takes an experiment config "
         "(configs/*.yaml) and dotted overrides: --set training.steps=10.",
     )
-    parser.add_argument("--debug", action="store_true",
-                        help="Print the full traceback of an error.")  # fmt: skip
+    parser.add_argument(
+        "--debug", action="store_true", help="Print the full traceback of an error."
+    )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name, cmd in COMMANDS.items():
         p = sub.add_parser(name, help=cmd.help, description=cmd.help)
         if cmd.takes_config:
             p.add_argument("config", metavar="CONFIG", help="Experiment config YAML.")
             p.add_argument(
-                "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                "--set",
+                dest="overrides",
+                action="append",
+                default=[],
+                metavar="KEY=VALUE",
                 help="Override a config value, e.g. --set training.steps=20 (repeatable).",
-            )  # fmt: skip
+            )
         cmd.arguments(p)
     return parser
 

@@ -1,11 +1,14 @@
 """Atomic file and directory writes, content hashes, JSON lines, and the one-writer lock.
 
-Everything a run leaves behind (configs, manifests, results, checkpoints) is written to a
-temporary name in the same directory and renamed into place: a reader never sees half a file,
-and an interrupted run leaves either the old version or the new one. Temporary files and
-directories are created private (``mkstemp``/``mkdtemp`` use 0600/0700) and given the modes the
-user's umask asks for just before the rename, so results on a shared cluster are as readable as
-any other file the user writes.
+Everything a run leaves behind (configs, manifests, results, reports, plots, checkpoints) is
+written to a temporary name in the same directory and renamed into place: a reader never sees
+half a file, and an interrupted run leaves either the old version or the new one. Files go
+through the one :func:`atomic_write_bytes` (text and JSON are built on it; figures are rendered
+to bytes first), whole directories such as checkpoints through :func:`atomic_directory`.
+Temporary files and directories are created private (``mkstemp``/``mkdtemp`` use 0600/0700) and
+given the modes the user's umask asks for just before the rename, so results on a shared cluster
+are as readable as any other file the user writes. :func:`move_aside` renames an earlier output
+out of the way without ever overwriting another.
 
 :class:`WriterLock` makes sure only one process writes a run directory, a packed dataset or an
 evaluation output at a time (see its docstring for the guarantees and the NFS caveats).
@@ -18,6 +21,7 @@ import errno
 import fcntl
 import hashlib
 import json
+import locale
 import os
 import shutil
 import socket
@@ -53,14 +57,19 @@ def dir_mode() -> int:
     return 0o777 & ~current_umask()
 
 
-def atomic_write_text(path: str | Path, text: str) -> Path:
+def atomic_write_bytes(path: str | Path, data: bytes) -> Path:
+    """Write ``data`` to ``path`` atomically: the one implementation every writer uses.
+
+    A private temporary file beside ``path`` gets the bytes, is flushed to disk, is given the
+    mode the umask asks for and is renamed into place; on any failure it is removed and
+    ``path`` keeps its earlier content. Parent directories are created."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
-        os.fchmod(fd, file_mode())  # mkstemp makes it 0600 whatever the umask says
-        with os.fdopen(fd, "w") as fh:
-            fh.write(text)
+        with os.fdopen(fd, "wb") as fh:
+            os.fchmod(fh.fileno(), file_mode())  # mkstemp makes it 0600 whatever the umask says
+            fh.write(data)
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, path)
@@ -69,6 +78,12 @@ def atomic_write_text(path: str | Path, text: str) -> Path:
             os.unlink(tmp)
         raise
     return path
+
+
+def atomic_write_text(path: str | Path, text: str) -> Path:
+    """:func:`atomic_write_bytes` of ``text``, encoded as ``open`` would (the locale's
+    preferred encoding; UTF-8 in UTF-8 mode), so :func:`read_json` and ``read_text`` read it."""
+    return atomic_write_bytes(path, text.encode(locale.getpreferredencoding(False)))
 
 
 def atomic_write_json(path: str | Path, obj: Any) -> Path:
@@ -120,6 +135,50 @@ def _apply_umask(root: Path) -> None:
 def _widen(path: Path, allowed: int, mask: int) -> None:
     if not path.is_symlink():
         os.chmod(path, ((path.stat().st_mode & 0o777) | allowed) & ~mask)
+
+
+def move_aside(
+    path: str | Path, label: str = "old", *, source: str | Path | None = None
+) -> Path | None:
+    """Rename ``source`` (default: ``path`` itself) out of the way, to
+    ``<path>.<label>-<YYYYmmdd-HHMMSS>`` beside ``path``; never deletes or overwrites anything.
+    Returns the new name, or None when there is nothing to move.
+
+    A name already taken (two moves within one second, a leftover directory or file) gets a
+    counter, ``-1``, ``-2``, ... The name is reserved atomically before the move, so one that
+    appears between a check and the rename is never replaced: a directory is renamed onto an
+    empty directory reserved with ``mkdir`` (one atomic rename); a file is hard-linked to the
+    new name (which fails when it exists) and its old name then removed."""
+    path = Path(path)
+    source = Path(source) if source is not None else path
+    if not source.exists():
+        return None
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    base = f"{path.name}.{label}-{stamp}"
+    n = 0
+    while True:
+        target = path.with_name(base if n == 0 else f"{base}-{n}")
+        try:
+            _rename_no_replace(source, target)
+        except FileExistsError:
+            n += 1
+            continue
+        return target
+
+
+def _rename_no_replace(source: Path, target: Path) -> None:
+    """Rename ``source`` to ``target``; FileExistsError when ``target`` exists."""
+    if source.is_dir() and not source.is_symlink():
+        os.mkdir(target)  # the reservation: fails when the name is taken
+        try:
+            os.rename(source, target)  # a directory replaces an empty directory atomically
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.rmdir(target)
+            raise
+    else:
+        os.link(source, target, follow_symlinks=False)
+        os.unlink(source)
 
 
 def append_jsonl(path: str | Path, row: dict[str, Any]) -> None:
@@ -226,9 +285,12 @@ class WriterLock:
                 f"cannot lock {self.path} ({os.strerror(err.errno)}): the filesystem does not "
                 "support flock here (NFS needs lockd, Lustre the flock mount option)"
             ) from None
-        info = {"pid": os.getpid(), "host": socket.gethostname(),
-                "since": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                "command": " ".join(sys.argv)[:300]}  # fmt: skip
+        info = {
+            "pid": os.getpid(),
+            "host": socket.gethostname(),
+            "since": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "command": " ".join(sys.argv)[:300],
+        }
         os.ftruncate(fd, 0)
         os.pwrite(fd, (json.dumps(info) + "\n").encode(), 0)
         self.fd = fd

@@ -17,9 +17,18 @@ from typing import Any
 import anchorctx
 
 PACKAGES = (
-    "anchorctx", "torch", "transformers", "datasets", "tokenizers", "deepspeed", "flash-attn",
-    "prefect", "lm-eval", "pydantic", "numpy",
-)  # fmt: skip
+    "anchorctx",
+    "torch",
+    "transformers",
+    "datasets",
+    "tokenizers",
+    "deepspeed",
+    "flash-attn",
+    "prefect",
+    "lm-eval",
+    "pydantic",
+    "numpy",
+)
 
 
 # Source files whose edits can change what anchorctx produces (data, tokenizers, configs).
@@ -71,8 +80,11 @@ def git_revision(cwd: str | Path | None = None) -> dict[str, Any]:
         )
         dirty = subprocess.run(
             ["git", "status", "--porcelain", "--untracked-files=no"],
-            cwd=cwd, capture_output=True, text=True, timeout=10,
-        )  # fmt: skip
+            cwd=cwd,
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
     except (OSError, subprocess.SubprocessError):
         return {"commit": None, "dirty": None}
     if rev.returncode != 0:
@@ -102,10 +114,12 @@ def gpu_info() -> list[dict[str, Any]]:
     if not torch.cuda.is_available():
         return []
     return [
-        {"name": torch.cuda.get_device_name(i),
-         "memory_gib": round(torch.cuda.get_device_properties(i).total_memory / 2**30, 1)}
+        {
+            "name": torch.cuda.get_device_name(i),
+            "memory_gib": round(torch.cuda.get_device_properties(i).total_memory / 2**30, 1),
+        }
         for i in range(torch.cuda.device_count())
-    ]  # fmt: skip
+    ]
 
 
 def base_manifest(**extra: Any) -> dict[str, Any]:
@@ -116,8 +130,11 @@ def base_manifest(**extra: Any) -> dict[str, Any]:
         "packages": package_versions(),
         "lock": lock_file_hash(),
         "python": sys.version.split()[0],
-        "host": {"name": socket.gethostname(), "platform": platform.platform(),
-                 "cpus": os.cpu_count()},
+        "host": {
+            "name": socket.gethostname(),
+            "platform": platform.platform(),
+            "cpus": os.cpu_count(),
+        },
         "gpus": gpu_info(),
         **extra,
-    }  # fmt: skip
+    }

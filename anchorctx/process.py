@@ -118,15 +118,24 @@ def run_process_group(
     is killed before it propagates."""
     full_env = {**os.environ, **(env or {}), "PYTHONUNBUFFERED": "1"}
     in_main = threading.current_thread() is threading.main_thread()
-    piped = {"stdout": subprocess.PIPE, "stderr": subprocess.STDOUT, "stdin": subprocess.DEVNULL,
-             "text": True, "bufsize": 1, "errors": "replace"}  # fmt: skip
+    piped = {
+        "stdout": subprocess.PIPE,
+        "stderr": subprocess.STDOUT,
+        "stdin": subprocess.DEVNULL,
+        "text": True,
+        "bufsize": 1,
+        "errors": "replace",
+    }
     proc = subprocess.Popen(
-        list(cmd), cwd=cwd, env=full_env, start_new_session=True,
+        list(cmd),
+        cwd=cwd,
+        env=full_env,
+        start_new_session=True,
         pass_fds=tuple(fd for fd in pass_fds if fd is not None),
         # PDEATHSIG follows the forking *thread*; only arm it where that thread outlives the child.
         preexec_fn=_die_with_parent if in_main else None,
         **(piped if on_line is not None else {}),
-    )  # fmt: skip
+    )
     if on_start is not None:
         on_start(proc.pid)
     lines: queue.Queue = queue.Queue()

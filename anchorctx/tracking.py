@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from anchorctx.config import ExperimentConfig
+    from anchorctx.experiment import ExperimentConfig
 
 log = logging.getLogger(__name__)
 
@@ -63,8 +63,10 @@ def run_tags(cfg: ExperimentConfig, stage: str) -> dict[str, str]:
     """Key/value tags (MLflow); W&B and TensorBoard get them as ``key:value`` strings."""
     tags = {"anchorctx.experiment": cfg.name, "anchorctx.stage": stage}
     if stage != "report":
-        tags |= {"anchorctx.variant": cfg.variant_name,
-                 "anchorctx.attention": cfg.training.attention}  # fmt: skip
+        tags |= {
+            "anchorctx.variant": cfg.variant_name,
+            "anchorctx.attention": cfg.training.attention,
+        }
     tags["anchorctx.config_hash"] = cfg.fingerprint()
     return tags | {t: "true" for t in cfg.tracking.tags}
 
@@ -153,8 +155,9 @@ class _Mlflow:
                 experiment_id = self.client.get_experiment_by_name(name).experiment_id
         else:
             experiment_id = experiment.experiment_id
-        run = self.client.create_run(experiment_id, run_name=run_name(cfg, stage),
-                                     tags=run_tags(cfg, stage))  # fmt: skip
+        run = self.client.create_run(
+            experiment_id, run_name=run_name(cfg, stage), tags=run_tags(cfg, stage)
+        )
         self.run_id = run.info.run_id
         self.uri = uri
         # MLflow params are strings of at most 6000 characters; the full YAML goes in as text.
@@ -196,16 +199,23 @@ class _Wandb:
         folder.mkdir(parents=True, exist_ok=True)
         self.wandb = wandb
         self.run = wandb.init(
-            project=opts.project or cfg.name, entity=opts.entity, name=run_name(cfg, stage),
+            project=opts.project or cfg.name,
+            entity=opts.entity,
+            name=run_name(cfg, stage),
             group=cfg.name if stage == "report" else f"{cfg.name}-{cfg.variant_name}",
-            job_type=stage, tags=[f"{k.removeprefix('anchorctx.')}:{v}" if v != "true" else k
-                                  for k, v in run_tags(cfg, stage).items()][:64],
-            config=cfg.model_dump(mode="json"), dir=str(folder), mode=mode,
+            job_type=stage,
+            tags=[
+                f"{k.removeprefix('anchorctx.')}:{v}" if v != "true" else k
+                for k, v in run_tags(cfg, stage).items()
+            ][:64],
+            config=cfg.model_dump(mode="json"),
+            dir=str(folder),
+            mode=mode,
             reinit="create_new",
             # console capture would wrap this process's stdout (the training log, which the
             # Prefect task streams); system stats start a sampler process per run.
             settings=wandb.Settings(console="off", silent=True, x_disable_stats=True),
-        )  # fmt: skip
+        )
 
     def metrics(self, values: dict[str, float], step: int | None) -> None:
         self.run.log(values, step=step)
@@ -233,9 +243,13 @@ class Tracker:
     passes ``<experiment_dir>/tensorboard``). W&B uses its parent folder."""
 
     def __init__(
-        self, cfg: ExperimentConfig, stage: str, *, enabled: bool = True,
+        self,
+        cfg: ExperimentConfig,
+        stage: str,
+        *,
+        enabled: bool = True,
         log_dir: Path | None = None,
-    ) -> None:  # fmt: skip
+    ) -> None:
         self.backends: list[Any] = []
         if not enabled or not cfg.tracking.backends:
             return

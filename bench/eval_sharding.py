@@ -22,8 +22,8 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
-from anchorctx.config import config_from_dict
 from anchorctx.evaluation import results, sharding
+from anchorctx.experiment import config_from_dict
 from anchorctx.io import atomic_write_json, read_jsonl
 
 

@@ -12,7 +12,7 @@ largest answer budget). Per length:
   budget gives for that length (the same rule generation uses: 60% of free memory for the KV cache,
   at most ``--max-rows`` rows);
 - ``--step``: the static engine's decode-step layers (``decoding.DECODE_STEPS``: "hf" = the
-  checkpoint's modules, "fused" = :mod:`anchorctx.models.fused_step`); the first one listed fills
+  checkpoint's modules, "fused" = :mod:`anchorctx.models.decoder`); the first one listed fills
   the main table, every further one gets its batch-1 decode timed on the same prompt (a second
   table: ms/token, HBM floor, token agreement with the first);
 - token agreement: greedy tokens of both engines on the same prompt (bf16 rounding differs

@@ -22,7 +22,7 @@ from pathlib import Path
 
 
 def _cfg(corpus: Path, tokenizer: Path, workers: int, run_root: Path):
-    from anchorctx.config import config_from_dict
+    from anchorctx.experiment import config_from_dict
 
     return config_from_dict({
         "name": "bench", "run_root": str(run_root),

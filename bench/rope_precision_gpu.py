@@ -86,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from anchorctx.analysis.rope_precision import write_study
-    from anchorctx.config import RopePrecisionConfig
+    from anchorctx.analysis.settings import RopePrecisionConfig
 
     spec = RopePrecisionConfig(seq_len=args.seq_len, lengths=args.lengths, precisions=args.modes,
                                num_sequences=args.num_sequences, device=args.device)  # fmt: skip

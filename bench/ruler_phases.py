@@ -28,9 +28,9 @@ from pathlib import Path
 
 import torch
 
-from anchorctx.config import load_config
 from anchorctx.evaluation import generation
 from anchorctx.evaluation.ruler import runner
+from anchorctx.experiment import load_config
 from anchorctx.models import decoding
 from anchorctx.models.loading import load_model, load_tokenizer
 

@@ -31,8 +31,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from anchorctx.attention import build_layout  # noqa: E402
 from anchorctx.attention.hf import model_inputs  # noqa: E402
-from anchorctx.config import config_from_dict  # noqa: E402
 from anchorctx.demo.synthetic import SMOKE, VOCAB, WIDTH_7B, synthetic_row  # noqa: E402
+from anchorctx.experiment import config_from_dict  # noqa: E402
 from anchorctx.models.loading import load_model  # noqa: E402
 from anchorctx.training.data import shard_rows  # noqa: E402
 from anchorctx.training.engine import (  # noqa: E402

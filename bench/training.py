@@ -49,8 +49,8 @@ import torch  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from anchorctx.config import config_from_dict  # noqa: E402
 from anchorctx.demo.synthetic import SMOKE, VOCAB, WIDTH_7B, synthetic_row  # noqa: E402
+from anchorctx.experiment import config_from_dict  # noqa: E402
 from anchorctx.models.loading import load_model  # noqa: E402
 from anchorctx.training import memory as MM  # noqa: E402
 from anchorctx.training import metrics as M  # noqa: E402
@@ -65,7 +65,7 @@ from anchorctx.training.engine import (  # noqa: E402
 from anchorctx.training.kernels import use_kernels  # noqa: E402
 from anchorctx.training.loss import count_targets  # noqa: E402
 from anchorctx.training.plan import plan_parallelism  # noqa: E402
-from anchorctx.training.step import train_step  # noqa: E402
+from anchorctx.training.step import loss_function, train_step  # noqa: E402
 from anchorctx.training.tiling import apply_memory_options, init_context  # noqa: E402
 
 DEVICE = "cuda"
@@ -124,7 +124,7 @@ def step_data(seq_len: int, variant: str, par, rank: int, seed: int) -> StepData
 def measure(engine, par, variant: str, seq_len: int, rank: int, args, cfg) -> dict:
     data = step_data(seq_len, variant, par, rank, seed=args.seed)
     scale = loss_scale(engine, par)
-    tiled = cfg.training.memory.tiled_loss
+    loss_fn = loss_function(cfg.training.memory.tiled_loss)
     sync = torch.cuda.synchronize if DEVICE == "cuda" else (lambda: None)
     if DEVICE == "cuda":
         torch.cuda.reset_peak_memory_stats()
@@ -132,7 +132,7 @@ def measure(engine, par, variant: str, seq_len: int, rank: int, args, cfg) -> di
     for i in range(args.warmup + args.steps):
         sync()
         t0 = time.perf_counter()
-        stats = train_step(engine, data, par.engine, scale, tiled)
+        stats = train_step(engine, data, par.engine, scale, loss_fn)
         sync()
         if i >= args.warmup:
             times.append(time.perf_counter() - t0)

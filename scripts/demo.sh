@@ -72,7 +72,7 @@ wait_for 120 "the full-experiment/demo deployment" deployment_ready
 say "running full-experiment/demo $*"
 "$ROOT/.venv/bin/anchorctx" run full-experiment/demo "$@"
 
-EXP_DIR=$("$PY" -c 'from anchorctx.config import load_config; print(load_config("configs/demo.yaml").experiment_dir)')
+EXP_DIR=$("$PY" -c 'from anchorctx.experiment import load_config; print(load_config("configs/demo.yaml").experiment_dir)')
 echo
 cat "$EXP_DIR/report.md"
 echo

@@ -21,6 +21,7 @@ fi
 # shellcheck disable=SC1091
 . .venv/bin/activate
 export PIP_DISABLE_PIP_VERSION_CHECK=1
+UV_VERSION=0.13.9
 if ! python -c "import torch" 2>/dev/null; then
   echo "[setup] installing ${TORCH_SPEC:-torch==2.13.0}"
   python -m pip install -q "${TORCH_SPEC:-torch==2.13.0}"
@@ -30,12 +31,22 @@ stamp=.venv/.anchorctx-installed
 want=$(cat "$LOCK" requirements/common.txt pyproject.toml | sha256sum | cut -c1-16)
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   echo "[setup] installing the locked dependencies ($LOCK)"
-  python -m pip install -q -r "$LOCK"
-  python -m pip install -q --no-deps -e .
+  # uv installs the same pinned files as pip in about half the time (it downloads and unpacks in
+  # parallel); pip stays the fallback when uv cannot be installed or fails. --system-certs: trust
+  # the certificates pip trusts (the platform's store), as behind a proxy with its own CA.
+  if python -m pip install -q "uv==$UV_VERSION" 2>/dev/null \
+      && uv pip install -q --system-certs --python "$(command -v python)" -r "$LOCK"; then
+    uv pip install -q --python "$(command -v python)" --no-deps -e .
+  else
+    echo "[setup] uv unavailable: installing with pip"
+    python -m pip install -q -r "$LOCK"
+    python -m pip install -q --no-deps -e .
+  fi
   python -m pip check >/dev/null || { python -m pip check; echo "[setup] the environment is inconsistent (above)" >&2; exit 1; }
   echo "$want" >"$stamp"
 fi
-if ! python -c 'from anchorctx.training.engine import ops_cache_dir, prebuild_ops
+if ! python -c 'from anchorctx.training.deepspeed_env import ops_cache_dir
+from anchorctx.training.engine import prebuild_ops
 t = prebuild_ops(); print("[setup] DeepSpeed ops ready in %s (%.0f s)" % (ops_cache_dir(), t))' >.venv/.ops.log 2>&1; then
   cat .venv/.ops.log >&2; echo "[setup] building DeepSpeed's CPU ops failed (above): CPU training will fail" >&2; exit 1
 fi

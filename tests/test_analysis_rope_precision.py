@@ -16,7 +16,9 @@ from anchorctx.analysis.rope_precision import (
     random_sequences,
     sequences_from_token_lists,
 )
-from anchorctx.config import ConfigError, RopePrecisionConfig, config_from_dict
+from anchorctx.analysis.settings import RopePrecisionConfig
+from anchorctx.config import ConfigError
+from anchorctx.experiment import config_from_dict
 
 T = 128
 SPEC = RopePrecisionConfig(

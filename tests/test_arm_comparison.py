@@ -11,7 +11,6 @@ import pytest
 
 from anchorctx.attention import VARIANTS
 from anchorctx.attention.layout import dense_mask
-from anchorctx.config import load_config
 from anchorctx.evaluation.arm_comparison import (
     COMPARISON_JSON,
     LOSS_PNG,
@@ -24,6 +23,7 @@ from anchorctx.evaluation.arm_comparison import (
 )
 from anchorctx.evaluation.averaging import summarize_run
 from anchorctx.evaluation.report import write_experiment_report
+from anchorctx.experiment import load_config
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -22,7 +22,7 @@ from test_attention_core import (
 )
 from test_attention_core import reference_attention as reference
 
-from anchorctx.attention import VARIANTS, attend, build_layout
+from anchorctx.attention import VARIANTS, attend, build_layout, engines
 from anchorctx.attention.engines import cost, merge
 from anchorctx.attention.engines.flex import build_block_mask
 
@@ -103,12 +103,14 @@ def test_cost_rule_ranks_engines_per_document_histogram():
     # The in-kernel anchor first on anchor rows, then the merge. Behind them the histogram
     # decides: on short documents varlen beats the anchor-mask flex kernel (its serial
     # backward chain), on long ones the chain is hidden and flex beats varlen.
-    assert cost.ranked(fixed) == ["triton", "flex_merge", "varlen", "flash_attn", "flex"]
-    assert cost.ranked(books) == ["triton", "flex_merge", "flex", "varlen", "flash_attn"]
+    assert engines.ranked(fixed) == ["triton", "flex_merge", "varlen", "flash_attn", "flex"]
+    assert engines.ranked(books) == ["triton", "flex_merge", "flex", "varlen", "flash_attn"]
     # On intra_doc rows triton and flex_merge cost what flex does: the tie keeps flex first.
-    assert cost.ranked(_rows([2048] * 64, "intra_doc"))[0] == "flex"
+    assert engines.ranked(_rows([2048] * 64, "intra_doc"))[0] == "flex"
     # The serial chain: anchor flex on short documents costs a multiple of intra_doc flex.
-    ratio = cost.estimate("flex", fixed) / cost.estimate("flex", _rows([2048] * 64, "intra_doc"))
+    ratio = engines.estimate("flex", fixed) / engines.estimate(
+        "flex", _rows([2048] * 64, "intra_doc")
+    )
     assert 1.6 < ratio < 1.9
     with pytest.raises(ValueError, match="no cost model for engine 'sdpa'"):
-        cost.estimate("sdpa", fixed)
+        engines.estimate("sdpa", fixed)

@@ -47,3 +47,18 @@ def test_help_imports_no_heavy_package():
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stderr.strip().splitlines()[-1] == "[]"
+
+
+def test_config_command_imports_no_heavy_package():
+    """`anchorctx config` (the config checks every command runs first) loads no torch,
+    transformers or datasets."""
+    heavy = ("torch", "transformers", "datasets", "prefect", "deepspeed")
+    code = (
+        "import sys\n"
+        "from anchorctx.cli import main\n"
+        "assert main(['config', 'configs/demo.yaml', '--arms']) == 0\n"
+        f"print(sorted(m for m in {heavy!r} if m in sys.modules), file=sys.stderr)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stderr.strip().splitlines()[-1] == "[]"

@@ -3,11 +3,16 @@ the valid keys, arms apply their overrides."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
+from typing import get_args
 
 import pytest
 
-from anchorctx.config import ConfigError, ExperimentConfig, config_from_dict, load_config
+from anchorctx.config import ConfigError
+from anchorctx.experiment import ExperimentConfig, VariantSpec, config_from_dict, load_config
+from anchorctx.training.settings import TrainingConfig
 
 CONFIGS = sorted(Path(__file__).resolve().parents[1].glob("configs/**/*.yaml"))
 MINIMAL = {"name": "t", "model": {"tiny": {}, "tokenizer": "tok"}}
@@ -114,3 +119,45 @@ def test_missing_file_and_bad_yaml(tmp_path):
     bad.write_text("name: [unclosed\n")
     with pytest.raises(ConfigError, match="invalid YAML"):
         load_config(bad)
+
+
+def test_pretraining_is_derived_once_per_content():
+    raw = {**MINIMAL, "pretrain": {"overrides": {"training.steps": 3}}}
+    cfg = config_from_dict(raw)
+    pre = cfg.pretraining()
+    assert cfg.pretraining() is pre and config_from_dict(raw).pretraining() is pre
+    assert cfg == config_from_dict(raw)  # the derivation leaves equality alone
+    changed = cfg.model_copy(deep=True)
+    changed.data.seq_len = 1024  # changed in place: a new derivation, not the cached one
+    assert changed.pretraining().data.seq_len == 1024 and pre.data.seq_len != 1024
+    assert changed.pretraining().variant_name != pre.variant_name
+    assert changed.base_model_path.name == "step-000003"
+
+
+def test_names_are_the_attention_names():
+    """The config accepts exactly the variants and engines the attention layer defines."""
+    from anchorctx.attention import layout, names
+
+    fields = TrainingConfig.model_fields
+    assert get_args(fields["attention"].annotation) == names.VARIANTS
+    assert get_args(VariantSpec.model_fields["attention"].annotation) == names.VARIANTS
+    assert get_args(fields["engine"].annotation) == names.ENGINE_NAMES
+    assert layout.VARIANTS == names.VARIANTS
+
+
+def test_loading_a_config_stays_light():
+    """The config layer (mechanism, every section's settings, the root) imports no heavy
+    package (a fresh interpreter: pytest has them)."""
+    heavy = ("torch", "transformers", "datasets", "deepspeed", "prefect", "numpy", "pyarrow")
+    code = (
+        "import sys\n"
+        "from anchorctx.experiment import load_config\n"
+        "load_config('configs/demo.yaml').arms()\n"
+        f"print(sorted(m for m in {heavy!r} if m in sys.modules), file=sys.stderr)\n"
+    )
+    root = Path(__file__).resolve().parents[1]
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=root
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stderr.strip().splitlines()[-1] == "[]"

@@ -83,7 +83,7 @@ def _static(model, rows, batch_size, stop_ids=(2,), suppress=(), **kw) -> list[l
     return out
 
 
-# The decode step's layers: the checkpoint's modules (the reference) and the fused step.
+# The decode step's layers: the checkpoint's submodules (the reference) and the fused step.
 STEPS = pytest.mark.parametrize("step", ["hf", "fused"])
 
 
@@ -127,7 +127,7 @@ def test_deterministic_decode_attentions_equal_hf(model, attention, step):
         assert _static(model, rows, batch, stop_ids=stops, attention=attention, step=step) == ref
     decoder = GreedyDecoder(model, deterministic=True)
     assert decoder.attention == "flex" and decoder.deterministic
-    assert model.config._attn_implementation == "sdpa"  # the swap is undone after each step
+    assert model.config._attn_implementation == "sdpa"  # never written: the kernel is ours
     with pytest.raises(ValueError, match="decode attention 'cudnn'"):
         GreedyDecoder(model, attention="cudnn")
 
@@ -136,22 +136,22 @@ def test_fused_step_shares_weights_and_compiles(model):
     """The fused step's concatenated q/k/v and gate/up matrices are the modules' own memory (a
     second decoder reuses them without a copy), and its compiled per-layer functions (inductor on
     CPU) give hf's tokens too, batched rows of mixed lengths included."""
-    from anchorctx.models.fused_step import FusedDecodeStep
+    from anchorctx.models.decoder import StaticDecoder
 
     rows = _prompts()
     ref = _hf(model, rows, batch_size=1)
     attn, mlp = model.model.layers[1].self_attn, model.model.layers[1].mlp
     first = GreedyDecoder(model, step="fused")
-    w = first._fused.layers[1]
+    w = first.decoder.layers[1]
     q_rows = attn.q_proj.weight.shape[0]
     assert attn.q_proj.weight.data_ptr() == w.wqkv.data_ptr()
     assert attn.k_proj.weight.data_ptr() == w.wqkv[q_rows:].data_ptr()
     assert mlp.up_proj.weight.data_ptr() == w.wgu[mlp.gate_proj.weight.shape[0] :].data_ptr()
     assert (w.bqkv is None) == (attn.q_proj.bias is None)
-    again = FusedDecodeStep(model, compile=True)
+    again = StaticDecoder(model, step="fused", compile=True)
     assert again.layers[1].wqkv.data_ptr() == w.wqkv.data_ptr()  # already adjacent: a view
     assert again.layers[1].wgu.data_ptr() == w.wgu.data_ptr()
-    first._fused = again
+    first.decoder = again
     assert first.generate(rows, max_new_tokens=NEW, pad_id=PAD,
                           stop=StopRules(stop_token_ids=(2,))) == ref  # fmt: skip
     assert _hf(model, rows, batch_size=3) == ref  # the model's own forward on the shared memory

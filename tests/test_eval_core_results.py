@@ -11,7 +11,6 @@ from typing import Any
 
 import pytest
 
-from anchorctx.config import config_from_dict
 from anchorctx.evaluation import results
 from anchorctx.evaluation.results import (
     EvaluationError,
@@ -20,6 +19,7 @@ from anchorctx.evaluation.results import (
     evaluate_checkpoint,
     samples_path,
 )
+from anchorctx.experiment import config_from_dict
 from anchorctx.io import sha256_file
 
 NUM_SAMPLES = 10

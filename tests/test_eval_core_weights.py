@@ -94,8 +94,8 @@ def test_mismatched_models_rejected(tmp_path: Path):
 
 
 def test_average_weights_command(tmp_path: Path, monkeypatch, capsys):
-    from anchorctx.config import config_from_dict
     from anchorctx.evaluation import commands
+    from anchorctx.experiment import config_from_dict
 
     run = tmp_path / "runs" / "exp" / "anchor"
     ckpts = [save_checkpoint(run / "checkpoints" / f"step-{s:06d}", seed=s, step=s) for s in (10, 20, 30)]  # fmt: skip

@@ -11,9 +11,9 @@ import pytest
 from checkpoints import save_checkpoint
 
 from anchorctx.cli import main
-from anchorctx.config import config_from_dict
 from anchorctx.demo import ensure_eval_fixtures
 from anchorctx.evaluation import results
+from anchorctx.experiment import config_from_dict
 
 
 @pytest.fixture

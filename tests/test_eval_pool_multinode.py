@@ -40,7 +40,7 @@ while True:
 # Run inside node 0: the evaluate flow on the pool, then which host ran each shard (its log).
 COORDINATOR = """
 import json, sys
-from anchorctx.config import ExperimentConfig
+from anchorctx.experiment import ExperimentConfig
 from anchorctx.flows.experiment import evaluate_flow
 cfg = ExperimentConfig.model_validate_json(open(sys.argv[1]).read())
 out = evaluate_flow(cfg)

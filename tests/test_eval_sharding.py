@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 from checkpoints import save_checkpoint
 
-from anchorctx.config import ExperimentConfig, config_from_dict
 from anchorctx.demo import ensure_eval_fixtures
 from anchorctx.evaluation import results, sharding
+from anchorctx.experiment import ExperimentConfig, config_from_dict
 from anchorctx.io import read_jsonl
 
 

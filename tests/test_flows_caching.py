@@ -8,7 +8,7 @@ import shutil
 
 import pytest
 
-from anchorctx.config import VariantSpec
+from anchorctx.experiment import VariantSpec
 from anchorctx.tasks.artifacts import artifact_key, md_table
 from anchorctx.tasks.caching import code_version, data_key, evaluate_cache_key, train_cache_key
 from anchorctx.tasks.reporting import report_tables, summary_tables

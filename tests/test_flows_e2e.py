@@ -23,7 +23,7 @@ import psutil
 import pytest
 import yaml
 
-from anchorctx.config import ExperimentConfig, load_config
+from anchorctx.experiment import ExperimentConfig, load_config
 from anchorctx.flows.server import PrefectServer, start_server
 
 pytestmark = pytest.mark.slow

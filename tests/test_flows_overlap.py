@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from anchorctx.config import ExperimentConfig, config_from_dict
 from anchorctx.evaluation import results
+from anchorctx.experiment import ExperimentConfig, config_from_dict
 from anchorctx.io import read_jsonl
 from anchorctx.tasks.sharding import overlap_training_gpus
 

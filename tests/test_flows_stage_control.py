@@ -11,7 +11,7 @@ import time
 import pytest
 from test_flows_e2e import _cli, _train_children, client_for, served  # noqa: F401
 
-from anchorctx.config import ExperimentConfig
+from anchorctx.experiment import ExperimentConfig
 
 pytestmark = pytest.mark.slow
 

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from anchorctx.config import config_from_dict, load_config
 from anchorctx.demo import pretrain_corpus as pc
+from anchorctx.experiment import config_from_dict, load_config
 from anchorctx.models.checkpoints import checkpoint_name
 from anchorctx.training.checkpoints import should_save
 

@@ -11,7 +11,7 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from anchorctx.config import config_from_dict
+from anchorctx.experiment import config_from_dict
 from anchorctx.packing import DataError, load_packed, prepare_data
 
 DOMAINS3 = ("RedPajamaC4", "RedPajamaCommonCrawl", "RedPajamaWikipedia")
@@ -218,8 +218,8 @@ def _fu_reference(lengths, domains, shares, budget, seed, threshold=4096, keep=0
 
 
 def test_upsampled_is_fu_et_al_per_source():
-    from anchorctx.config import DataConfig
     from anchorctx.packing.mixture import SLIMPAJAMA_ORIGINAL_MIX, plan_documents
+    from anchorctx.packing.settings import DataConfig
     from anchorctx.packing.sources import BadInput
     from anchorctx.packing.tokens import DocIndex
 

@@ -26,7 +26,7 @@ from hypothesis import strategies as st
 from test_eval_core_results import NUM_SAMPLES, FakeSuite, save_tiny_checkpoint
 
 from anchorctx.cli import main
-from anchorctx.config import ConfigError, SourceConfig, config_from_dict, dump_config
+from anchorctx.config import ConfigError, dump_config
 from anchorctx.evaluation import results
 from anchorctx.evaluation.results import (
     CheckpointLoadError,
@@ -37,6 +37,7 @@ from anchorctx.evaluation.results import (
     result_is_intact,
     result_path,
 )
+from anchorctx.experiment import config_from_dict
 from anchorctx.io import (
     LockHeldError,
     WriterLock,
@@ -45,6 +46,7 @@ from anchorctx.io import (
     file_mode,
 )
 from anchorctx.models.checkpoints import list_checkpoints
+from anchorctx.packing.settings import SourceConfig
 from anchorctx.packing.sources import BadInput, DataError, read_file
 from anchorctx.training import checkpoints as ckpt
 from anchorctx.training.launch import launch
@@ -198,7 +200,7 @@ def test_resume_state_without_checkpoints_needs_resume_or_force(trained, tiny_co
     with pytest.raises(TrainingError, match="--resume"):
         launch(cfg)
     assert (cfg.run_dir / "metrics.jsonl").read_text() == metrics  # nothing truncated
-    assert restart_state(cfg, par, resume=True)["step"] == 2
+    assert restart_state(cfg, par, resume=True).step == 2
     # --force starts over, moving the earlier run aside (never deleting it).
     assert launch(cfg, force=True) == 0
     aside = [
@@ -505,8 +507,8 @@ def test_checkpoint_that_cannot_load_is_named(tmp_path, fake):
 
 
 def test_truncated_weights_in_model_path_name_the_path(tmp_path):
-    from anchorctx.config import ModelConfig
     from anchorctx.models.loading import ModelFileError, load_model
+    from anchorctx.models.settings import ModelConfig
 
     ck = save_tiny_checkpoint(tmp_path / "base", seed=0)
     _truncate(ck / "model.safetensors", 0.3)

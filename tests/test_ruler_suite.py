@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from anchorctx.config import config_from_dict
 from anchorctx.demo.fixtures import write_ruler_fixtures
 from anchorctx.evaluation.ruler import PAPER_EXCLUDE, TASKS, RulerLengthError, run_suite, score
 from anchorctx.evaluation.ruler.runner import selected_tasks
+from anchorctx.experiment import config_from_dict
 
 
 @pytest.fixture(scope="module")

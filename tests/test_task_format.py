@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from anchorctx.config import config_from_dict, load_config
 from anchorctx.demo import pretrain_corpus as pc
+from anchorctx.experiment import config_from_dict, load_config
 
 ROOT = Path(__file__).resolve().parents[1]
 GPU_SMALL = ROOT / "configs" / "gpu-small.yaml"

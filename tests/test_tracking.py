@@ -12,8 +12,9 @@ import pytest
 from distributed import torch_extensions  # noqa: F401  (fixture)
 from wandb_offline import history, run_file, run_info
 
-from anchorctx.config import ConfigError, config_from_dict
+from anchorctx.config import ConfigError
 from anchorctx.evaluation.tracking import log_evaluation, log_report
+from anchorctx.experiment import config_from_dict
 from anchorctx.io import atomic_write_json, read_jsonl
 from anchorctx.tracking import Tracker, TrackingError, check_backends
 

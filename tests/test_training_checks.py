@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from anchorctx.config import config_from_dict
+from anchorctx.experiment import config_from_dict
 from anchorctx.training.launch import launch
 from anchorctx.training.plan import TrainingError, check_dataset, plan_parallelism
 
@@ -101,7 +101,7 @@ def test_seq_len_beyond_the_dataset(tiny_config, packed_demo, tokenizer):
 
 
 def test_deepspeed_import_failure_is_explained(monkeypatch):
-    from anchorctx.training.engine import import_deepspeed
+    from anchorctx.training.deepspeed_env import import_deepspeed
 
     monkeypatch.setitem(sys.modules, "deepspeed", None)
     with pytest.raises(RuntimeError, match="DeepSpeed is required for training"):

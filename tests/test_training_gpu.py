@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from anchorctx.config import config_from_dict
+from anchorctx.experiment import config_from_dict
 from anchorctx.io import read_jsonl
 from anchorctx.models.checkpoints import list_checkpoints
 from anchorctx.training.loop import train

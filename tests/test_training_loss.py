@@ -7,12 +7,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from anchorctx.config import SaveConfig
 from anchorctx.models.checkpoints import list_checkpoints
 from anchorctx.training.checkpoints import should_save
 from anchorctx.training.data import BatchPlan, make_row
 from anchorctx.training.loss import IGNORE_INDEX, shifted_targets, summed_cross_entropy
 from anchorctx.training.plan import Parallelism
+from anchorctx.training.settings import SaveConfig
 
 # Row: anchor 1, doc A = [10 11 12], doc B = [tag 90, 20 21], doc A again (chunk) = [13 14]
 IDS = torch.tensor([1, 10, 11, 12, 90, 20, 21, 13, 14])

@@ -14,13 +14,15 @@ from __future__ import annotations
 import pytest
 import torch
 
-from anchorctx.config import ConfigError, MemoryConfig, config_from_dict
+from anchorctx.config import ConfigError
 from anchorctx.demo.synthetic import synthetic_row
+from anchorctx.experiment import config_from_dict
 from anchorctx.training import memory as MM
 from anchorctx.training import tiling
 from anchorctx.training.data import shard_rows
 from anchorctx.training.loss import count_targets
 from anchorctx.training.plan import TrainingError
+from anchorctx.training.settings import MemoryConfig
 from anchorctx.training.step import loss_sum
 
 RTOL, ATOL = 1e-5, 1e-6
@@ -183,7 +185,7 @@ def test_init_on_device_builds_tiny_models_on_the_device(tiny_config):
 
 
 def test_optimizer_offload_reaches_the_deepspeed_config():
-    from anchorctx.training.engine import deepspeed_config
+    from anchorctx.training.deepspeed_env import deepspeed_config
     from anchorctx.training.plan import Parallelism, TrainingError
 
     cfg = config_from_dict({"name": "m", "model": {"path": "/nonexistent"},
@@ -206,8 +208,8 @@ def test_every_model_option_on_a_gpu_gives_the_plain_loss_and_gradients(monkeypa
     path a GPU takes) against the plain model, both checkpointed, fp32."""
     import deepspeed
 
-    from anchorctx.config import MemoryConfig
     from anchorctx.training.engine import init_distributed, shutdown_distributed
+    from anchorctx.training.settings import MemoryConfig
 
     monkeypatch.setattr(tiling, "LOSS_TILE_BYTES", 24 * VOCAB * 4)
     init_distributed("cuda")

@@ -14,7 +14,7 @@ import torch
 from distributed import torch_extensions  # noqa: F401  (fixture)
 from safetensors.torch import load_file
 
-from anchorctx.config import config_from_dict
+from anchorctx.experiment import config_from_dict
 from anchorctx.io import read_jsonl
 from anchorctx.models.checkpoints import list_checkpoints
 from anchorctx.training.loop import train

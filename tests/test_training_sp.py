@@ -53,7 +53,7 @@ def _step_outputs(rank: int, world: int, cfg_yaml: str, data_dir: str, out: str,
     import torch.distributed as dist
     import yaml
 
-    from anchorctx.config import config_from_dict
+    from anchorctx.experiment import config_from_dict
     from anchorctx.models.loading import load_model
     from anchorctx.packing import load_packed
     from anchorctx.training.data import BatchPlan
@@ -173,7 +173,7 @@ def _wrapped_then_loaded(rank: int, world: int, cfg_yaml: str, data_dir: str) ->
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
     from anchorctx.attention.hf import anchorctx_attention, attention_name, model_inputs
-    from anchorctx.config import config_from_dict
+    from anchorctx.experiment import config_from_dict
     from anchorctx.models.loading import load_model
     from anchorctx.packing import load_packed
     from anchorctx.training.data import BatchPlan

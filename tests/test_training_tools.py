@@ -1,11 +1,11 @@
-"""The training process finds its own environment's build tools (training/engine.py)."""
+"""The training process finds its own environment's build tools (training/deepspeed_env.py)."""
 
 from __future__ import annotations
 
 import os
 import sys
 
-from anchorctx.training.engine import environment_tools_first
+from anchorctx.training.deepspeed_env import environment_tools_first
 
 
 def _bindir_with(tmp_path, *names):
@@ -43,7 +43,7 @@ import os, sys, torch
 torch.cuda.device_count = lambda: 1  # what DeepSpeed's detection sees on a GPU host
 torch.cuda.is_available = lambda: True
 os.environ.pop("DS_ACCELERATOR", None)
-from anchorctx.training.engine import use_accelerator
+from anchorctx.training.deepspeed_env import use_accelerator
 if sys.argv[1] == "fixed":
     use_accelerator("cpu")
 from deepspeed.accelerator import get_accelerator

@@ -11,9 +11,11 @@ from anchorctx.io import read_json
 
 def rope_precision_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "--out", default=None, metavar="DIR",
+        "--out",
+        default=None,
+        metavar="DIR",
         help="Output directory (default: <run_dir>/analysis/).",
-    )  # fmt: skip
+    )
     parser.add_argument("--no-progress", action="store_true", help="Hide the progress bar.")
 
 

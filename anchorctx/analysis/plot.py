@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 STYLE = {
     "bf16": {"color": "tab:red", "marker": "o", "label": "bf16"},
@@ -62,7 +62,7 @@ def _length_panel(ax, result: dict[str, Any]) -> None:
     ax.set_title("First-token logits vs length (Eq. 5)")
 
 
-def plot_study(result: dict[str, Any], path: Path) -> Path:
+def plot_study(result: dict[str, Any], path: Path | BinaryIO) -> Path | BinaryIO:
     """Render the figure to ``path`` (PNG) with the non-interactive Agg backend."""
     # Imported here: matplotlib loads only when a figure is drawn, and the Agg backend must be
     # chosen before pyplot is imported.

@@ -38,9 +38,8 @@ float32. Sliding-window models are measured with a plain causal mask (exact for 
 from __future__ import annotations
 
 import contextlib
+import io
 import math
-import os
-import tempfile
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
@@ -53,7 +52,7 @@ from transformers import AutoModelForCausalLM
 from anchorctx.analysis.metrics import column_normalizer, first_token_logits, key_abs_diff
 from anchorctx.analysis.plot import plot_study
 from anchorctx.analysis.probe import capture, register
-from anchorctx.io import atomic_write_json, atomic_write_text, read_json
+from anchorctx.io import atomic_write_bytes, atomic_write_json, atomic_write_text, read_json
 from anchorctx.manifest import base_manifest
 from anchorctx.models.loading import (
     anchor_token_id,
@@ -68,7 +67,8 @@ from anchorctx.packing import load_packed, prepare_data
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-    from anchorctx.config import ExperimentConfig, RopePrecisionConfig
+    from anchorctx.analysis.settings import RopePrecisionConfig
+    from anchorctx.experiment import ExperimentConfig
 
 MODES = ("fp32", "bf16", "bf16_rope_fp32")
 JSON_NAME = "rope_precision.json"
@@ -269,8 +269,14 @@ def _assemble(
     per_mode: dict, spec: RopePrecisionConfig, *, num_sequences: int, seconds: float
 ) -> dict:
     modes = [m for m in spec.precisions if m in per_mode]  # the user's order
-    keys = ("shift_curve", "shift_curve_std", "first_token_share", "per_token",
-            "logit_diff_by_length", "logit_diff_by_length_std")  # fmt: skip
+    keys = (
+        "shift_curve",
+        "shift_curve_std",
+        "first_token_share",
+        "per_token",
+        "logit_diff_by_length",
+        "logit_diff_by_length_std",
+    )
     out: dict[str, Any] = {
         "schema_version": SCHEMA_VERSION,
         "study": "rope_precision",
@@ -387,8 +393,14 @@ def load_study_model(cfg: ExperimentConfig, tokenizer, device: torch.device) -> 
             )
         weights = f"random init (architecture of {cfg.model.path}, seed {cfg.seed})"
     else:
-        model = load_model(cfg.model, seq_len=positions, dtype="float32", device=device,
-                           attn_implementation=register(), tokenizer=tokenizer)  # fmt: skip
+        model = load_model(
+            cfg.model,
+            seq_len=positions,
+            dtype="float32",
+            device=device,
+            attn_implementation=register(),
+            tokenizer=tokenizer,
+        )
         weights = f"checkpoint {cfg.model.path}" if cfg.model.path else "random init (model.tiny)"
     return prepare_model(model), weights
 
@@ -435,25 +447,21 @@ def render_figure(json_path: str | Path, target: str | Path | None = None) -> Pa
 
     json_path = Path(json_path)
     target = Path(target) if target is not None else json_path.with_name(PNG_NAME)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".png", dir=target.parent)
-    os.close(fd)
-    try:
-        plot_study(read_json(json_path), Path(tmp))
-        os.replace(tmp, target)
-    finally:
-        Path(tmp).unlink(missing_ok=True)
-    return target
+    png = io.BytesIO()
+    plot_study(read_json(json_path), png)
+    return atomic_write_bytes(target, png.getvalue())
 
 
 def table_rows(result: dict[str, Any]) -> list[dict[str, Any]]:
     """One row per measurement (shift or length), one column per mode: for table artifacts."""
     modes = result["settings"]["modes"]
     rows = [
-        {"quantity": f"D(Δ1={d}, Δ2={result['settings']['delta2']})",
-         **{m: result["shift_curve"][m][str(d)] for m in modes}}
+        {
+            "quantity": f"D(Δ1={d}, Δ2={result['settings']['delta2']})",
+            **{m: result["shift_curve"][m][str(d)] for m in modes},
+        }
         for d in result["settings"]["shifts"]
-    ]  # fmt: skip
+    ]
     rows.append(
         {"quantity": "first-token share", **{m: result["first_token_share"][m] for m in modes}}
     )

@@ -4,12 +4,35 @@
 >>> layout = build_layout([5, 3], "anchor")
 >>> layout.position_ids.tolist()
 [0, 1, 2, 3, 4, 5, 6, 7]
+
+The names below load on first use (PEP 562): the config validates against
+:mod:`anchorctx.attention.names`, and importing that must not import torch.
 """
 
-from anchorctx.attention.api import attend
-from anchorctx.attention.engines import ENGINE_NAMES, available_engines
-from anchorctx.attention.errors import AttentionError, LayoutError
-from anchorctx.attention.layout import VARIANTS, Layout, LayoutBatch, build_layout, dense_mask
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from anchorctx.attention.api import attend
+    from anchorctx.attention.engines import ENGINE_NAMES, available_engines
+    from anchorctx.attention.errors import AttentionError, LayoutError
+    from anchorctx.attention.layout import VARIANTS, Layout, LayoutBatch, build_layout, dense_mask
+
+# public name -> the module that defines it
+_EXPORTS = {
+    "attend": "anchorctx.attention.api",
+    "ENGINE_NAMES": "anchorctx.attention.engines",
+    "available_engines": "anchorctx.attention.engines",
+    "AttentionError": "anchorctx.attention.errors",
+    "LayoutError": "anchorctx.attention.errors",
+    "VARIANTS": "anchorctx.attention.layout",
+    "Layout": "anchorctx.attention.layout",
+    "LayoutBatch": "anchorctx.attention.layout",
+    "build_layout": "anchorctx.attention.layout",
+    "dense_mask": "anchorctx.attention.layout",
+}
 
 __all__ = [
     "ENGINE_NAMES",
@@ -23,3 +46,15 @@ __all__ = [
     "build_layout",
     "dense_mask",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(_EXPORTS[name]), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

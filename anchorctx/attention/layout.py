@@ -28,8 +28,8 @@ from typing import Any
 import torch
 
 from anchorctx.attention.errors import LayoutError
+from anchorctx.attention.names import VARIANTS
 
-VARIANTS: tuple[str, ...] = ("full", "intra_doc", "intra_doc_reset", "anchor")
 DOCUMENT_MASKED: frozenset[str] = frozenset({"intra_doc", "intra_doc_reset", "anchor"})
 
 
@@ -110,9 +110,13 @@ class Layout:
         key = ("to", str(device))
         if key not in self._cache:
             self._cache[key] = Layout(
-                self.seg_lens, self.seg_doc, self.variant,
-                self.position_ids.to(device), self.doc_ids.to(device), self.cu_seqlens.to(device),
-            )  # fmt: skip
+                self.seg_lens,
+                self.seg_doc,
+                self.variant,
+                self.position_ids.to(device),
+                self.doc_ids.to(device),
+                self.cu_seqlens.to(device),
+            )
         return self._cache[key]
 
     def mask(self, device: torch.device | str | None = None) -> torch.Tensor:

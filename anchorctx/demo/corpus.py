@@ -32,12 +32,17 @@ from anchorctx.io import atomic_directory, atomic_write_json
 from anchorctx.process import spawn_pool
 
 if TYPE_CHECKING:
-    from anchorctx.config import ExperimentConfig
+    from anchorctx.experiment import ExperimentConfig
 
 DOMAINS: tuple[str, ...] = (
-    "RedPajamaCommonCrawl", "RedPajamaC4", "RedPajamaGithub", "RedPajamaBook",
-    "RedPajamaArXiv", "RedPajamaWikipedia", "RedPajamaStackExchange",
-)  # fmt: skip
+    "RedPajamaCommonCrawl",
+    "RedPajamaC4",
+    "RedPajamaGithub",
+    "RedPajamaBook",
+    "RedPajamaArXiv",
+    "RedPajamaWikipedia",
+    "RedPajamaStackExchange",
+)
 DEMO_VERSION = 2
 SPECIAL_TOKENS = {
     "bos_token": "<s>",
@@ -148,10 +153,14 @@ class Lexicon:
         words: set[str] = set()
         while len(words) < size:
             n_syl = int(rng.integers(1, 4))
-            words.add("".join(
-                onsets[rng.integers(len(onsets))] + vowels[rng.integers(len(vowels))]
-                + codas[rng.integers(len(codas))] for _ in range(n_syl)
-            ))  # fmt: skip
+            words.add(
+                "".join(
+                    onsets[rng.integers(len(onsets))]
+                    + vowels[rng.integers(len(vowels))]
+                    + codas[rng.integers(len(codas))]
+                    for _ in range(n_syl)
+                )
+            )
         self.words = np.array(FUNCTION_WORDS + sorted(words), dtype=object)
         ranks = np.arange(1, len(self.words) + 1, dtype=np.float64)
         self.p = ranks**-1.05 / np.sum(ranks**-1.05)
@@ -262,10 +271,14 @@ def _stackexchange(lex: Lexicon, n: int) -> str:
 
 
 WRITERS: dict[str, Callable[[Lexicon, int], str]] = {
-    "RedPajamaCommonCrawl": _commoncrawl, "RedPajamaC4": _c4, "RedPajamaGithub": _github,
-    "RedPajamaBook": _book, "RedPajamaArXiv": _arxiv, "RedPajamaWikipedia": _wikipedia,
+    "RedPajamaCommonCrawl": _commoncrawl,
+    "RedPajamaC4": _c4,
+    "RedPajamaGithub": _github,
+    "RedPajamaBook": _book,
+    "RedPajamaArXiv": _arxiv,
+    "RedPajamaWikipedia": _wikipedia,
     "RedPajamaStackExchange": _stackexchange,
-}  # fmt: skip
+}
 
 
 def _domain_documents(domain: str, seed: int, docs: int) -> list[str]:
@@ -302,9 +315,11 @@ def train_tokenizer(files: list[Path], out: Path, vocab_size: int = 3000) -> Non
         single=f"{bos} $A", pair=f"{bos} $A $B", special_tokens=[(bos, tok.token_to_id(bos))]
     )
     fast = PreTrainedTokenizerFast(
-        tokenizer_object=tok, model_max_length=1 << 20, clean_up_tokenization_spaces=False,
+        tokenizer_object=tok,
+        model_max_length=1 << 20,
+        clean_up_tokenization_spaces=False,
         **SPECIAL_TOKENS,
-    )  # fmt: skip
+    )
     fast.save_pretrained(str(out))
 
 
@@ -349,9 +364,13 @@ def _is_complete(root: Path, params: dict) -> bool:
 
 
 def write_demo_corpus(
-    out: str | Path, *, seed: int = 0, docs_per_domain: int = 40, progress: bool = True,
+    out: str | Path,
+    *,
+    seed: int = 0,
+    docs_per_domain: int = 40,
+    progress: bool = True,
     workers: int = 1,
-) -> DemoCorpus:  # fmt: skip
+) -> DemoCorpus:
     """Write (or reuse, when complete with the same parameters) the demo corpus at ``out``.
     ``workers`` > 1 generates the domains in that many processes (the corpus does not depend
     on it)."""
@@ -380,8 +399,9 @@ def write_demo_corpus(
     return corpus
 
 
-def _generate(seed: int, docs_per_domain: int, progress: bool,
-              workers: int = 1) -> dict[str, list[str]]:  # fmt: skip
+def _generate(
+    seed: int, docs_per_domain: int, progress: bool, workers: int = 1
+) -> dict[str, list[str]]:
     """Every domain's documents. Each domain has its own random stream ([seed, domain index]),
     so they can be written in any order or process: with 600 documents per domain this is
     75 s of CPU in one process (measured on a 2-core machine; Book alone 26 s)."""
@@ -423,5 +443,10 @@ def ensure_demo_corpus(cfg: ExperimentConfig, *, progress: bool = True) -> DemoC
     demo = cfg.data.demo_corpus
     if demo is None:
         return None
-    return write_demo_corpus(demo.dir, seed=demo.seed, docs_per_domain=demo.docs_per_domain,
-                             progress=progress, workers=cfg.data.num_workers)  # fmt: skip
+    return write_demo_corpus(
+        demo.dir,
+        seed=demo.seed,
+        docs_per_domain=demo.docs_per_domain,
+        progress=progress,
+        workers=cfg.data.num_workers,
+    )

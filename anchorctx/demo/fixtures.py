@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Any
 from anchorctx.io import atomic_directory, read_json
 
 if TYPE_CHECKING:
-    from anchorctx.config import ExperimentConfig
+    from anchorctx.experiment import ExperimentConfig
 
 FIXTURES_VERSION = 4
 KEYS = ("essay", "squad", "hotpotqa", "longbench_dir", "mmlu_dir", "hellaswag_dir", "nltk_data")
@@ -310,8 +310,10 @@ def hotpotqa_json(w: _Writer, questions: int, distractor_pool: int) -> list[dict
     question, so short ones let the demo run qa_2 at 1K tokens. Question ``q`` answers
     ``river{q}x0``; its gold paragraph also names ``river{q}x1``, a near miss.
     """
-    pool = [(f"The {w.pick(ADJECTIVES).title()} {w.pick(NOUNS).title()} {i}", _sentences(w, 1))
-            for i in range(distractor_pool)]  # fmt: skip
+    pool = [
+        (f"The {w.pick(ADJECTIVES).title()} {w.pick(NOUNS).title()} {i}", _sentences(w, 1))
+        for i in range(distractor_pool)
+    ]
     rows = []
     for q in range(questions):
         site = (
@@ -319,25 +321,38 @@ def hotpotqa_json(w: _Writer, questions: int, distractor_pool: int) -> list[dict
         )
         town, river = f"{w.pick(PLACES)}ton {q}", f"river{q}x0"
         gold_a = (site, [f"{site} is a landmark located in {town}."])
-        gold_b = (town, [f"{town} is a market town on the {river}, which river{q}x1 feeds.",
-                         *_sentences(w, 2)[1:]])  # fmt: skip
+        gold_b = (
+            town,
+            [
+                f"{town} is a market town on the {river}, which river{q}x1 feeds.",
+                *_sentences(w, 2)[1:],
+            ],
+        )
         context = [list(gold_a), list(gold_b)] + [list(p) for p in w.rng.sample(pool, 8)]
         w.rng.shuffle(context)
-        rows.append({
-            "_id": _sid("hotpotqa", q),
-            "answer": river,
-            "question": f"Which river flows through the town where {site} is located?",
-            "supporting_facts": [[site, 0], [town, 0]],
-            "context": context,
-            "type": "bridge",
-            "level": "medium",
-        })  # fmt: skip
+        rows.append(
+            {
+                "_id": _sid("hotpotqa", q),
+                "answer": river,
+                "question": f"Which river flows through the town where {site} is located?",
+                "supporting_facts": [[site, 0], [town, 0]],
+                "context": context,
+                "type": "bridge",
+                "level": "medium",
+            }
+        )
     return rows
 
 
 # ------------------------------------------------------------------------------- LongBench
-def _lb_row(name: str, i: int, context: str, inp: str, answers: list[str],
-            all_classes: list[str] | None = None) -> dict[str, Any]:  # fmt: skip
+def _lb_row(
+    name: str,
+    i: int,
+    context: str,
+    inp: str,
+    answers: list[str],
+    all_classes: list[str] | None = None,
+) -> dict[str, Any]:
     return {
         "input": inp,
         "context": context,
@@ -374,13 +389,23 @@ def _lb_summary(w: _Writer, name: str, i: int, words: int) -> dict[str, Any]:
     return _lb_row(name, i, context, query, [w.paragraph(3)])
 
 
-TREC_CLASSES = ["Description of something", "Definition of something", "City", "Country",
-                "Individual", "Date", "Number of something", "Other location"]  # fmt: skip
+TREC_CLASSES = [
+    "Description of something",
+    "Definition of something",
+    "City",
+    "Country",
+    "Individual",
+    "Date",
+    "Number of something",
+    "Other location",
+]
 
 
 def _lb_trec(w: _Writer, name: str, i: int, shots: int) -> dict[str, Any]:
-    lines = [f"Question: What is the {w.pick(NOUNS)} of {w.pick(PLACES)}?\nType: "
-             f"{w.pick(TREC_CLASSES)}" for _ in range(shots)]  # fmt: skip
+    lines = [
+        f"Question: What is the {w.pick(NOUNS)} of {w.pick(PLACES)}?\nType: {w.pick(TREC_CLASSES)}"
+        for _ in range(shots)
+    ]
     gold = w.pick(TREC_CLASSES)
     inp = f"Question: Which {w.pick(NOUNS)} is in {w.pick(PLACES)}?\nType:"
     return _lb_row(name, i, "\n".join(lines), inp, [gold], all_classes=TREC_CLASSES)
@@ -428,9 +453,14 @@ def _code(w: _Writer, functions: int) -> list[str]:
     lines = []
     for f in range(functions):
         noun = w.pick(NOUNS)
-        lines += [f"def count_{noun}_{f}(items):", f"    total_{noun} = 0",
-                  "    for item in items:", f"        total_{noun} += len(item)",
-                  f"    return total_{noun}", ""]  # fmt: skip
+        lines += [
+            f"def count_{noun}_{f}(items):",
+            f"    total_{noun} = 0",
+            "    for item in items:",
+            f"        total_{noun} += len(item)",
+            f"    return total_{noun}",
+            "",
+        ]
     return lines
 
 
@@ -507,13 +537,24 @@ def hellaswag_rows(w: _Writer, n: int) -> list[dict[str, Any]]:
         noun, place, name = w.pick(NOUNS), w.pick(PLACES), w.pick(NAMES)
         ctx_a = f"{name} walks toward the {noun} in {place}."
         ctx_b = "she"
-        endings = [f"{verb} the {w.pick(ADJECTIVES)} {w.pick(NOUNS)} slowly."
-                   for verb in w.rng.sample(VERBS, 4)]  # fmt: skip
-        rows.append({
-            "ind": i, "activity_label": f"Visiting the {noun}", "ctx_a": ctx_a, "ctx_b": ctx_b,
-            "ctx": f"{ctx_a} {ctx_b}", "endings": endings, "source_id": f"fixture~{_sid('hs', i)}",
-            "split": "val", "split_type": "indomain", "label": str(w.rng.randrange(4)),
-        })  # fmt: skip
+        endings = [
+            f"{verb} the {w.pick(ADJECTIVES)} {w.pick(NOUNS)} slowly."
+            for verb in w.rng.sample(VERBS, 4)
+        ]
+        rows.append(
+            {
+                "ind": i,
+                "activity_label": f"Visiting the {noun}",
+                "ctx_a": ctx_a,
+                "ctx_b": ctx_b,
+                "ctx": f"{ctx_a} {ctx_b}",
+                "endings": endings,
+                "source_id": f"fixture~{_sid('hs', i)}",
+                "split": "val",
+                "split_type": "indomain",
+                "label": str(w.rng.randrange(4)),
+            }
+        )
     return rows
 
 

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 from anchorctx.io import atomic_directory, atomic_write_json, read_json
 
 if TYPE_CHECKING:
-    from anchorctx.config import ExperimentConfig
+    from anchorctx.experiment import ExperimentConfig
 
 HELDOUT_VERSION = 1
 SUBJECTS = ("abstract_algebra", "astronomy", "high_school_geography")  # real MMLU subject names
@@ -54,10 +54,12 @@ class _Items:
 
     def filler(self, sentences: int) -> str:
         r = self.rng
-        return " ".join(f"{self.name().capitalize()} stood near {self.name()} for a while."
-                        if r.random() < 0.5 else
-                        f"Nobody expected {self.name()} to be so {r.choice(self.adjs)}."
-                        for _ in range(sentences))  # fmt: skip
+        return " ".join(
+            f"{self.name().capitalize()} stood near {self.name()} for a while."
+            if r.random() < 0.5
+            else f"Nobody expected {self.name()} to be so {r.choice(self.adjs)}."
+            for _ in range(sentences)
+        )
 
     def squad(self, paragraphs: int) -> dict[str, Any]:
         data = []
@@ -67,11 +69,19 @@ class _Items:
                 thing, who = self.name(), self.person()
                 fact = f"In its early days {thing} was looked after by {who}."
                 context = f"{self.filler(2)} {fact} {self.filler(2)}"
-                pars.append({"context": context, "qas": [{
-                    "question": f"Who looked after {thing} in its early days?",
-                    "id": f"heldout-{a}-{p}", "is_impossible": False,
-                    "answers": [{"text": who, "answer_start": context.index(who)}],
-                }]})  # fmt: skip
+                pars.append(
+                    {
+                        "context": context,
+                        "qas": [
+                            {
+                                "question": f"Who looked after {thing} in its early days?",
+                                "id": f"heldout-{a}-{p}",
+                                "is_impossible": False,
+                                "answers": [{"text": who, "answer_start": context.index(who)}],
+                            }
+                        ],
+                    }
+                )
             data.append({"title": f"article {a}", "paragraphs": pars})
         return {"version": "v2.0", "data": data}
 
@@ -91,9 +101,18 @@ class _Items:
         label = self.rng.randrange(4)
         endings = [f"{w}." for w in others]
         endings.insert(label, f"{colour}.")
-        return {"ind": i, "activity_label": "Recall", "ctx_a": ctx_a, "ctx_b": ctx_b,
-                "ctx": f"{ctx_a} {ctx_b}", "endings": endings, "source_id": f"heldout~{i}",
-                "split": "val", "split_type": "indomain", "label": str(label)}  # fmt: skip
+        return {
+            "ind": i,
+            "activity_label": "Recall",
+            "ctx_a": ctx_a,
+            "ctx_b": ctx_b,
+            "ctx": f"{ctx_a} {ctx_b}",
+            "endings": endings,
+            "source_id": f"heldout~{i}",
+            "split": "val",
+            "split_type": "indomain",
+            "label": str(label),
+        }
 
 
 def _jsonl(path: Path, rows: list[dict[str, Any]]) -> None:
@@ -102,20 +121,33 @@ def _jsonl(path: Path, rows: list[dict[str, Any]]) -> None:
 
 
 def write_heldout_eval(
-    out: str | Path, *, seed: int = 0, essay_words: int = 40_000, squad_paragraphs: int = 400,
+    out: str | Path,
+    *,
+    seed: int = 0,
+    essay_words: int = 40_000,
+    squad_paragraphs: int = 400,
     items: int = 400,
-) -> dict[str, Path]:  # fmt: skip
+) -> dict[str, Path]:
     """Write the data under ``out`` (reused when complete with the same parameters); returns
     the paths the config names (``essay``, ``squad``, ``nltk_data``, ``mmlu_dir``,
     ``hellaswag_dir``)."""
     from anchorctx.demo.fixtures import write_eval_fixtures
 
     root = Path(out)
-    params = {"version": HELDOUT_VERSION, "seed": seed, "essay_words": essay_words,
-              "squad_paragraphs": squad_paragraphs, "items": items}  # fmt: skip
-    paths = {"essay": root / "fixtures" / "essays.json", "squad": root / "squad.json",
-             "nltk_data": root / "fixtures" / "nltk_data", "mmlu_dir": root / "mmlu",
-             "hellaswag_dir": root / "hellaswag"}  # fmt: skip
+    params = {
+        "version": HELDOUT_VERSION,
+        "seed": seed,
+        "essay_words": essay_words,
+        "squad_paragraphs": squad_paragraphs,
+        "items": items,
+    }
+    paths = {
+        "essay": root / "fixtures" / "essays.json",
+        "squad": root / "squad.json",
+        "nltk_data": root / "fixtures" / "nltk_data",
+        "mmlu_dir": root / "mmlu",
+        "hellaswag_dir": root / "hellaswag",
+    }
     manifest = root / "manifest.json"
     if manifest.is_file() and read_json(manifest).get("params") == params:
         return paths
@@ -126,8 +158,10 @@ def write_heldout_eval(
         for i, subject in enumerate(SUBJECTS):  # dev: the 5 few-shot examples MMLU prepends
             _jsonl(tmp / "mmlu" / "dev" / f"{subject}.jsonl", [gen.mmlu(subject) for _ in range(5)])
             count = items // len(SUBJECTS) + (i < items % len(SUBJECTS))  # `items` in all
-            _jsonl(tmp / "mmlu" / "test" / f"{subject}.jsonl",
-                   [gen.mmlu(subject) for _ in range(count)])  # fmt: skip
+            _jsonl(
+                tmp / "mmlu" / "test" / f"{subject}.jsonl",
+                [gen.mmlu(subject) for _ in range(count)],
+            )
         _jsonl(tmp / "hellaswag" / "validation.jsonl", [gen.hellaswag(i) for i in range(items)])
         atomic_write_json(tmp / "manifest.json", {"params": params})
     return paths

@@ -58,7 +58,7 @@ from anchorctx.io import atomic_directory, atomic_write_json, hash_tree
 from anchorctx.process import spawn_pool
 
 if TYPE_CHECKING:
-    from anchorctx.config import ExperimentConfig
+    from anchorctx.experiment import ExperimentConfig
 
 PRETRAIN_CORPUS_VERSION = 4
 DOMAIN = "Retrieval"  # the domain name of every document (pretraining mixes it with the demo's)
@@ -72,9 +72,17 @@ FILES = 4  # documents spread over this many files, like the demo corpus
 # times a full one's): the skill is learnt from answers; the full length keeps the longest
 # haystacks the base model is evaluated on.
 TASK_FORMAT_TASKS: tuple[str, ...] = (
-    "niah_single_1", "niah_single_2", "niah_single_3", "niah_multikey_1", "niah_multikey_2",
-    "niah_multikey_3", "niah_multivalue", "niah_multiquery", "vt", "fwe",
-)  # fmt: skip
+    "niah_single_1",
+    "niah_single_2",
+    "niah_single_3",
+    "niah_multikey_1",
+    "niah_multikey_2",
+    "niah_multikey_3",
+    "niah_multivalue",
+    "niah_multiquery",
+    "vt",
+    "fwe",
+)
 TASK_FORMAT_LENGTHS: tuple[float, ...] = (0.25, 0.5, 1.0)  # of the pretraining length
 # The RULER generator's seed for these documents: the corpus seed plus this offset, far from
 # any evaluation seed (evaluation.ruler.seed is 42 by default), so no evaluation sample recurs.
@@ -87,8 +95,12 @@ _HAYSTACK_WORDS = 60_000  # prose per haystack of the essay-haystack tasks (repe
 # 76.8-78.6%; docs/REPRODUCTION.md, runs 4 and 5). Why off by default: with a share of 0.5 the
 # same 1200 steps did not form the key-to-value lookup at all (run 6: niah_single_1 16.1%).
 ESSAY_TASKS: tuple[str, ...] = (
-    "niah_single_2", "niah_single_3", "niah_multikey_1", "niah_multivalue", "niah_multiquery",
-)  # fmt: skip
+    "niah_single_2",
+    "niah_single_3",
+    "niah_multikey_1",
+    "niah_multivalue",
+    "niah_multiquery",
+)
 # The haystacks and the offsets of their generator seeds: the English documents use their own
 # seed so that their needles are not the pseudo-word documents' again.
 HAYSTACKS: dict[str, int] = {"pseudo": 0, "english": 7_919}
@@ -248,8 +260,9 @@ def _needle(g: _Gen) -> str:
     else:
         sentences = [s.rstrip(".") + "." for s in g.filler(r.randint(100, 600)).split(". ")]
     for k, v in needles:
-        sentences.insert(r.randrange(len(sentences) + 1), r.choice(_FACT).format(
-            attr=attr, key=k, value=v))  # fmt: skip
+        sentences.insert(
+            r.randrange(len(sentences) + 1), r.choice(_FACT).format(attr=attr, key=k, value=v)
+        )
     key = r.choice(keys)
     values = [v for k, v in needles if k == key]
     if len(values) == 1:
@@ -303,9 +316,12 @@ def _qa(g: _Gen) -> str:
     r = g.rng
     passages, facts = [], []
     for i in range(r.randint(2, 8)):
-        fact = {"entity": g.word(3).capitalize() + " " + r.choice(("Hall", "Tower", "Mill", "Yard")),
-                "place": g.word(2).capitalize(), "person": g.word(2).capitalize() + " "
-                + g.word(3).capitalize(), "year": str(r.randrange(1200, 2000))}  # fmt: skip
+        fact = {
+            "entity": g.word(3).capitalize() + " " + r.choice(("Hall", "Tower", "Mill", "Yard")),
+            "place": g.word(2).capitalize(),
+            "person": g.word(2).capitalize() + " " + g.word(3).capitalize(),
+            "year": str(r.randrange(1200, 2000)),
+        }
         body = " ".join(s.format(**fact) for s in _QA_SENTENCE)
         passages.append(f"Passage {i + 1}: {body} {g.filler(r.randint(10, 60))}")
         facts.append(fact)
@@ -346,8 +362,10 @@ def _task_format_plan(count: int, seq_len: int) -> list[tuple[str, list[tuple[in
     lengths = sorted({max(256, int(f * seq_len)) for f in TASK_FORMAT_LENGTHS})
     cells = [(t, n) for t in TASK_FORMAT_TASKS for n in lengths]
     per_cell = [count // len(cells) + (i < count % len(cells)) for i in range(len(cells))]
-    return [(t, [(n, k) for (task, n), k in zip(cells, per_cell) if task == t])
-            for t in TASK_FORMAT_TASKS]  # fmt: skip
+    return [
+        (t, [(n, k) for (task, n), k in zip(cells, per_cell) if task == t])
+        for t in TASK_FORMAT_TASKS
+    ]
 
 
 @functools.lru_cache(maxsize=2)
@@ -359,7 +377,7 @@ def _load_tokenizer(path: str):
 
 def _task_documents(
     task: str, cells: list[tuple[int, int]], seed: int, tokenizer: str, paths: dict
-) -> list[tuple[str, int, str]]:  # fmt: skip
+) -> list[tuple[str, int, str]]:
     """(task, length, text) documents of one task over its cells. A length too short for the
     task's template and answer budget (the generator's ValueError; e.g. the uuid multikey task
     at 512 tokens of a small vocabulary) passes its documents on to the task's next length."""
@@ -385,13 +403,20 @@ def _task_documents(
         sep = " " if task in ("vt", "fwe") else ", "
         # The answer follows the prefix as the model would continue it: one space between
         # them (vt's prefix already ends with one).
-        docs += [(task, length, s["input"] + s["answer_prefix"].rstrip(" ") + " "
-                  + sep.join(s["outputs"])) for s in samples]  # fmt: skip
+        docs += [
+            (
+                task,
+                length,
+                s["input"] + s["answer_prefix"].rstrip(" ") + " " + sep.join(s["outputs"]),
+            )
+            for s in samples
+        ]
     return docs
 
 
-def _task_format_jobs(count: int, seq_len: int,
-                      english_share: float = 0.0) -> list[tuple[str, str, list[tuple[int, int]]]]:  # fmt: skip
+def _task_format_jobs(
+    count: int, seq_len: int, english_share: float = 0.0
+) -> list[tuple[str, str, list[tuple[int, int]]]]:
     """(task, haystack name, cells) per generation job: ``_task_format_plan``'s cells, those of
     ``ESSAY_TASKS`` split between the English haystack (``english_share`` of each cell, rounded
     down) and the pseudo-word one (the rest); the other tasks' haystack is RULER's own (noise or
@@ -417,9 +442,15 @@ def haystack_seed(seed: int, name: str) -> int:
 
 
 def task_format_documents(
-    count: int, *, seed: int, tokenizer: str | Path, seq_len: int, work: Path, workers: int = 1,
+    count: int,
+    *,
+    seed: int,
+    tokenizer: str | Path,
+    seq_len: int,
+    work: Path,
+    workers: int = 1,
     english_share: float = 0.0,
-) -> list[tuple[str, int, str]]:  # fmt: skip
+) -> list[tuple[str, int, str]]:
     """``count`` (task, length, text) documents in RULER's task formats: ``TASK_FORMAT_TASKS``
     in turn over ``TASK_FORMAT_LENGTHS`` × ``seq_len`` tokens of ``tokenizer`` (``length``: the
     one each document was fitted to), each the prompt, answer prefix, then the reference answer.
@@ -438,8 +469,10 @@ def task_format_documents(
         essays["english"] = english_prose(rng, _HAYSTACK_WORDS)
     for name, text in essays.items():
         haystack_paths(work, name)["essay_path"].write_text(json.dumps({"text": text}))
-    jobs = [(task, cells, haystack_seed(seed, name), str(tokenizer), haystack_paths(work, name))
-            for task, name, cells in _task_format_jobs(count, seq_len, english_share)]  # fmt: skip
+    jobs = [
+        (task, cells, haystack_seed(seed, name), str(tokenizer), haystack_paths(work, name))
+        for task, name, cells in _task_format_jobs(count, seq_len, english_share)
+    ]
     workers = min(workers, len(jobs))
     if workers > 1:
         with spawn_pool(workers) as pool:
@@ -452,10 +485,16 @@ def task_format_documents(
 
 
 def write_pretrain_corpus(
-    out: str | Path, *, seed: int = 0, documents: int = 1000, task_format_documents: int = 0,
-    tokenizer: str | Path | None = None, seq_len: int = 2048, workers: int = 1,
+    out: str | Path,
+    *,
+    seed: int = 0,
+    documents: int = 1000,
+    task_format_documents: int = 0,
+    tokenizer: str | Path | None = None,
+    seq_len: int = 2048,
+    workers: int = 1,
     english_haystack_share: float = 0.0,
-) -> Path:  # fmt: skip
+) -> Path:
     """Write (or reuse, when complete with the same parameters) the corpus at ``out``; returns
     its data directory. ``task_format_documents`` > 0 adds that many documents in RULER's task
     formats (see the module doc), fitted to ``seq_len`` tokens of ``tokenizer``, generated in
@@ -464,10 +503,15 @@ def write_pretrain_corpus(
     task_format = None
     if task_format_documents:
         if tokenizer is None:
-            raise ValueError("pretrain.corpus.task_format_documents needs a tokenizer "
-                             "(model.tokenizer) to fit RULER's formats to the pretraining length")  # fmt: skip
-        task_format = {"documents": task_format_documents, "seq_len": seq_len,
-                       "tokenizer": hash_tree(tokenizer)[:16]}  # fmt: skip
+            raise ValueError(
+                "pretrain.corpus.task_format_documents needs a tokenizer "
+                "(model.tokenizer) to fit RULER's formats to the pretraining length"
+            )
+        task_format = {
+            "documents": task_format_documents,
+            "seq_len": seq_len,
+            "tokenizer": hash_tree(tokenizer)[:16],
+        }
         if english_haystack_share:  # absent at 0: the corpus of earlier versions, unchanged
             task_format["english_share"] = english_haystack_share
     params = _params(seed, documents, task_format)
@@ -487,18 +531,24 @@ def write_pretrain_corpus(
             (tmp / "data").mkdir(parents=True)
             formatted = []
             if task_format is not None:
-                formatted = _task_format(task_format_documents, seed=seed,
-                                         tokenizer=tokenizer, seq_len=seq_len,
-                                         work=tmp / "task_format", workers=workers,
-                                         english_share=english_haystack_share)  # fmt: skip
+                formatted = _task_format(
+                    task_format_documents,
+                    seed=seed,
+                    tokenizer=tokenizer,
+                    seq_len=seq_len,
+                    work=tmp / "task_format",
+                    workers=workers,
+                    english_share=english_haystack_share,
+                )
                 _write_jsonl(tmp / "data", "task_format", [text for _, _, text in formatted])
             docs = plain.result() if plain is not None else generate_documents(seed, documents)
             _write_jsonl(tmp / "data", "pretrain", [text for _, text in docs])
             docs = docs + [(task, text) for task, _, text in formatted]
             counts = Counter(kind for kind, _ in docs)
             words = sum(len(text.split()) for _, text in docs)
-            atomic_write_json(tmp / "pretrain.json", {"params": params, "kinds": dict(counts),
-                                                      "words": words})  # fmt: skip
+            atomic_write_json(
+                tmp / "pretrain.json", {"params": params, "kinds": dict(counts), "words": words}
+            )
     finally:
         if side is not None:
             side.shutdown(cancel_futures=True)
@@ -521,11 +571,16 @@ def ensure_pretrain_corpus(cfg: ExperimentConfig) -> Path | None:
         return None
     corpus = cfg.pretrain.corpus
     seq_len = int(cfg.pretrain.overrides.get("data.seq_len", cfg.data.seq_len))
-    return write_pretrain_corpus(corpus.dir, seed=corpus.seed, documents=corpus.documents,
-                                 task_format_documents=corpus.task_format_documents,
-                                 tokenizer=cfg.model.tokenizer, seq_len=seq_len,
-                                 workers=cfg.data.num_workers,
-                                 english_haystack_share=corpus.english_haystack_share)  # fmt: skip
+    return write_pretrain_corpus(
+        corpus.dir,
+        seed=corpus.seed,
+        documents=corpus.documents,
+        task_format_documents=corpus.task_format_documents,
+        tokenizer=cfg.model.tokenizer,
+        seq_len=seq_len,
+        workers=cfg.data.num_workers,
+        english_haystack_share=corpus.english_haystack_share,
+    )
 
 
 _task_format = task_format_documents  # write_pretrain_corpus' parameter shadows the name

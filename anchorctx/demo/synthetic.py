@@ -26,15 +26,25 @@ def doc_lengths(seq_len: int, rng: np.random.Generator, median_doc: int = 1024) 
 
 
 def synthetic_row(
-    seq_len: int, variant: str, *, seed: int, vocab: int, sp: int = 1, anchor_id: int = 1,
+    seq_len: int,
+    variant: str,
+    *,
+    seed: int,
+    vocab: int,
+    sp: int = 1,
+    anchor_id: int = 1,
     median_doc: int = 1024,
-) -> Row:  # fmt: skip
+) -> Row:
     rng = np.random.default_rng(seed)
     lens = doc_lengths(seq_len, rng, median_doc)
     ids = rng.integers(2, vocab, size=seq_len)
     ids[0] = anchor_id
     mask = np.ones(seq_len, dtype=np.uint8)
     mask[0] = 0
-    record = {"input_ids": ids, "loss_mask": mask, "seg_lens": lens,
-              "seg_doc": list(range(len(lens)))}  # fmt: skip
+    record = {
+        "input_ids": ids,
+        "loss_mask": mask,
+        "seg_lens": lens,
+        "seg_doc": list(range(len(lens))),
+    }
     return make_row(record, seq_len, sp, variant, pad_id=anchor_id)

@@ -8,25 +8,56 @@ Public entry points (docs/ARCHITECTURE.md, evaluation results contract)::
     write_experiment_report(experiment_dir, variants) -> dict
     average_weights(checkpoints, out) -> Path
 
-Nothing here imports torch at module import time.
+Nothing here imports torch at module import time. The names above load on first use (PEP 562):
+the config reads :mod:`anchorctx.evaluation.settings`, and importing that must not import the
+evaluation code.
 """
 
-from anchorctx.evaluation.averaging import summarize_run
-from anchorctx.evaluation.report import write_experiment_report
-from anchorctx.evaluation.results import (
-    SUITES,
-    EvaluationError,
-    Suite,
-    checkpoint_hash,
-    eval_dir,
-    evaluate_checkpoint,
-    evaluation_code_version,
-    evaluation_fingerprint,
-    identity,
-    load_result,
-    result_path,
-)
-from anchorctx.evaluation.weights import average_weights
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from anchorctx.evaluation.averaging import summarize_run
+    from anchorctx.evaluation.report import write_experiment_report
+    from anchorctx.evaluation.results import (
+        SUITES,
+        EvaluationError,
+        Suite,
+        checkpoint_hash,
+        eval_dir,
+        evaluate_checkpoint,
+        evaluation_code_version,
+        evaluation_fingerprint,
+        identity,
+        load_result,
+        result_path,
+    )
+    from anchorctx.evaluation.weights import average_weights
+
+# public name -> the module that defines it
+_EXPORTS = {
+    "summarize_run": "anchorctx.evaluation.averaging",
+    "write_experiment_report": "anchorctx.evaluation.report",
+    **dict.fromkeys(
+        (
+            "SUITES",
+            "EvaluationError",
+            "Suite",
+            "checkpoint_hash",
+            "eval_dir",
+            "evaluate_checkpoint",
+            "evaluation_code_version",
+            "evaluation_fingerprint",
+            "identity",
+            "load_result",
+            "result_path",
+        ),
+        "anchorctx.evaluation.results",
+    ),
+    "average_weights": "anchorctx.evaluation.weights",
+}
 
 __all__ = [
     "SUITES",
@@ -44,3 +75,15 @@ __all__ = [
     "summarize_run",
     "write_experiment_report",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(_EXPORTS[name]), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

@@ -28,12 +28,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from anchorctx.evaluation.averaging import collect_results, result_step
-from anchorctx.io import atomic_write_json, read_json, read_jsonl
+from anchorctx.io import atomic_write_bytes, atomic_write_json, read_json, read_jsonl
 from anchorctx.packing.pipeline import load_packed
 from anchorctx.training.plan import Parallelism
 
 if TYPE_CHECKING:
-    from anchorctx.config import ExperimentConfig
+    from anchorctx.experiment import ExperimentConfig
 
 COMPARISON_JSON = "arm_comparison.json"
 LOSS_PNG = "training_loss.png"
@@ -144,8 +144,6 @@ def plot_loss_curves(curves: dict[str, list[tuple[int, float]]], path: Path) -> 
     from matplotlib.figure import Figure
     from matplotlib.ticker import MaxNLocator
 
-    from anchorctx.evaluation.report import atomic_write_bytes  # report imports this module
-
     drawn = {v: c for v, c in curves.items() if c}
     ref_name = "full" if "full" in drawn else next(iter(drawn), None)
     fig = Figure(figsize=(6.4, 6.0), dpi=120)
@@ -156,8 +154,13 @@ def plot_loss_curves(curves: dict[str, list[tuple[int, float]]], path: Path) -> 
         line = top.plot([s for s, _ in curve], [v for _, v in curve], marker=".", label=variant)
         common = [(s, v - ref[s]) for s, v in curve if s in ref]
         if variant != ref_name and common:
-            bottom.plot([s for s, _ in common], [d for _, d in common], marker=".",
-                        color=line[0].get_color(), label=variant)  # fmt: skip
+            bottom.plot(
+                [s for s, _ in common],
+                [d for _, d in common],
+                marker=".",
+                color=line[0].get_color(),
+                label=variant,
+            )
     top.set_ylabel("training loss (mean per target token)")
     top.set_title("Training loss by arm")
     top.legend()
@@ -184,8 +187,9 @@ def trained_row_indices(dataset: Any, *, seed: int, global_batch: int, steps: in
     # Imported here: the training data module imports torch, which the report path otherwise skips.
     from anchorctx.training.data import BatchPlan
 
-    par = Parallelism(world=1, sp=1, dp=1, micro=global_batch, accum=1, device="cpu",
-                      zero_stage=0, engine="sdpa")  # fmt: skip
+    par = Parallelism(
+        world=1, sp=1, dp=1, micro=global_batch, accum=1, device="cpu", zero_stage=0, engine="sdpa"
+    )
     plan = BatchPlan(dataset, seed=seed, par=par, seq_len=1, variant="full", pad_id=0, rank=0)
     return [i for step in range(steps) for i in plan.row_indices(step)]
 
@@ -238,8 +242,12 @@ def attention_work(
 def _rope_inputs(cfg: ExperimentConfig) -> dict[str, Any]:
     """What the study's result depends on: model, study settings, data and seed."""
     raw = cfg.model_dump(mode="json")
-    return {"model": raw["model"], "analysis": raw["analysis"], "data": raw["data"],
-            "seed": raw["seed"]}  # fmt: skip
+    return {
+        "model": raw["model"],
+        "analysis": raw["analysis"],
+        "data": raw["data"],
+        "seed": raw["seed"],
+    }
 
 
 def ensure_rope_study(cfg: ExperimentConfig, out_dir: Path) -> dict[str, Any]:
@@ -251,8 +259,12 @@ def ensure_rope_study(cfg: ExperimentConfig, out_dir: Path) -> dict[str, Any]:
     inputs = _rope_inputs(cfg)
     stamp = out_dir / "inputs.json"
     seconds = None
-    if not (json_path.is_file() and (out_dir / PNG_NAME).is_file() and stamp.is_file()
-            and read_json(stamp) == inputs):  # fmt: skip
+    if not (
+        json_path.is_file()
+        and (out_dir / PNG_NAME).is_file()
+        and stamp.is_file()
+        and read_json(stamp) == inputs
+    ):
         start = time.perf_counter()
         run_study(cfg, out_dir=out_dir, progress=False)
         seconds = round(time.perf_counter() - start, 1)
@@ -286,16 +298,23 @@ def arm_provenance(cfg: ExperimentConfig, datasets: dict[str, str]) -> dict[str,
     """The experiment and every arm: attention, overrides, run dir and packed dataset."""
     arms = []
     for spec, arm in zip(cfg.variants or [None], cfg.arms()):
-        arms.append({
-            "variant": arm.variant_name,
-            "attention": arm.training.attention,
-            "overrides": dict(spec.overrides) if spec is not None else {},
-            "run_dir": str(arm.run_dir),
-            "dataset": datasets.get(arm.variant_name),
-            "config_fingerprint": arm.fingerprint(),
-        })  # fmt: skip
-    return {"experiment": cfg.name, "experiment_dir": str(cfg.experiment_dir),
-            "config_fingerprint": cfg.fingerprint(), "seed": cfg.seed, "arms": arms}  # fmt: skip
+        arms.append(
+            {
+                "variant": arm.variant_name,
+                "attention": arm.training.attention,
+                "overrides": dict(spec.overrides) if spec is not None else {},
+                "run_dir": str(arm.run_dir),
+                "dataset": datasets.get(arm.variant_name),
+                "config_fingerprint": arm.fingerprint(),
+            }
+        )
+    return {
+        "experiment": cfg.name,
+        "experiment_dir": str(cfg.experiment_dir),
+        "config_fingerprint": cfg.fingerprint(),
+        "seed": cfg.seed,
+        "arms": arms,
+    }
 
 
 # ------------------------------------------------------------------------------ driver
@@ -327,9 +346,13 @@ def write_arm_comparison(
             continue
         t = a.training
         work[a.variant_name] = attention_work(
-            load_packed(dataset)[0], variant=t.attention, seed=a.seed,
-            global_batch=t.global_batch_size, steps=t.steps, seq_len=a.data.seq_len,
-        )  # fmt: skip
+            load_packed(dataset)[0],
+            variant=t.attention,
+            seed=a.seed,
+            global_batch=t.global_batch_size,
+            steps=t.steps,
+            seq_len=a.data.seq_len,
+        )
     comparison["attention_work"] = work
     if rope_study:
         comparison["rope_precision"] = ensure_rope_study(cfg, out_dir / ROPE_DIR)

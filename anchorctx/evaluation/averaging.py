@@ -108,9 +108,8 @@ def ruler_average(result: dict[str, Any]) -> tuple[dict[str, float], list[str]]:
     """Per-length unweighted mean over the RULER tasks of one result, honouring ``exclude``."""
     exclude = set((result.get("evaluation", {}).get("ruler") or {}).get("exclude") or [])
     tasks = [
-        t for t, by_len in result["scores"].items()
-        if t not in exclude and isinstance(by_len, dict)
-    ]  # fmt: skip
+        t for t, by_len in result["scores"].items() if t not in exclude and isinstance(by_len, dict)
+    ]
     per_len: dict[str, list[float]] = {}
     for task in tasks:
         for length, value in result["scores"][task].items():
@@ -154,8 +153,12 @@ def summarize_results(suite: str, results: list[dict[str, Any]]) -> dict[str, An
         out["average"] = {k: avg[k] for k in sorted_keys(avg)}
         out["average_tasks"] = sorted({t for _, tasks in averages for t in tasks})
         out["excluded"] = sorted(
-            {t for r in results for t in (r.get("evaluation", {}).get("ruler") or {}).get("exclude") or []}
-        )  # fmt: skip
+            {
+                t
+                for r in results
+                for t in (r.get("evaluation", {}).get("ruler") or {}).get("exclude") or []
+            }
+        )
     categories = [
         {c: float(v) for c, v in (r.get("categories") or {}).items() if _is_number(v)}
         for r in results
@@ -203,14 +206,17 @@ def suite_markdown(suite: str, s: dict[str, Any]) -> str:
     parts = []
     if "average" in s:
         lengths = list(s["average"])
-        parts.append(markdown_table(
-            ["RULER"] + [length_label(k) for k in lengths],
-            [["**average**"] + [fmt_stat(s["average"][k]) for k in lengths]],
-        ))  # fmt: skip
+        parts.append(
+            markdown_table(
+                ["RULER"] + [length_label(k) for k in lengths],
+                [["**average**"] + [fmt_stat(s["average"][k]) for k in lengths]],
+            )
+        )
     if "categories" in s:
         cats = list(s["categories"])
-        parts.append(markdown_table(["category", "score"],
-                                    [[c, fmt_stat(s["categories"][c])] for c in cats]))  # fmt: skip
+        parts.append(
+            markdown_table(["category", "score"], [[c, fmt_stat(s["categories"][c])] for c in cats])
+        )
     keys = sorted_keys(k for by_key in s["scores"].values() for k in by_key)
     if keys:
         rows = [[task] + [fmt_stat(s["scores"][task].get(k)) for k in keys] for task in s["scores"]]
@@ -223,9 +229,12 @@ def suite_markdown(suite: str, s: dict[str, Any]) -> str:
 
 
 def summary_markdown(summary: dict[str, Any]) -> str:
-    lines = [f"# Evaluation summary: {summary['run_dir']}", "",
-             f"Mean ± std over the last {summary['last_k']} evaluated checkpoints "
-             "(std: population, ddof=0; no ± when one checkpoint)."]  # fmt: skip
+    lines = [
+        f"# Evaluation summary: {summary['run_dir']}",
+        "",
+        f"Mean ± std over the last {summary['last_k']} evaluated checkpoints "
+        "(std: population, ddof=0; no ± when one checkpoint).",
+    ]
     for suite, s in summary["suites"].items():
         steps = ", ".join(str(x) for x in s["steps"])
         lines += ["", f"## {suite}", "", f"{s['n']} checkpoint(s), steps {steps}.", ""]

@@ -38,23 +38,40 @@ def _checkpoints(args: argparse.Namespace) -> list[Path]:
     run_dir = Path(args.run_dir) if args.run_dir else args.cfg.run_dir
     found = _run_checkpoints(run_dir)
     if not found:
-        raise EvaluationError(f"no complete checkpoints under {run_dir / 'checkpoints'}: train "
-                              "first, or pass --checkpoint DIR")  # fmt: skip
+        raise EvaluationError(
+            f"no complete checkpoints under {run_dir / 'checkpoints'}: train "
+            "first, or pass --checkpoint DIR"
+        )
     return found[-args.last_k :] if args.last_k else found
 
 
 # ------------------------------------------------------------------------------- evaluate
 def evaluate_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--checkpoint", action="append", default=[], metavar="DIR",
-                        help="Checkpoint directory (repeatable). Default: every complete "
-                             "checkpoint of the run directory.")  # fmt: skip
+    parser.add_argument(
+        "--checkpoint",
+        action="append",
+        default=[],
+        metavar="DIR",
+        help="Checkpoint directory (repeatable). Default: every complete "
+        "checkpoint of the run directory.",
+    )
     parser.add_argument("--run-dir", metavar="DIR", help="Run directory. Default: the config's.")
-    parser.add_argument("--last-k", type=_positive, metavar="K",
-                        help="Only the newest K checkpoints of the run directory.")  # fmt: skip
-    parser.add_argument("--suite", action="append", default=[], choices=sorted(SUITES),
-                        help="Suite to run (repeatable). Default: evaluation.suites.")  # fmt: skip
-    parser.add_argument("--force", action="store_true",
-                        help="Re-evaluate even when an up-to-date result exists.")  # fmt: skip
+    parser.add_argument(
+        "--last-k",
+        type=_positive,
+        metavar="K",
+        help="Only the newest K checkpoints of the run directory.",
+    )
+    parser.add_argument(
+        "--suite",
+        action="append",
+        default=[],
+        choices=sorted(SUITES),
+        help="Suite to run (repeatable). Default: evaluation.suites.",
+    )
+    parser.add_argument(
+        "--force", action="store_true", help="Re-evaluate even when an up-to-date result exists."
+    )
 
 
 def evaluate(args: argparse.Namespace) -> int:
@@ -102,8 +119,12 @@ def _fmt(value: Any) -> str:
 
 # --------------------------------------------------------------------------------- report
 def report_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--last-k", type=_positive, metavar="K",
-                        help="Average over the last K checkpoints. Default: evaluation.last_k.")  # fmt: skip
+    parser.add_argument(
+        "--last-k",
+        type=_positive,
+        metavar="K",
+        help="Average over the last K checkpoints. Default: evaluation.last_k.",
+    )
 
 
 def report(args: argparse.Namespace) -> int:
@@ -146,11 +167,18 @@ def _arm_comparison(cfg) -> None:
 # ------------------------------------------------------------------------ average-weights
 def average_weights_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--run-dir", metavar="DIR", help="Run directory. Default: the config's.")
-    parser.add_argument("--last-k", type=_positive, metavar="K",
-                        help="Average the newest K checkpoints. Default: evaluation.last_k.")  # fmt: skip
-    parser.add_argument("--out", metavar="DIR",
-                        help="Output directory. Default: <run_dir>/averaged/averaged-last-K "
-                             "(evaluate it with --checkpoint).")  # fmt: skip
+    parser.add_argument(
+        "--last-k",
+        type=_positive,
+        metavar="K",
+        help="Average the newest K checkpoints. Default: evaluation.last_k.",
+    )
+    parser.add_argument(
+        "--out",
+        metavar="DIR",
+        help="Output directory. Default: <run_dir>/averaged/averaged-last-K "
+        "(evaluate it with --checkpoint).",
+    )
 
 
 def average_weights(args: argparse.Namespace) -> int:
@@ -159,8 +187,10 @@ def average_weights(args: argparse.Namespace) -> int:
     k = args.last_k or cfg.evaluation.last_k
     found = _run_checkpoints(run_dir)
     if not found:
-        print(f"anchorctx average-weights: no complete checkpoints under {run_dir / 'checkpoints'}",
-              file=sys.stderr)  # fmt: skip
+        print(
+            f"anchorctx average-weights: no complete checkpoints under {run_dir / 'checkpoints'}",
+            file=sys.stderr,
+        )
         return 2
     chosen = found[-k:]
     out = Path(args.out) if args.out else run_dir / "averaged" / f"averaged-last-{k}"

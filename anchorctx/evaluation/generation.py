@@ -19,7 +19,6 @@ import torch
 from tqdm.auto import tqdm
 from transformers import AutoTokenizer, GenerationConfig, PreTrainedModel, PreTrainedTokenizerBase
 
-from anchorctx.config import ModelConfig
 from anchorctx.models.checkpoints import model_dir_problem
 from anchorctx.models.decoding import (
     GreedyDecoder,
@@ -29,6 +28,7 @@ from anchorctx.models.decoding import (
     unsupported_reason,
 )
 from anchorctx.models.loading import anchor_token_id, load_model, resolve_device
+from anchorctx.models.settings import ModelConfig
 
 
 class CheckpointError(FileNotFoundError):
@@ -44,8 +44,13 @@ def load_eval_model(
         raise CheckpointError(f"not a Hugging Face checkpoint with tokenizer ({problem}): {path}")
     tokenizer = AutoTokenizer.from_pretrained(str(path))
     model_cfg = ModelConfig(path=path, dtype=dtype)
-    model = load_model(model_cfg, dtype=dtype, device=resolve_device(device, "evaluation.device"),
-                       attn_implementation="sdpa", tokenizer=tokenizer)  # fmt: skip
+    model = load_model(
+        model_cfg,
+        dtype=dtype,
+        device=resolve_device(device, "evaluation.device"),
+        attn_implementation="sdpa",
+        tokenizer=tokenizer,
+    )
     return model.eval(), tokenizer
 
 
@@ -99,12 +104,18 @@ def _generation_config(
     # A fresh config: the checkpoint's generation_config may ask for sampling; evaluation is
     # greedy (temperature/top-p unset so transformers does not warn about unused values).
     return GenerationConfig(
-        max_new_tokens=max_new_tokens, do_sample=False, num_beams=1, temperature=None,
-        top_p=None, top_k=None, eos_token_id=_stop_ids(tokenizer, stop),
-        pad_token_id=pad if pad is not None else anchor_token_id(tokenizer), use_cache=True,
+        max_new_tokens=max_new_tokens,
+        do_sample=False,
+        num_beams=1,
+        temperature=None,
+        top_p=None,
+        top_k=None,
+        eos_token_id=_stop_ids(tokenizer, stop),
+        pad_token_id=pad if pad is not None else anchor_token_id(tokenizer),
+        use_cache=True,
         stop_strings=list(stop.stop_strings) or None,
         begin_suppress_tokens=list(stop.suppress_first) or None,
-    )  # fmt: skip
+    )
 
 
 def _stop_ids(tokenizer: PreTrainedTokenizerBase, stop: StopRules) -> list[int]:
@@ -126,8 +137,18 @@ def _pick_engine(engine: str, model: PreTrainedModel, encoded: list[list[int]], 
     return "static" if unsupported_reason(model, longest + new) is None else "hf"
 
 
-def _generate_static(model, tokenizer, encoded, *, max_new_tokens, batch_size, stop, bar,
-                     on_batch, deterministic=False) -> list[str]:  # fmt: skip
+def _generate_static(
+    model,
+    tokenizer,
+    encoded,
+    *,
+    max_new_tokens,
+    batch_size,
+    stop,
+    bar,
+    on_batch,
+    deterministic=False,
+) -> list[str]:
     """The static-cache engine over length-bucketed batches (``batch_size`` rows at most, and
     as many cache slots as fit in free device memory)."""
     decoder = GreedyDecoder(model, deterministic=deterministic)
@@ -135,17 +156,25 @@ def _generate_static(model, tokenizer, encoded, *, max_new_tokens, batch_size, s
     # 60% of free memory for the KV cache of a batch; the rest is prefill activations and
     # allocator slack (the cache of a 7B MHA model is 0.5 MiB per token).
     budget = None if free is None else int(0.6 * free) // kv_bytes_per_token(model)
-    plan = plan_batches([len(e) + max_new_tokens for e in encoded], max_rows=batch_size,
-                        max_tokens=budget)  # fmt: skip
+    plan = plan_batches(
+        [len(e) + max_new_tokens for e in encoded], max_rows=batch_size, max_tokens=budget
+    )
     stop = stop or StopRules()
-    rules = StopRules(stop_token_ids=tuple(_stop_ids(tokenizer, stop)),
-                      stop_strings=stop.stop_strings, suppress_first=stop.suppress_first)  # fmt: skip
+    rules = StopRules(
+        stop_token_ids=tuple(_stop_ids(tokenizer, stop)),
+        stop_strings=stop.stop_strings,
+        suppress_first=stop.suppress_first,
+    )
     config = _generation_config(tokenizer, max_new_tokens)
     out: list[str] = [""] * len(encoded)
     for batch in plan:
-        new = decoder.generate([encoded[i] for i in batch], max_new_tokens=max_new_tokens,
-                               pad_id=config.pad_token_id, stop=rules,
-                               decode=lambda ids: tokenizer.decode(ids))  # fmt: skip
+        new = decoder.generate(
+            [encoded[i] for i in batch],
+            max_new_tokens=max_new_tokens,
+            pad_id=config.pad_token_id,
+            stop=rules,
+            decode=lambda ids: tokenizer.decode(ids),
+        )
         _deliver(batch, tokenizer.batch_decode(new, skip_special_tokens=True), out, on_batch, bar)
     decoder.release()
     return out
@@ -193,9 +222,17 @@ def generate_greedy(
         raise ValueError(f"{len(encoded)} encoded prompts for {len(prompts)} prompts")
     bar = tqdm(total=len(prompts), desc=desc, unit="sample", disable=not progress)
     if prompts and _pick_engine(engine, model, encoded, max_new_tokens) == "static":
-        texts = _generate_static(model, tokenizer, encoded, max_new_tokens=max_new_tokens,
-                                 batch_size=batch_size, stop=stop, bar=bar, on_batch=on_batch,
-                                 deterministic=deterministic)  # fmt: skip
+        texts = _generate_static(
+            model,
+            tokenizer,
+            encoded,
+            max_new_tokens=max_new_tokens,
+            batch_size=batch_size,
+            stop=stop,
+            bar=bar,
+            on_batch=on_batch,
+            deterministic=deterministic,
+        )
         bar.close()
         return texts
     config = _generation_config(tokenizer, max_new_tokens, stop)
@@ -204,8 +241,12 @@ def generate_greedy(
     for batch in _batches([len(e) for e in encoded], batch_size):
         ids, mask = _left_pad([encoded[i] for i in batch], config.pad_token_id, device)
         with torch.inference_mode():
-            seqs = model.generate(input_ids=ids, attention_mask=mask, generation_config=config,
-                                  tokenizer=tokenizer if config.stop_strings else None)  # fmt: skip
+            seqs = model.generate(
+                input_ids=ids,
+                attention_mask=mask,
+                generation_config=config,
+                tokenizer=tokenizer if config.stop_strings else None,
+            )
         new = seqs[:, ids.shape[1] :]  # [B, new tokens]: everything after the (padded) prompt
         _deliver(batch, tokenizer.batch_decode(new, skip_special_tokens=True), out, on_batch, bar)
     bar.close()

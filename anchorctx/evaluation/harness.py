@@ -51,7 +51,7 @@ from tqdm.auto import tqdm
 from anchorctx.models.loading import anchor_token_id
 
 if TYPE_CHECKING:
-    from anchorctx.config import ExperimentConfig
+    from anchorctx.experiment import ExperimentConfig
 
 MMLU_SUBJECTS: tuple[str, ...] = tuple(
     [
@@ -203,9 +203,10 @@ def write_mmlu_yaml(task_dir: Path, subject: str, files: dict[str, Path]) -> str
         raise HarnessDataError(f"lm-eval has no MMLU task file {base}; check the lm-eval version")
     files = {
         split: _csv_to_jsonl(p, task_dir / "data" / "mmlu" / split / f"{subject}.jsonl")
-        if p.suffix == ".csv" else p
+        if p.suffix == ".csv"
+        else p
         for split, p in files.items()
-    }  # fmt: skip
+    }
     name = f"{_TASK_PREFIX}_mmlu_{subject}"
     spec = {
         "include": str(base),
@@ -289,8 +290,13 @@ class _AnchoredEncoding:
 
     anchor_id: int
 
-    def tok_encode(self, string: str, add_special_tokens: bool | None = None,
-                   left_truncate_len: int | None = None, **kwargs: Any) -> list[int]:  # fmt: skip
+    def tok_encode(
+        self,
+        string: str,
+        add_special_tokens: bool | None = None,
+        left_truncate_len: int | None = None,
+        **kwargs: Any,
+    ) -> list[int]:
         ids = self.tokenizer.encode(string, add_special_tokens=False)  # type: ignore[attr-defined]
         if add_special_tokens is not False:
             ids = [self.anchor_id, *ids]
@@ -307,15 +313,23 @@ def make_lm(model: Any, tokenizer: Any, batch_size: int) -> Any:
         anchor_id = anchor_token_id(tokenizer)
 
     _quiet_lm_eval()
-    return AnchoredHFLM(pretrained=model, tokenizer=tokenizer, batch_size=batch_size,
-                        add_bos_token=ADD_BOS_TOKEN,
-                        prefix_token_id=anchor_token_id(tokenizer))  # fmt: skip
+    return AnchoredHFLM(
+        pretrained=model,
+        tokenizer=tokenizer,
+        batch_size=batch_size,
+        add_bos_token=ADD_BOS_TOKEN,
+        prefix_token_id=anchor_token_id(tokenizer),
+    )
 
 
 def harness_reference(tokenizer: Any) -> dict[str, Any]:
     """What results record about lm-eval: its version and how contexts were anchored."""
-    return {"lm_eval": importlib.metadata.version("lm-eval"), "pinned": LM_EVAL_VERSION,
-            "add_bos_token": ADD_BOS_TOKEN, "anchor_token_id": anchor_token_id(tokenizer)}  # fmt: skip
+    return {
+        "lm_eval": importlib.metadata.version("lm-eval"),
+        "pinned": LM_EVAL_VERSION,
+        "add_bos_token": ADD_BOS_TOKEN,
+        "anchor_token_id": anchor_token_id(tokenizer),
+    }
 
 
 def evaluate_docs(
@@ -484,5 +498,9 @@ def run_suite_hellaswag(
     mean = {
         m: round(100 * sum(sum(r[m]) for r in records) / max(1, n), 4) for m in ("acc", "acc_norm")
     }
-    return {"scores": {"hellaswag": mean}, "counts": {"hellaswag": n}, "not_run": {},
-            "reference": harness_reference(tokenizer)}  # fmt: skip
+    return {
+        "scores": {"hellaswag": mean},
+        "counts": {"hellaswag": n},
+        "not_run": {},
+        "reference": harness_reference(tokenizer),
+    }

@@ -106,10 +106,13 @@ def ruler_intervals(
     out). Pairs are ``later - earlier`` in ``arms`` order (the experiment's variant order)."""
     have = [a for a in arms if samples.get(a)]
     intervals = {
-        arm: {length: iv for length, by_task in samples[arm].items()  # type: ignore[union-attr]
-              if (iv := stratified_interval({t: list(s.values()) for t, s in by_task.items()}))}
+        arm: {
+            length: iv
+            for length, by_task in samples[arm].items()  # type: ignore[union-attr]
+            if (iv := stratified_interval({t: list(s.values()) for t, s in by_task.items()}))
+        }
         for arm in have
-    }  # fmt: skip
+    }
     differences: list[dict[str, Any]] = []
     for first, second in combinations(have, 2):
         cells = {}
@@ -136,12 +139,16 @@ def intervals_markdown(result: dict[str, Any], arms: list[str]) -> str:
         "",
     ]
     rows = [
-        [arm] + [
-            f"{iv['mean']:.1f} [{iv['lo']:.1f}, {iv['hi']:.1f}]" if (iv := result["arms"][arm].get(k))
-            else "—" for k in lengths
+        [arm]
+        + [
+            f"{iv['mean']:.1f} [{iv['lo']:.1f}, {iv['hi']:.1f}]"
+            if (iv := result["arms"][arm].get(k))
+            else "—"
+            for k in lengths
         ]
-        for arm in arms if arm in result["arms"]
-    ]  # fmt: skip
+        for arm in arms
+        if arm in result["arms"]
+    ]
     ns = sorted({iv["n"] for by_len in result["arms"].values() for iv in by_len.values()})
     lines += [markdown_table(["arm"] + [length_label(k) for k in lengths], rows), ""]
     rows = []

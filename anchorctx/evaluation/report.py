@@ -15,8 +15,6 @@ is ever filled in.
 from __future__ import annotations
 
 import io
-import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +34,7 @@ from anchorctx.evaluation.averaging import (
     suite_markdown,
 )
 from anchorctx.evaluation.paired import intervals_markdown, ruler_intervals, ruler_sample_scores
-from anchorctx.io import atomic_write_json, atomic_write_text, read_json
+from anchorctx.io import atomic_write_bytes, atomic_write_json, atomic_write_text, read_json
 
 # The one score a general-ability suite is reported by: (task, metric) in its scores.
 HEADLINE = {"mmlu": ("mmlu", "acc"), "hellaswag": ("hellaswag", "acc_norm")}
@@ -128,9 +126,11 @@ def chance_flags(
             chance = CHANCE[source[0]][0]
             lo, hi = chance_interval(chance, n)
             out.setdefault(variant, {})[column] = {
-                "chance": chance, "n": n, "interval": [round(lo, 2), round(hi, 2)],
+                "chance": chance,
+                "n": n,
+                "interval": [round(lo, 2), round(hi, 2)],
                 "at_chance": at_chance(stat["mean"], chance, n),
-            }  # fmt: skip
+            }
     return out
 
 
@@ -174,17 +174,6 @@ def _markdown(title: str, table: dict[str, Any], variants: list[str], label=str)
 
 
 # ------------------------------------------------------------------------------ plot
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def plot_ruler(
     table: dict[str, Any],
     path: Path,
@@ -232,7 +221,7 @@ def _numeric_columns(table: dict[str, Any]) -> bool:
 
 def write_experiment_report(
     experiment_dir: str | Path, variants: list[str], base: str | None = None
-) -> dict[str, Any]:  # fmt: skip
+) -> dict[str, Any]:
     """Compare ``variants`` of the experiment; write report.md/json and the RULER plot.
 
     ``base``: the run directory name of the pretrained base model every arm starts from
@@ -257,9 +246,11 @@ def write_experiment_report(
     # Sampling intervals and paired differences of the arms' RULER averages (not the base model's:
     # it is evaluated at its pretraining length only).
     samples = {
-        arm: ruler_sample_scores(experiment_dir / arm, ruler) if (ruler := _suite(summaries[arm], "ruler")) else None
+        arm: ruler_sample_scores(experiment_dir / arm, ruler)
+        if (ruler := _suite(summaries[arm], "ruler"))
+        else None
         for arm in arms
-    }  # fmt: skip
+    }
     intervals = ruler_intervals(samples, arms)
     comparison_path = experiment_dir / COMPARISON_JSON
     comparison = read_json(comparison_path) if comparison_path.is_file() else None
@@ -270,18 +261,26 @@ def write_experiment_report(
             plot_ruler(tables["ruler"], experiment_dir / "ruler_by_length.png", intervals["arms"])
         )
     check = base_retrieval_check(_suite(summaries[base], "ruler")) if base is not None else None
-    markdown = _report_markdown(experiment_dir, variants, summaries, tables, paths, comparison,
-                                base, check, intervals)  # fmt: skip
+    markdown = _report_markdown(
+        experiment_dir, variants, summaries, tables, paths, comparison, base, check, intervals
+    )
     paths["markdown"] = str(atomic_write_text(experiment_dir / "report.md", markdown))
     paths["json"] = str(experiment_dir / "report.json")
     runs = {v: _run_info(s) for v, s in summaries.items()}
-    atomic_write_json(experiment_dir / "report.json",
-                      {"experiment_dir": str(experiment_dir.resolve()), "variants": arms,
-                       "base": base,
-                       "base_check": check,
-                       "ruler_intervals": intervals,
-                       "runs": runs, "tables": tables, "paths": paths,
-                       "comparison": comparison})  # fmt: skip
+    atomic_write_json(
+        experiment_dir / "report.json",
+        {
+            "experiment_dir": str(experiment_dir.resolve()),
+            "variants": arms,
+            "base": base,
+            "base_check": check,
+            "ruler_intervals": intervals,
+            "runs": runs,
+            "tables": tables,
+            "paths": paths,
+            "comparison": comparison,
+        },
+    )
     return {"markdown": markdown, "tables": tables, "paths": paths}
 
 
@@ -297,9 +296,11 @@ BASE_RETRIEVAL_BAR = 80.0
 def base_retrieval_check(ruler: dict[str, Any] | None) -> dict[str, Any] | None:
     """``{"passed", "bar", "scores": {task: {length: mean}}}`` of the base model's RULER summary;
     None when it scored none of ``BASE_RETRIEVAL_TASKS``."""
-    scores = {task: {length: stat["mean"] for length, stat in by_len.items() if stat}
-              for task, by_len in ((ruler or {}).get("scores") or {}).items()
-              if task in BASE_RETRIEVAL_TASKS}  # fmt: skip
+    scores = {
+        task: {length: stat["mean"] for length, stat in by_len.items() if stat}
+        for task, by_len in ((ruler or {}).get("scores") or {}).items()
+        if task in BASE_RETRIEVAL_TASKS
+    }
     scores = {task: by_len for task, by_len in scores.items() if by_len}
     if not scores:
         return None
@@ -308,9 +309,11 @@ def base_retrieval_check(ruler: dict[str, Any] | None) -> dict[str, Any] | None:
 
 
 def base_check_markdown(check: dict[str, Any]) -> str:
-    cells = ", ".join(f"{task} {v:.1f} at {length_label(length)}"
-                      for task, by_len in check["scores"].items()
-                      for length, v in by_len.items())  # fmt: skip
+    cells = ", ".join(
+        f"{task} {v:.1f} at {length_label(length)}"
+        for task, by_len in check["scores"].items()
+        for length, v in by_len.items()
+    )
     if check["passed"]:
         return f"**Retrieval check: met** ({cells}; the bar is {check['bar']:.0f} on each)."
     return (
@@ -349,10 +352,14 @@ def _report_markdown(
         lines += [provenance_markdown(comparison["provenance"]), ""]
         lines += [comparison_markdown(comparison, arms, paths), ""]
     if base is not None and (ruler := _suite(summaries[base], "ruler")):
-        lines += [f"## Base model: `{base}`", "",
-                  "The pretrained model every arm starts from (`model.path` of each arm), "
-                  "evaluated at the lengths it was pretrained for; it is the first row of "
-                  "the tables below.", ""]  # fmt: skip
+        lines += [
+            f"## Base model: `{base}`",
+            "",
+            "The pretrained model every arm starts from (`model.path` of each arm), "
+            "evaluated at the lengths it was pretrained for; it is the first row of "
+            "the tables below.",
+            "",
+        ]
         if check is not None:
             lines += [base_check_markdown(check), ""]
         lines += [suite_markdown("ruler", ruler), ""]
@@ -372,8 +379,11 @@ def _report_markdown(
         flags = tables["ruler"].get("chance", {})
         cells = [f["at_chance"] for arm in arms for f in flags.get(arm, {}).values()]
         if cells and all(cells):  # intervals of guessers' zeros say nothing about the arms
-            lines += ["", "RULER intervals and paired differences are left out: every arm's "
-                      "RULER score is at chance."]  # fmt: skip
+            lines += [
+                "",
+                "RULER intervals and paired differences are left out: every arm's "
+                "RULER score is at chance.",
+            ]
         else:
             lines += ["", intervals_markdown(intervals, arms)]
     lines += ["", _markdown("Table 7 — LongBench categories", tables["longbench"], variants)]
@@ -385,20 +395,26 @@ def _report_markdown(
 def provenance_markdown(provenance: dict[str, Any]) -> str:
     """The experiment and every arm it compares (attention, overrides, run dir, dataset)."""
     rows = [
-        [f"`{a['variant']}`", a["attention"],
-         ", ".join(f"{k}={v}" for k, v in a["overrides"].items()) or "—",
-         f"`{a['run_dir']}`", f"`{a['dataset']}`" if a.get("dataset") else "—"]
+        [
+            f"`{a['variant']}`",
+            a["attention"],
+            ", ".join(f"{k}={v}" for k, v in a["overrides"].items()) or "—",
+            f"`{a['run_dir']}`",
+            f"`{a['dataset']}`" if a.get("dataset") else "—",
+        ]
         for a in provenance["arms"]
-    ]  # fmt: skip
-    return "\n".join([
-        "## Experiment",
-        "",
-        f"Experiment `{provenance['experiment']}` ({len(provenance['arms'])} arms, seed "
-        f"{provenance['seed']}, config fingerprint `{provenance['config_fingerprint']}`), "
-        f"outputs in `{provenance['experiment_dir']}`.",
-        "",
-        markdown_table(["arm", "attention", "overrides", "run dir", "packed dataset"], rows),
-    ])  # fmt: skip
+    ]
+    return "\n".join(
+        [
+            "## Experiment",
+            "",
+            f"Experiment `{provenance['experiment']}` ({len(provenance['arms'])} arms, seed "
+            f"{provenance['seed']}, config fingerprint `{provenance['config_fingerprint']}`), "
+            f"outputs in `{provenance['experiment_dir']}`.",
+            "",
+            markdown_table(["arm", "attention", "overrides", "run dir", "packed dataset"], rows),
+        ]
+    )
 
 
 def comparison_markdown(
@@ -415,8 +431,9 @@ def comparison_markdown(
             lines += [f"![Training loss by arm]({Path(paths['loss_plot']).name})", ""]
         rows = [
             [v, str(loss[v]["steps"]), f"{loss[v]['first']:.4f}", f"{loss[v]['last']:.4f}"]
-            for v in variants if loss.get(v)
-        ]  # fmt: skip
+            for v in variants
+            if loss.get(v)
+        ]
         lines += [markdown_table(["arm", "steps", "first loss", "last loss"], rows), ""]
     work = comparison.get("attention_work") or {}
     if work:
@@ -429,10 +446,17 @@ def comparison_markdown(
             "",
         ]
         rows = [
-            [v, str(w["rows"]), f"{w['mean_documents_per_row']:.1f}", f"{w['pairs']:,}",
-             f"{w['full_pairs']:,}", f"{100 * w['fraction']:.2f}%"]
-            for v in variants if (w := work.get(v))
-        ]  # fmt: skip
+            [
+                v,
+                str(w["rows"]),
+                f"{w['mean_documents_per_row']:.1f}",
+                f"{w['pairs']:,}",
+                f"{w['full_pairs']:,}",
+                f"{100 * w['fraction']:.2f}%",
+            ]
+            for v in variants
+            if (w := work.get(v))
+        ]
         header = ["arm", "rows trained", "docs per row", "attended pairs", "full pairs", "share"]
         lines += [markdown_table(header, rows), ""]
     rope = comparison.get("rope_precision")
@@ -453,11 +477,14 @@ def comparison_markdown(
         modes = rope["modes"]
         logit_key = next((k for m in modes.values() for k in m if k.startswith("D_logit")), None)
         rows = [
-            [mode, f"{m['D']:.3e}" if m["D"] is not None else "—",
-             f"{100 * m['first_token_share']:.1f}%",
-             f"{m[logit_key]:.3e}" if logit_key else "—"]
+            [
+                mode,
+                f"{m['D']:.3e}" if m["D"] is not None else "—",
+                f"{100 * m['first_token_share']:.1f}%",
+                f"{m[logit_key]:.3e}" if logit_key else "—",
+            ]
             for mode, m in modes.items()
-        ]  # fmt: skip
+        ]
         logit_label = logit_key.replace("D_logit_", "D_logit at T=") if logit_key else "D_logit"
         header = ["precision", "D", "first-token share", logit_label]
         lines += [markdown_table(header, rows)]

@@ -53,7 +53,7 @@ from anchorctx.models.checkpoints import checkpoint_step, model_dir_problem
 from anchorctx.models.loading import resolve_device
 
 if TYPE_CHECKING:
-    from anchorctx.config import ExperimentConfig
+    from anchorctx.experiment import ExperimentConfig
 
 Runner = Callable[..., dict[str, Any]]
 
@@ -65,9 +65,15 @@ SCORE_SOURCES = ("evaluation", "models")
 # ... except files of this package whose code cannot: edits to them keep cached results.
 SCORE_NEUTRAL_SOURCES = tuple(
     f"evaluation/{name}"
-    for name in ("__init__.py", "averaging.py", "commands.py", "report.py", "sharding.py",
-                 "weights.py")
-)  # fmt: skip
+    for name in (
+        "__init__.py",
+        "averaging.py",
+        "commands.py",
+        "report.py",
+        "sharding.py",
+        "weights.py",
+    )
+)
 _WEIGHT_PATTERNS = ("*.safetensors", "pytorch_model*.bin")
 
 
@@ -100,14 +106,20 @@ SUITES: dict[str, Suite] = {
     "ruler": Suite(ruler.run_suite, "ruler"),
     "longbench": Suite(longbench.run_suite, "longbench", required=("data_dir",)),
     "mmlu": Suite(
-        harness.run_suite_mmlu, "harness",
-        ignore=("hellaswag_dir",), required=("mmlu_dir",), common=("dtype",),
+        harness.run_suite_mmlu,
+        "harness",
+        ignore=("hellaswag_dir",),
+        required=("mmlu_dir",),
+        common=("dtype",),
     ),
     "hellaswag": Suite(
-        harness.run_suite_hellaswag, "harness",
-        ignore=("mmlu_dir", "mmlu_fewshot"), required=("hellaswag_dir",), common=("dtype",),
+        harness.run_suite_hellaswag,
+        "harness",
+        ignore=("mmlu_dir", "mmlu_fewshot"),
+        required=("hellaswag_dir",),
+        common=("dtype",),
     ),
-}  # fmt: skip
+}
 
 
 # ------------------------------------------------------------------------------ identities
@@ -154,8 +166,14 @@ def _signature(path: Path) -> _Signature:
     out = []
     for p in files:
         st = p.stat()
-        out.append((p.relative_to(path).as_posix() if p != path else p.name, st.st_size,
-                    st.st_mtime_ns, st.st_ino))  # fmt: skip
+        out.append(
+            (
+                p.relative_to(path).as_posix() if p != path else p.name,
+                st.st_size,
+                st.st_mtime_ns,
+                st.st_ino,
+            )
+        )
     return tuple(out)
 
 
@@ -207,8 +225,11 @@ def input_fingerprints(cfg: ExperimentConfig, suite: str) -> dict[str, str]:
 
 def evaluation_fingerprint(cfg: ExperimentConfig, suite: str) -> str:
     """Hash of the suite's settings and input data: equal fingerprints give equal scores."""
-    payload = {"suite": suite, "config": suite_config(cfg, suite),
-               "inputs": input_fingerprints(cfg, suite)}  # fmt: skip
+    payload = {
+        "suite": suite,
+        "config": suite_config(cfg, suite),
+        "inputs": input_fingerprints(cfg, suite),
+    }
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -260,7 +281,7 @@ def load_result(path: str | Path) -> dict[str, Any] | None:
         return None
 
 
-def _matches(result: dict[str, Any] | None, ident: dict[str, str], samples: Path) -> bool:
+def result_matches(result: dict[str, Any] | None, ident: dict[str, str], samples: Path) -> bool:
     """A cached result is served only if it has this identity, its content is what was
     written, and its per-sample records are the ones it was computed from."""
     if result is None or not all(result.get(k) == v for k, v in ident.items()):
@@ -307,7 +328,7 @@ def check_inputs(cfg: ExperimentConfig, suite: str) -> None:
 
 
 # ---------------------------------------------------------------------- samples (resume)
-def _load_done(path: Path, ident: dict[str, str]) -> dict[str, dict[str, Any]] | None:
+def load_done(path: Path, ident: dict[str, str]) -> dict[str, dict[str, Any]] | None:
     """Records of a previous attempt with the same identity (None: start fresh)."""
     rows = read_jsonl(path)
     if not rows or rows[0].get(HEADER_KEY) != ident:
@@ -315,7 +336,8 @@ def _load_done(path: Path, ident: dict[str, str]) -> dict[str, dict[str, Any]] |
     return {row["key"]: row for row in rows[1:] if "key" in row}
 
 
-def _start_samples(path: Path, ident: dict[str, str]) -> None:
+def start_samples(path: Path, ident: dict[str, str]) -> None:
+    """Start a samples (or shard) file afresh: only the header line holding ``ident``."""
     atomic_write_text(path, json.dumps({HEADER_KEY: ident}) + "\n")
 
 
@@ -333,7 +355,7 @@ def load_eval_model(checkpoint: Path, *, device: str, dtype: str) -> tuple[Any, 
     return _load(checkpoint, device=device, dtype=dtype)
 
 
-def _cached_model(checkpoint: Path, cfg: ExperimentConfig, ckpt_hash: str) -> tuple[Any, Any]:
+def cached_model(checkpoint: Path, cfg: ExperimentConfig, ckpt_hash: str) -> tuple[Any, Any]:
     """Load once per checkpoint; keep only the latest one so memory holds one model."""
     key = (str(checkpoint.resolve()), ckpt_hash, cfg.evaluation.device, cfg.evaluation.dtype)
     if getattr(_LOCAL, "key", None) != key:
@@ -380,19 +402,19 @@ def evaluate_checkpoint(
     ident = identity(cfg, ckpt, suite)
     out = result_path(ckpt, suite)
     samples = samples_path(ckpt, suite)
-    if not force and _matches(load_result(out), ident, samples):
+    if not force and result_matches(load_result(out), ident, samples):
         return out
     with WriterLock(out.parent / f".{suite}.lock", f"evaluation output {out}"):
-        if not force and _matches(load_result(out), ident, samples):
+        if not force and result_matches(load_result(out), ident, samples):
             return out  # another process finished it while we checked
         return _evaluate(cfg, ckpt, suite, spec, ident, out, samples, force, progress)
 
 
 def _evaluate(cfg, ckpt, suite, spec, ident, out: Path, samples: Path, force, progress) -> Path:
-    done = None if force else _load_done(samples, ident)
+    done = None if force else load_done(samples, ident)
     if done is None:
         done = {}
-        _start_samples(samples, ident)
+        start_samples(samples, ident)
     new = 0
 
     def on_sample(record: dict[str, Any]) -> None:
@@ -403,12 +425,16 @@ def _evaluate(cfg, ckpt, suite, spec, ident, out: Path, samples: Path, force, pr
         new += 1
 
     _check_tokenizer(ckpt)
-    model, tokenizer = _cached_model(ckpt, cfg, ident["checkpoint_hash"])
+    model, tokenizer = cached_model(ckpt, cfg, ident["checkpoint_hash"])
     started = time.time()
     raw = spec.runner(model, tokenizer, cfg, done=done, on_sample=on_sample, progress=progress)
     result = _result_record(cfg, ckpt, suite, ident, raw, started)
-    result["samples"] = {"resumed": len(done), "new": new, "file": samples.name,
-                         "sha256": sha256_file(samples)}  # fmt: skip
+    result["samples"] = {
+        "resumed": len(done),
+        "new": new,
+        "file": samples.name,
+        "sha256": sha256_file(samples),
+    }
     result = json.loads(json.dumps(result, default=str))  # the digest covers what is written
     result["result_sha256"] = result_digest(result)
     atomic_write_text(out, json.dumps(result, indent=2) + "\n")

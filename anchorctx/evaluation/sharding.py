@@ -32,24 +32,24 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from anchorctx.config import ExperimentConfig
 from anchorctx.evaluation.results import (
     HEADER_KEY,
-    _cached_model,
-    _load_done,
-    _matches,
-    _start_samples,
+    cached_model,
     check_checkpoint,
     check_inputs,
     evaluate_checkpoint,
     get_suite,
     identity,
+    load_done,
     load_result,
+    result_matches,
     result_path,
     samples_path,
+    start_samples,
 )
 from anchorctx.evaluation.ruler.constants import task_spec
-from anchorctx.evaluation.ruler.runner import _plan, data_paths, selected_tasks
+from anchorctx.evaluation.ruler.runner import data_paths, plan_samples, selected_tasks
+from anchorctx.experiment import ExperimentConfig
 from anchorctx.io import append_jsonl, atomic_write_text, read_jsonl
 
 WHOLE = "*"  # the unit of a suite that is not split
@@ -82,8 +82,11 @@ def units(cfg: ExperimentConfig, suite: str) -> dict[str, float]:
     r = cfg.evaluation.ruler
     # Every unit has num_samples samples (QA tasks may have fewer when their question file is
     # short; the estimate ignores that, as reading the file would cost each planner its parse).
-    return {f"{task}/{length}": r.num_samples * sample_cost(length, task_spec(task).max_new_tokens)
-            for task in selected_tasks(r.tasks, r.exclude) for length in r.lengths}  # fmt: skip
+    return {
+        f"{task}/{length}": r.num_samples * sample_cost(length, task_spec(task).max_new_tokens)
+        for task in selected_tasks(r.tasks, r.exclude)
+        for length in r.lengths
+    }
 
 
 def unit_of(suite: str, key: str) -> str:
@@ -119,7 +122,7 @@ def _records(cfg: ExperimentConfig, checkpoint: Path, suite: str) -> dict[str, d
     ident = identity(cfg, checkpoint, suite)
     done: dict[str, dict[str, Any]] = {}
     for path in [samples_path(checkpoint, suite), *_shard_files(checkpoint, suite)]:
-        done.update(_load_done(path, ident) or {})
+        done.update(load_done(path, ident) or {})
     return done
 
 
@@ -130,11 +133,11 @@ def prepare(cfg: ExperimentConfig, checkpoint: str | Path, suite: str, force: bo
     ckpt = check_checkpoint(checkpoint)
     ident = identity(cfg, ckpt, suite)
     samples = samples_path(ckpt, suite)
-    if not force and _matches(load_result(result_path(ckpt, suite)), ident, samples):
+    if not force and result_matches(load_result(result_path(ckpt, suite)), ident, samples):
         return False
-    if force or _load_done(samples, ident) is None:
+    if force or load_done(samples, ident) is None:
         samples.parent.mkdir(parents=True, exist_ok=True)
-        _start_samples(samples, ident)
+        start_samples(samples, ident)
         for path in _shard_files(ckpt, suite):
             path.unlink()
         result_path(ckpt, suite).unlink(missing_ok=True)
@@ -162,9 +165,17 @@ class _OwnedOnly(Mapping):
         return len(self._done)
 
 
-def run_shard(cfg: ExperimentConfig, checkpoint: str | Path, suite: str, owned: list[str],
-              index: int, count: int, *, progress: bool = False,
-              timing: dict[str, float] | None = None) -> Path:  # fmt: skip
+def run_shard(
+    cfg: ExperimentConfig,
+    checkpoint: str | Path,
+    suite: str,
+    owned: list[str],
+    index: int,
+    count: int,
+    *,
+    progress: bool = False,
+    timing: dict[str, float] | None = None,
+) -> Path:
     """Generate the records of ``owned`` units not recorded yet; returns the shard file.
     ``timing`` receives the seconds of its phases (setup, model load, generation)."""
     start = time.perf_counter()
@@ -175,21 +186,29 @@ def run_shard(cfg: ExperimentConfig, checkpoint: str | Path, suite: str, owned: 
     ident = identity(cfg, ckpt, suite)
     out = shard_path(ckpt, suite, index, count)
     if not out.is_file() or (read_jsonl(out)[:1] or [{}])[0].get(HEADER_KEY) != ident:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(out, json.dumps({HEADER_KEY: ident}) + "\n")
+        start_samples(out, ident)
     done = _records(cfg, ckpt, suite)
     if owned == [WHOLE] or suite != "ruler":
         view: Mapping[str, dict[str, Any]] = done
     else:
         view = _OwnedOnly(done, suite, set(owned))
     loading = time.perf_counter()
-    model, tokenizer = _cached_model(ckpt, cfg, ident["checkpoint_hash"])
+    model, tokenizer = cached_model(ckpt, cfg, ident["checkpoint_hash"])
     generating = time.perf_counter()
-    spec.runner(model, tokenizer, cfg, done=view, on_sample=lambda rec: append_jsonl(out, rec),
-                  progress=progress)  # fmt: skip
+    spec.runner(
+        model,
+        tokenizer,
+        cfg,
+        done=view,
+        on_sample=lambda rec: append_jsonl(out, rec),
+        progress=progress,
+    )
     if timing is not None:
-        timing.update(setup_s=loading - start, load_s=generating - loading,
-                      generate_s=time.perf_counter() - generating)  # fmt: skip
+        timing.update(
+            setup_s=loading - start,
+            load_s=generating - loading,
+            generate_s=time.perf_counter() - generating,
+        )
     return out
 
 
@@ -210,7 +229,7 @@ def is_done(cfg: ExperimentConfig, checkpoint: str | Path, suite: str) -> bool:
     """An up-to-date result exists (this identity, intact, from the current samples file)."""
     ckpt = check_checkpoint(checkpoint)
     ident = identity(cfg, ckpt, suite)
-    return _matches(load_result(result_path(ckpt, suite)), ident, samples_path(ckpt, suite))
+    return result_matches(load_result(result_path(ckpt, suite)), ident, samples_path(ckpt, suite))
 
 
 def _complete(cfg: ExperimentConfig, checkpoint: Path, suite: str, count: int) -> bool:
@@ -221,13 +240,15 @@ def _complete(cfg: ExperimentConfig, checkpoint: Path, suite: str, count: int) -
 
     r = cfg.evaluation.ruler
     done = _records(cfg, checkpoint, suite)
-    pending, _ = _plan(selected_tasks(r.tasks, r.exclude), r.lengths, r.num_samples,
-                       data_paths(cfg), done)  # fmt: skip
+    pending, _ = plan_samples(
+        selected_tasks(r.tasks, r.exclude), r.lengths, r.num_samples, data_paths(cfg), done
+    )
     return not any(pending.values())
 
 
-def finalize_if_complete(cfg: ExperimentConfig, checkpoint: str | Path, suite: str, count: int,
-                         *, progress: bool = False) -> Path | None:  # fmt: skip
+def finalize_if_complete(
+    cfg: ExperimentConfig, checkpoint: str | Path, suite: str, count: int, *, progress: bool = False
+) -> Path | None:
     """Called by a shard when it is done: the shard that completes the evaluation merges it
     and writes the result in its own process, where the model is loaded already, so that no
     merge process loads it again. Returns the result, or None while other shards still run.
@@ -245,8 +266,9 @@ def finalize_if_complete(cfg: ExperimentConfig, checkpoint: str | Path, suite: s
         return finalize(cfg, ckpt, suite, progress=progress)
 
 
-def finalize(cfg: ExperimentConfig, checkpoint: str | Path, suite: str, *,
-             progress: bool = False) -> Path:  # fmt: skip
+def finalize(
+    cfg: ExperimentConfig, checkpoint: str | Path, suite: str, *, progress: bool = False
+) -> Path:
     """Merge the shards and write ``<suite>.json`` (generating whatever is still missing)."""
     merge_shards(cfg, checkpoint, suite)
     return evaluate_checkpoint(cfg, checkpoint, suite, progress=progress)
@@ -260,8 +282,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--shard", nargs=2, type=int, metavar=("INDEX", "COUNT"))
     p.add_argument("--units", nargs="*", default=[WHOLE])
     p.add_argument("--finalize", action="store_true")
-    p.add_argument("--finalize-when-complete", action="store_true",
-                   help="With --shard: the shard that completes the evaluation also merges it.")  # fmt: skip
+    p.add_argument(
+        "--finalize-when-complete",
+        action="store_true",
+        help="With --shard: the shard that completes the evaluation also merges it.",
+    )
     args = p.parse_args(argv)
 
     cfg = ExperimentConfig.model_validate_json(args.config.read_text())

@@ -24,7 +24,7 @@ from anchorctx.io import read_json
 from anchorctx.tracking import Tracker
 
 if TYPE_CHECKING:
-    from anchorctx.config import ExperimentConfig
+    from anchorctx.experiment import ExperimentConfig
 
 
 def log_evaluation(cfg: ExperimentConfig, run_dir: str | Path | None = None) -> None:
@@ -75,8 +75,7 @@ def _summary_metrics(prefix: str, suite: str, s: dict[str, Any], stat: str) -> d
         for key, st in by_key.items()
     }
     out |= {f"{prefix}/ruler/average/{k}": st[stat] for k, st in s.get("average", {}).items()}
-    out |= {f"{prefix}/{suite}/category/{c}": st[stat]
-            for c, st in s.get("categories", {}).items()}  # fmt: skip
+    out |= {f"{prefix}/{suite}/category/{c}": st[stat] for c, st in s.get("categories", {}).items()}
     return out
 
 
@@ -90,12 +89,18 @@ def log_report(cfg: ExperimentConfig, report: dict[str, Any]) -> None:
             if not table["rows"]:
                 continue
             columns = [str(c) for c in table["columns"]]
-            rows = [[variant] + [fmt_stat(row.get(c)) for c in columns]
-                    for variant, row in table["rows"].items()]  # fmt: skip
+            rows = [
+                [variant] + [fmt_stat(row.get(c)) for c in columns]
+                for variant, row in table["rows"].items()
+            ]
             tracker.table(f"report/{name}", ["variant", *columns], rows)
             for variant, row in table["rows"].items():
-                tracker.metrics({f"report/{name}/{variant}/{c}": (row.get(c) or {}).get("mean")
-                                 for c in columns})  # fmt: skip
+                tracker.metrics(
+                    {
+                        f"report/{name}/{variant}/{c}": (row.get(c) or {}).get("mean")
+                        for c in columns
+                    }
+                )
         if plot := report["paths"].get("ruler_plot"):
             tracker.image("report/ruler_by_length", plot)
         tracker.text("report/markdown", report["markdown"])

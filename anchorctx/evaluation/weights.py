@@ -81,8 +81,11 @@ def _average_shard(paths: list[Path]) -> tuple[dict[str, Any], dict[str, str]]:
 
 
 def _source_info(ckpt: Path) -> dict[str, Any]:
-    return {"path": str(ckpt.resolve()), "step": checkpoint_step(ckpt),
-            "checkpoint_hash": checkpoint_hash(ckpt)}  # fmt: skip
+    return {
+        "path": str(ckpt.resolve()),
+        "step": checkpoint_step(ckpt),
+        "checkpoint_hash": checkpoint_hash(ckpt),
+    }
 
 
 def average_weights(
@@ -109,11 +112,14 @@ def average_weights(
             tensors, metadata = _average_shard([c / name for c in ckpts])
             save_file(tensors, str(tmp / name), metadata={**metadata, "format": "pt"})
         _copy_non_weights(ckpts[-1], tmp)
-        atomic_write_json(tmp / "anchorctx.json", {
-            "averaged_from": [_source_info(c) for c in ckpts],
-            "method": "uniform mean of parameters, float32 accumulation",
-            "step": None,
-        })  # fmt: skip
+        atomic_write_json(
+            tmp / "anchorctx.json",
+            {
+                "averaged_from": [_source_info(c) for c in ckpts],
+                "method": "uniform mean of parameters, float32 accumulation",
+                "step": None,
+            },
+        )
     return out
 
 

@@ -30,9 +30,14 @@ def serve_arguments(parser: argparse.ArgumentParser) -> None:
         help="Config of full-experiment/demo and the */default deployments "
         "(default: <configs>/demo.yaml).",
     )
-    parser.add_argument("--limit", type=int, default=1, metavar="N",
-                        help="Flow runs executed at once (default 1: one experiment owns the "
-                             "devices; 0 for no limit).")  # fmt: skip
+    parser.add_argument(
+        "--limit",
+        type=int,
+        default=1,
+        metavar="N",
+        help="Flow runs executed at once (default 1: one experiment owns the "
+        "devices; 0 for no limit).",
+    )
 
 
 def api_url() -> str | None:
@@ -62,8 +67,9 @@ def serve(args: argparse.Namespace) -> int:
 # ------------------------------------------------------------------------------ eval-worker
 def eval_worker_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("pool", help="Work pool name (the config's evaluation.work_pool).")
-    parser.add_argument("--name", default=None,
-                        help="Worker name shown in the UI (default: Prefect's).")  # fmt: skip
+    parser.add_argument(
+        "--name", default=None, help="Worker name shown in the UI (default: Prefect's)."
+    )
 
 
 def eval_worker(args: argparse.Namespace) -> int:
@@ -86,25 +92,57 @@ def eval_worker(args: argparse.Namespace) -> int:
 
 # ------------------------------------------------------------------------------------- run
 def run_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("deployment", nargs="?", default="full-experiment/demo",
-                        help="<flow>/<deployment> (default: full-experiment/demo).")  # fmt: skip
-    parser.add_argument("--arm", action="append", default=[], metavar="NAME",
-                        help="Run only this arm, a name under the config's variants "
-                             "(repeatable; full-experiment).")  # fmt: skip
-    parser.add_argument("--stage", action="append", default=[], choices=STAGES,
-                        help="Run only this stage (repeatable; full-experiment).")  # fmt: skip
-    parser.add_argument("--suite", action="append", default=[], choices=SUITES,
-                        help="Evaluate only this suite (repeatable).")  # fmt: skip
-    parser.add_argument("--force", action="store_true",
-                        help="Recompute instead of reusing cached results (within --arm, "
-                             "--stage, --suite, --force-stage); the rest stays cached.")  # fmt: skip
-    parser.add_argument("--force-stage", action="append", default=[], choices=STAGES,
-                        help="With --force: recompute only this stage (repeatable; default: "
-                             "every stage that runs).")  # fmt: skip
-    parser.add_argument("--param", action="append", default=[], metavar="KEY=JSON",
-                        help="Any other flow parameter, e.g. --param train_timeout_s=3600.")  # fmt: skip
-    parser.add_argument("--no-follow", action="store_true",
-                        help="Print the flow run's UI link and return at once.")  # fmt: skip
+    parser.add_argument(
+        "deployment",
+        nargs="?",
+        default="full-experiment/demo",
+        help="<flow>/<deployment> (default: full-experiment/demo).",
+    )
+    parser.add_argument(
+        "--arm",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="Run only this arm, a name under the config's variants (repeatable; full-experiment).",
+    )
+    parser.add_argument(
+        "--stage",
+        action="append",
+        default=[],
+        choices=STAGES,
+        help="Run only this stage (repeatable; full-experiment).",
+    )
+    parser.add_argument(
+        "--suite",
+        action="append",
+        default=[],
+        choices=SUITES,
+        help="Evaluate only this suite (repeatable).",
+    )
+    parser.add_argument(
+        "--force",
+        action="store_true",
+        help="Recompute instead of reusing cached results (within --arm, "
+        "--stage, --suite, --force-stage); the rest stays cached.",
+    )
+    parser.add_argument(
+        "--force-stage",
+        action="append",
+        default=[],
+        choices=STAGES,
+        help="With --force: recompute only this stage (repeatable; default: "
+        "every stage that runs).",
+    )
+    parser.add_argument(
+        "--param",
+        action="append",
+        default=[],
+        metavar="KEY=JSON",
+        help="Any other flow parameter, e.g. --param train_timeout_s=3600.",
+    )
+    parser.add_argument(
+        "--no-follow", action="store_true", help="Print the flow run's UI link and return at once."
+    )
 
 
 STAGES = ("pretrain", "data", "train", "evaluate", "report")
@@ -117,8 +155,12 @@ def run_parameters(args: argparse.Namespace) -> dict[str, object]:
     import json
 
     params: dict[str, object] = {}
-    for key, value in (("arms", args.arm), ("stages", args.stage), ("suites", args.suite),
-                       ("force_stages", args.force_stage)):  # fmt: skip
+    for key, value in (
+        ("arms", args.arm),
+        ("stages", args.stage),
+        ("suites", args.suite),
+        ("force_stages", args.force_stage),
+    ):
         if value:
             params[key] = list(dict.fromkeys(value))
     if args.force:
@@ -161,8 +203,11 @@ def run(args: argparse.Namespace) -> int:
     try:
         flow_run = run_deployment(args.deployment, parameters=params, timeout=0)
     except ObjectNotFound:
-        print(f"anchorctx run: no deployment {args.deployment!r} on {url} (is `anchorctx serve` "
-              "running? `prefect deployment ls` lists them)", file=sys.stderr)  # fmt: skip
+        print(
+            f"anchorctx run: no deployment {args.deployment!r} on {url} (is `anchorctx serve` "
+            "running? `prefect deployment ls` lists them)",
+            file=sys.stderr,
+        )
         return 2
     link = flow_run_url(flow_run.id) or url
     shown = ", ".join(f"{k}={v}" for k, v in params.items()) or "deployment defaults"
@@ -174,8 +219,11 @@ def run(args: argparse.Namespace) -> int:
         with get_client(sync_client=True) as client:
             state = follow(client, flow_run.id, out=lambda line: print(line, flush=True))
     except KeyboardInterrupt:
-        print(f"[run] stopped following; the run goes on: {link} "
-              f"(cancel: prefect flow-run cancel {flow_run.id})", file=sys.stderr)  # fmt: skip
+        print(
+            f"[run] stopped following; the run goes on: {link} "
+            f"(cancel: prefect flow-run cancel {flow_run.id})",
+            file=sys.stderr,
+        )
         return 130
     print(f"[run] {flow_run.name}: {state.name}. UI: {link}", flush=True)
     return 0 if state.is_completed() else 1

@@ -19,7 +19,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from anchorctx.config import ExperimentConfig, load_config
+from anchorctx.experiment import ExperimentConfig, load_config
 
 if TYPE_CHECKING:
     from prefect.deployments.runner import RunnerDeployment
@@ -47,9 +47,12 @@ def _deploy(flow, name: str, cfg: ExperimentConfig, description: str, **params) 
     from prefect.deployments.runner import EntrypointType
 
     return flow.to_deployment(
-        name=name, parameters={"cfg": cfg, **params}, description=description, tags=TAGS,
+        name=name,
+        parameters={"cfg": cfg, **params},
+        description=description,
+        tags=TAGS,
         entrypoint_type=EntrypointType.MODULE_PATH,
-    )  # fmt: skip
+    )
 
 
 def build_deployments(
@@ -62,25 +65,48 @@ def build_deployments(
     demo_path = Path(demo_config) if demo_config else configs_dir / "demo.yaml"
     demo = load_config(demo_path)
     deployments = [
-        _deploy(fx.full_experiment, "demo", demo,
-                f"The whole experiment on {demo_path}: every arm trained, evaluated, compared."),
+        _deploy(
+            fx.full_experiment,
+            "demo",
+            demo,
+            f"The whole experiment on {demo_path}: every arm trained, evaluated, compared.",
+        ),
         _deploy(fx.prepare_data_flow, "default", demo, f"Pack the data of {demo_path}."),
         _deploy(fx.train_flow, "default", demo, f"Train one arm of {demo_path}."),
-        _deploy(fx.evaluate_flow, "default", demo,
-                "Evaluate the existing checkpoints of a run (cached per checkpoint and suite)."),
+        _deploy(
+            fx.evaluate_flow,
+            "default",
+            demo,
+            "Evaluate the existing checkpoints of a run (cached per checkpoint and suite).",
+        ),
         _deploy(fx.rope_precision_flow, "default", demo, "BF16 vs FP32 RoPE precision study."),
-    ]  # fmt: skip
+    ]
     if (small := configs_dir / "gpu-small.yaml").is_file():
-        deployments.append(_deploy(fx.full_experiment, "gpu-small", load_config(small),
-                                   f"{small}: pretrain a ~150M Llama, then the four arms at 16K, "
-                                   "on one GPU."))  # fmt: skip
-        deployments.append(_deploy(fx.full_experiment, "gpu-small-sp2",
-                                   load_config(small, GPU_SMALL_SP2),
-                                   f"{small} with {' '.join(GPU_SMALL_SP2)}: the same comparison "
-                                   "with DeepSpeed-Ulysses over two GPUs."))  # fmt: skip
+        deployments.append(
+            _deploy(
+                fx.full_experiment,
+                "gpu-small",
+                load_config(small),
+                f"{small}: pretrain a ~150M Llama, then the four arms at 16K, on one GPU.",
+            )
+        )
+        deployments.append(
+            _deploy(
+                fx.full_experiment,
+                "gpu-small-sp2",
+                load_config(small, GPU_SMALL_SP2),
+                f"{small} with {' '.join(GPU_SMALL_SP2)}: the same comparison "
+                "with DeepSpeed-Ulysses over two GPUs.",
+            )
+        )
     for name, path in paper_presets(configs_dir).items():
         cfg = load_config(path)
-        deployments.append(_deploy(fx.full_experiment, name, cfg,
-                                   f"Paper preset {path}: point model.path and data.sources at "
-                                   "local copies first."))  # fmt: skip
+        deployments.append(
+            _deploy(
+                fx.full_experiment,
+                name,
+                cfg,
+                f"Paper preset {path}: point model.path and data.sources at local copies first.",
+            )
+        )
     return deployments

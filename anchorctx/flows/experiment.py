@@ -13,26 +13,30 @@
 
 Every flow takes the validated :class:`~anchorctx.config.ExperimentConfig` as its ``cfg``
 parameter (the UI renders it as a form) and a ``force`` flag that recomputes instead of
-reusing cached results. A cache record only proves that a result *was* computed; before reusing
-one, the flows check that its files still exist and recompute when they do not.
+reusing cached results. A cache record only proves that a result *was* computed: it is reused
+only while its files are intact, else the task recomputes (:func:`anchorctx.tasks.reuse.submission`,
+the one place where Prefect's cache and the library's own reuse meet).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from prefect import flow, get_run_logger, unmapped
+from prefect import flow, get_run_logger
 from prefect import task as prefect_task
 from prefect.cache_policies import NO_CACHE
-from prefect.futures import as_completed
+from prefect.futures import PrefectFuture, as_completed
 from prefect.runtime import flow_run
 from prefect.task_runners import ThreadPoolTaskRunner
 
-from anchorctx.config import ExperimentConfig
 from anchorctx.evaluation.tracking import log_evaluation, log_report
+from anchorctx.experiment import ExperimentConfig
 from anchorctx.flows.sharded import evaluate_sharded, wait_all
 from anchorctx.tasks.artifacts import (
     Progress,
@@ -61,21 +65,9 @@ from anchorctx.tasks.evaluation import (
     summarize_task,
 )
 from anchorctx.tasks.reporting import report_tables, summary_tables
-from anchorctx.tasks.reuse import (
-    CACHED_TAG,
-    mark_cached,
-    tag_flow_run_cached,
-    tagged,
-    will_be_cached,
-)
-from anchorctx.tasks.sharding import (
-    give_gpus,
-    gpu_slots,
-    overlap_training_gpus,
-    take_gpus,
-    visible_gpus,
-)
-from anchorctx.tasks.training import list_checkpoint_paths, train_task
+from anchorctx.tasks.reuse import submission, tag_flow_run_cached, was_cached
+from anchorctx.tasks.sharding import TrainingGpus, hold_training_gpus, visible_gpus
+from anchorctx.tasks.training import checkpoints_exist, list_checkpoint_paths, train_task
 
 # Evaluation tasks running at once in one flow run. One by default: on a single GPU (or two CPU
 # cores) parallel evaluations only compete for the device; raise it on multi-GPU hosts.
@@ -113,15 +105,11 @@ Suite = Literal["ruler", "longbench", "mmlu", "hellaswag"]
 def prepare_data_flow(cfg: ExperimentConfig, force: bool = False) -> str:
     """Pack the training data of ``cfg`` (cached by inputs, data config and tokenizer)."""
     ensure_demo_corpus_task(cfg)
-    task = tagged(prepare_data_task.with_options(refresh_cache=force), {"cfg": cfg}, force)
+    task = submission(prepare_data_task, {"cfg": cfg}, force=force, intact=dataset_exists).task
     state = task(cfg, force=force, return_state=True)
     dataset = state.result()
-    cached = mark_cached(state)
-    if cached and dataset_exists(dataset):
+    if was_cached(state):
         tag_flow_run_cached()
-    elif cached:
-        get_run_logger().warning("cached dataset %s is gone: packing again", dataset)
-        dataset = prepare_data_task.with_options(refresh_cache=True)(cfg, force=True)
     publish_summary(
         f"{cfg.name}-data-{Path(dataset).name}",
         run_summary_markdown(
@@ -157,36 +145,40 @@ def train_flow(
     """
     if dataset is None or not dataset_exists(dataset):
         dataset = prepare_data_flow(cfg, force=force)
-    task = tagged(train_task.with_options(refresh_cache=force), {"cfg": cfg, "dataset": dataset},
-                  force)  # fmt: skip
-    state = task(cfg, dataset, resume=resume, timeout_s=timeout_s, fresh=force, gpus=gpus,
-                 return_state=True)  # fmt: skip
+    params = {"cfg": cfg, "dataset": dataset}
+    task = submission(train_task, params, force=force, intact=checkpoints_exist).task
+    state = task(
+        cfg, dataset, resume=resume, timeout_s=timeout_s, fresh=force, gpus=gpus, return_state=True
+    )
     checkpoints = state.result()
-    cached = mark_cached(state)
-    if cached and all(Path(c).is_dir() for c in checkpoints):
+    if was_cached(state):
         tag_flow_run_cached()
-    elif cached:
-        get_run_logger().warning("cached run's checkpoints are gone from %s: training again",
-                                 cfg.run_dir)  # fmt: skip
-        checkpoints = train_task.with_options(refresh_cache=True)(cfg, dataset, resume, timeout_s,
-                                                                  gpus=gpus)  # fmt: skip
     publish_summary(
         f"{cfg.name}-{cfg.variant_name}-train",
         run_summary_markdown(
-            f"train {cfg.name}/{cfg.variant_name}", cfg, dataset=dataset,
+            f"train {cfg.name}/{cfg.variant_name}",
+            cfg,
+            dataset=dataset,
             code_version=code_version(),
-            outputs={"run dir": cfg.run_dir, "checkpoints": len(checkpoints),
-                     "last checkpoint": checkpoints[-1] if checkpoints else None},
+            outputs={
+                "run dir": cfg.run_dir,
+                "checkpoints": len(checkpoints),
+                "last checkpoint": checkpoints[-1] if checkpoints else None,
+            },
         ),
         "Training run: provenance, resolved config, outputs",
-    )  # fmt: skip
+    )
     return checkpoints
 
 
 # ------------------------------------------------------------------------------- pretrain
 @flow(name="pretrain", flow_run_name=lambda: _run_name("pretrain", per_arm=False))
-def pretrain_flow(cfg: ExperimentConfig, force: bool = False,
-                  timeout_s: float | None = None, evaluate: bool = False) -> str:  # fmt: skip
+def pretrain_flow(
+    cfg: ExperimentConfig,
+    force: bool = False,
+    timeout_s: float | None = None,
+    evaluate: bool = False,
+) -> str:
     """Pretrain the experiment's base model (its ``pretrain`` section) and return its last
     checkpoint, the arms' ``model.path``: the generated corpus is written, then the
     pretraining config is packed and trained by the prepare-data and train flows (both
@@ -207,8 +199,10 @@ def pretrain_flow(cfg: ExperimentConfig, force: bool = False,
 def _check_base_model(cfg: ExperimentConfig) -> None:
     """Arms that start from a pretrained model need it on disk."""
     if cfg.pretrain is not None and not (cfg.base_model_path / "config.json").is_file():
-        raise FileNotFoundError(f"{cfg.name}: no pretrained base model at {cfg.base_model_path}: "
-                                "run the pretrain stage first")  # fmt: skip
+        raise FileNotFoundError(
+            f"{cfg.name}: no pretrained base model at {cfg.base_model_path}: "
+            "run the pretrain stage first"
+        )
 
 
 # ------------------------------------------------------------------------------- evaluate
@@ -253,26 +247,38 @@ def evaluate_flow(
     with _TRACKING_LOCK:  # arms evaluated side by side (overlap) open one tracker run at a time
         log_evaluation(cfg, run)  # every score per checkpoint and the averages, to the trackers
     for name, rows in summary_tables(summary).items():
-        publish_table(f"{cfg.name}-{run.name}-{name}", rows,
-                      f"{run}: {name}, mean ± std over the last {cfg.evaluation.last_k} checkpoints")  # fmt: skip
+        publish_table(
+            f"{cfg.name}-{run.name}-{name}",
+            rows,
+            f"{run}: {name}, mean ± std over the last {cfg.evaluation.last_k} checkpoints",
+        )
     summary_md = run / "eval" / "summary.md"
     publish_summary(
         f"{cfg.name}-{run.name}-evaluation",
-        run_summary_markdown(f"evaluate {run}", cfg, code_version=code_version(),
-                             outputs={"results": len(results), "summary": summary_md})
-        + "\n\n" + (summary_md.read_text() if summary_md.is_file() else ""),
+        run_summary_markdown(
+            f"evaluate {run}",
+            cfg,
+            code_version=code_version(),
+            outputs={"results": len(results), "summary": summary_md},
+        )
+        + "\n\n"
+        + (summary_md.read_text() if summary_md.is_file() else ""),
         "Evaluation: averaged scores and provenance",
-    )  # fmt: skip
+    )
     return {"run_dir": str(run), "results": results, "summary": str(summary_md)}
 
 
 def _evaluate_all(
-    cfg: ExperimentConfig, checkpoints: list[str], suites: list[str], force: bool,
+    cfg: ExperimentConfig,
+    checkpoints: list[str],
+    suites: list[str],
+    force: bool,
     gpus: list[str] | None = None,
-) -> list[str]:  # fmt: skip
-    """Map the (checkpoint, suite) pairs onto evaluation tasks; pairs whose result file is
-    missing (or all of them, with ``force``) bypass the cache. On a host with several GPUs
-    the pairs are sharded over all of them (flows/sharded.py)."""
+) -> list[str]:
+    """One evaluation task per (checkpoint, suite) pair, cached by content: a cache record is
+    reused only while its result file is intact (all recomputed with ``force``). On a host with
+    several GPUs the pairs are sharded over all of them (flows/sharded.py), on a work pool over
+    its workers (flows/pool.py): both reuse results through the library alone."""
     if cfg.evaluation.work_pool:  # workers on any number of nodes (flows/pool.py)
         from anchorctx.flows.pool import evaluate_on_pool
 
@@ -284,20 +290,7 @@ def _evaluate_all(
     if len(gpus) > 1:
         return evaluate_sharded(cfg, checkpoints, suites, force, gpus)
     pairs = [(c, s) for c in checkpoints for s in suites]
-    stale = [p for p in pairs if force or not result_exists(*p)]
-    fresh = [p for p in pairs if p not in stale]
-    reused = [(c, s) for c, s in fresh
-              if will_be_cached(evaluate_task, {"cfg": cfg, "checkpoint": c, "suite": s})]  # fmt: skip
-    fresh = [p for p in fresh if p not in reused]
-    futures = []
-    for group, task in ((reused, evaluate_task.with_options(tags={CACHED_TAG})),
-                        (fresh, evaluate_task),
-                        (stale, evaluate_task.with_options(refresh_cache=True))):  # fmt: skip
-        if group:
-            futures += task.map(
-                cfg=unmapped(cfg), checkpoint=[c for c, _ in group], suite=[s for _, s in group],
-                force=unmapped(force),
-            )  # fmt: skip
+    futures = _submit_evaluations(cfg, pairs, force)
     progress = Progress(
         artifact_key("evaluate", cfg.name, cfg.variant_name),
         f"Evaluating {cfg.name}/{cfg.variant_name}: {len(pairs)} checkpoint × suite pairs",
@@ -312,7 +305,7 @@ def _evaluate_all(
         future.wait()
         if future.state.is_failed():
             failed.append(future.state.message or str(future.task_run_id))
-        cached += mark_cached(future.state)
+        cached += was_cached(future.state)
     if futures and cached == len(futures):
         tag_flow_run_cached()
     if failed:
@@ -320,11 +313,35 @@ def _evaluate_all(
     return [f.result() for f in futures]
 
 
+def _submit_evaluations(
+    cfg: ExperimentConfig, pairs: list[tuple[str, str]], force: bool
+) -> list[PrefectFuture]:
+    """Submit one evaluation task per pair: the reused ones first (they finish at once), then
+    new work, then results computed again."""
+    planned = []
+    for c, s in pairs:
+        params = {"cfg": cfg, "checkpoint": c, "suite": s}
+        sub = submission(evaluate_task, params, force=force, intact=_result_intact(c, s))
+        planned.append((0 if sub.reused else 2 if sub.refresh else 1, c, s, sub.task))
+    planned.sort(key=lambda p: p[0])
+    return [task.submit(cfg=cfg, checkpoint=c, suite=s, force=force) for _, c, s, task in planned]
+
+
+def _result_intact(checkpoint: str, suite: str) -> Callable[[Any], bool]:
+    """Whether a cached evaluation's result file (the recorded value) is still as written."""
+    return lambda _path: result_exists(checkpoint, suite)
+
+
 # Never a cache hit of its own: the evaluate flow inside decides what is cached (by content).
-@prefect_task(name="evaluate-arm", task_run_name="evaluate-arm-{cfg.variant_name}",
-              cache_policy=NO_CACHE, persist_result=False)  # fmt: skip
-def evaluate_arm_task(cfg: ExperimentConfig, suites: list[str], force: bool,
-                      gpus: list[str]) -> dict[str, Any]:  # fmt: skip
+@prefect_task(
+    name="evaluate-arm",
+    task_run_name="evaluate-arm-{cfg.variant_name}",
+    cache_policy=NO_CACHE,
+    persist_result=False,
+)
+def evaluate_arm_task(
+    cfg: ExperimentConfig, suites: list[str], force: bool, gpus: list[str]
+) -> dict[str, Any]:
     """The evaluate flow of one arm as a task, so full-experiment can run it beside training
     (it still shows as its own flow run, a child of this task run)."""
     return evaluate_flow(cfg, suites=suites, force=force, gpus=gpus)
@@ -352,33 +369,70 @@ def full_experiment(
     reusing, within that scope, in ``force_stages`` (default: every stage that runs). A forced
     run that is cancelled or fails leaves the previous results in place.
     """
-    all_arms = cfg.arms()
-    selected = select_arms(all_arms, arms)
-    run_stages = check_stages(stages, "stages") or list(STAGES)
-    forced = set(check_stages(force_stages, "force_stages") or run_stages) if force else set()
+    scope = Scope.of(cfg, arms, stages, suites, force, force_stages, train_timeout_s)
     ensure_demo_corpus_task(cfg)  # before data keys: they fingerprint the corpus files
     ensure_pretrain_corpus_task(cfg)  # the arms' sources may list it too
     stop_prefetch = threading.Event()
-    prefetch = _prefetch_samples(cfg, selected, run_stages, suites, stop_prefetch)
+    prefetch = _prefetch_samples(scope, stop_prefetch)
     try:
-        return _run_experiment(cfg, all_arms, selected, run_stages, forced, suites,
-                               train_timeout_s)  # fmt: skip
+        return _run_experiment(scope)
     finally:
         stop_prefetch.set()  # a failed or cancelled run does not wait for samples it won't use
         if prefetch is not None:
             prefetch.wait()
 
 
-def _prefetch_samples(cfg: ExperimentConfig, arms: list[ExperimentConfig], run_stages: list[str],
-                      suites: list[str] | None, stop: threading.Event):  # fmt: skip
+@dataclass(frozen=True)
+class Scope:
+    """What one full-experiment run does: which arms, stages and suites, what it forces."""
+
+    cfg: ExperimentConfig
+    all_arms: list[ExperimentConfig]  # every arm: the report compares them all
+    arms: list[ExperimentConfig]  # the arms this run trains and evaluates
+    stages: frozenset[str]
+    forced: frozenset[str]
+    suites: list[str] | None  # None: each arm's ``evaluation.suites``
+    train_timeout_s: float | None = None
+
+    @classmethod
+    def of(
+        cls,
+        cfg: ExperimentConfig,
+        arms: list[str] | None,
+        stages: list[str] | None,
+        suites: list[str] | None,
+        force: bool,
+        force_stages: list[str] | None,
+        train_timeout_s: float | None,
+    ) -> Scope:
+        """full-experiment's parameters, checked (an unknown arm or stage is an error)."""
+        all_arms = cfg.arms()
+        selected = select_arms(all_arms, arms)
+        run_stages = frozenset(check_stages(stages, "stages") or STAGES)
+        forced = (check_stages(force_stages, "force_stages") or run_stages) if force else ()
+        return cls(cfg, all_arms, selected, run_stages, frozenset(forced), suites, train_timeout_s)
+
+    def runs(self, *stages: str) -> bool:
+        """Whether any of ``stages`` runs."""
+        return not self.stages.isdisjoint(stages)
+
+    def forces(self, stage: str) -> bool:
+        return stage in self.forced
+
+    def suites_of(self, arm: ExperimentConfig) -> list[str]:
+        """The suites this run evaluates ``arm`` on."""
+        return [x for x in arm.evaluation.suites if not self.suites or x in self.suites]
+
+
+def _prefetch_samples(scope: Scope, stop: threading.Event) -> PrefectFuture | None:
     """Start generating the arms' RULER samples in this process while the GPU trains (a
     future), or None: nothing to gain (no training before the evaluation, no RULER, evaluation
     on CPU, where the thread would only compete with training for the cores, or in other
     processes: several GPUs or a work pool)."""
-    ev = cfg.evaluation
-    if not ({"pretrain", "train"} & set(run_stages) and "evaluate" in run_stages):
+    cfg, arms, ev = scope.cfg, scope.arms, scope.cfg.evaluation
+    if not (scope.runs("pretrain", "train") and scope.runs("evaluate")):
         return None
-    if ev.device == "cpu" or ev.work_pool or "ruler" not in (suites or ev.suites):
+    if ev.device == "cpu" or ev.work_pool or "ruler" not in (scope.suites or ev.suites):
         return None
     if not any("ruler" in a.evaluation.suites for a in arms) or len(visible_gpus()) != 1:
         return None
@@ -392,67 +446,103 @@ def _prefetch_samples(cfg: ExperimentConfig, arms: list[ExperimentConfig], run_s
     return prefetch_ruler_task.submit(arms[0], tok, stop)
 
 
-def _run_experiment(cfg, all_arms, selected, run_stages, forced, suites, train_timeout_s):
-    logger = get_run_logger()
-    base_eval = None
-    if cfg.pretrain is not None and "pretrain" in run_stages:
-        pretrain_flow(cfg, force="pretrain" in forced, timeout_s=train_timeout_s)
-        pre = cfg.pretraining()
-        if "evaluate" in run_stages and pre.evaluation.suites:
-            # The base model's evaluation (GPU) runs beside the arms' data packing (CPU).
-            base_eval = evaluate_arm_task.submit(pre, pre.evaluation.suites,
-                                                 "pretrain" in forced, None)  # fmt: skip
-    if {"data", "train"} & set(run_stages):
-        _check_base_model(cfg)  # the arms' tokenizer and weights are the pretrained model's
-    datasets: dict[str, str] = {}
+def _run_experiment(scope: Scope) -> dict[str, Any]:
+    """The stages in order: pretrain, data, train and evaluate per arm, report."""
+    base_eval = _pretrain(scope)
+    if scope.runs("data", "train"):
+        _check_base_model(scope.cfg)  # the arms' tokenizer and weights are the pretrained model's
     try:
-        if "data" in run_stages or "train" in run_stages:
-            for arm in selected:
-                key = data_key(arm)
-                if key not in datasets:
-                    datasets[key] = prepare_data_flow(arm, force="data" in forced)
-                logger.info("arm %s: dataset %s", arm.variant_name, datasets[key])
+        datasets = _prepare_datasets(scope)
     finally:
         if base_eval is not None:  # before the arms train: they would share the GPU with it
             wait_all([base_eval], "base model evaluations")
-    gpus, train_gpus = [], None
-    if {"train", "evaluate"} <= set(run_stages) and len(selected) > 1:
-        gpus = visible_gpus()
-        train_gpus = overlap_training_gpus(cfg, selected, gpus)
-    # With overlap, training holds its GPUs out of the slot pool the evaluation shards draw
-    # from, and each finished arm's evaluation runs as a task beside the next arm's training.
-    slots = gpu_slots(gpus) if train_gpus is not None else ""
-    held = take_gpus(slots, len(train_gpus)) if train_gpus is not None else None
-    if held is not None:
-        logger.info("overlap: training on GPU(s) %s; finished arms evaluate on the others "
-                    "meanwhile, then on all of %s", held or "none", gpus)  # fmt: skip
-    evaluations = []
-    try:
-        for arm in selected:
-            if "train" in run_stages:
-                train_flow(arm, force="train" in forced, timeout_s=train_timeout_s,
-                           dataset=datasets[data_key(arm)], gpus=held)  # fmt: skip
-            arm_suites = [x for x in arm.evaluation.suites if not suites or x in suites]
-            if "evaluate" in run_stages and arm_suites and held is not None:
-                evaluations.append(evaluate_arm_task.submit(arm, arm_suites,
-                                                            "evaluate" in forced, gpus))  # fmt: skip
-            elif "evaluate" in run_stages and arm_suites:
-                evaluate_flow(arm, suites=arm_suites, force="evaluate" in forced)
-    finally:
-        if held is not None:  # training is over: its GPUs join the evaluation
-            give_gpus(slots, held)
-    wait_all(evaluations, "arm evaluations")
-    out: dict[str, Any] = {"experiment_dir": str(cfg.experiment_dir)}
-    if "report" in run_stages:
-        # Loss curves, attention work (of the arms whose dataset this run resolved), RoPE study.
-        arm_comparison_task(cfg, {a.variant_name: datasets[data_key(a)] for a in all_arms
-                                  if data_key(a) in datasets})  # fmt: skip
-        base = cfg.pretraining().variant_name if cfg.pretrain is not None else None
-        report = report_task(str(cfg.experiment_dir), [a.variant_name for a in all_arms], base)
-        _publish_report(cfg, all_arms, report, datasets)
-        log_report(cfg, report)
-        out["report"] = report["paths"]
+    _train_and_evaluate(scope, datasets)
+    out: dict[str, Any] = {"experiment_dir": str(scope.cfg.experiment_dir)}
+    if scope.runs("report"):
+        out["report"] = _report(scope, datasets)
     return out
+
+
+def _pretrain(scope: Scope) -> PrefectFuture | None:
+    """Pretrain the arms' base model (a ``pretrain`` section only); returns the base model's
+    evaluation, running beside the arms' data packing (GPU beside CPU), or None."""
+    cfg = scope.cfg
+    if cfg.pretrain is None or not scope.runs("pretrain"):
+        return None
+    pretrain_flow(cfg, force=scope.forces("pretrain"), timeout_s=scope.train_timeout_s)
+    pre = cfg.pretraining()
+    if not (scope.runs("evaluate") and pre.evaluation.suites):
+        return None
+    return evaluate_arm_task.submit(pre, pre.evaluation.suites, scope.forces("pretrain"), None)
+
+
+def _prepare_datasets(scope: Scope) -> dict[str, str]:
+    """The packed dataset of every arm in scope, by data key (arms with equal keys share one);
+    empty when neither the data nor the train stage runs."""
+    datasets: dict[str, str] = {}
+    if not scope.runs("data", "train"):
+        return datasets
+    for arm in scope.arms:
+        key = data_key(arm)
+        if key not in datasets:
+            datasets[key] = prepare_data_flow(arm, force=scope.forces("data"))
+        get_run_logger().info("arm %s: dataset %s", arm.variant_name, datasets[key])
+    return datasets
+
+
+def _train_and_evaluate(scope: Scope, datasets: dict[str, str]) -> None:
+    """Train each arm, then evaluate it: in this flow, or, with overlap (:func:`_overlap`), as
+    a task beside the next arm's training on the GPUs training does not hold."""
+    evaluations: list[PrefectFuture] = []
+    with _overlap(scope) as split:
+        for arm in scope.arms:
+            if scope.runs("train"):
+                _train_arm(scope, arm, datasets[data_key(arm)], split)
+            suites = scope.suites_of(arm)
+            if not (scope.runs("evaluate") and suites):
+                continue
+            force = scope.forces("evaluate")
+            if split is not None:
+                evaluations.append(evaluate_arm_task.submit(arm, suites, force, split.gpus))
+            else:
+                evaluate_flow(arm, suites=suites, force=force)
+    wait_all(evaluations, "arm evaluations")
+
+
+def _train_arm(
+    scope: Scope, arm: ExperimentConfig, dataset: str, split: TrainingGpus | None
+) -> list[str]:
+    gpus = split.held if split is not None else None
+    force = scope.forces("train")
+    return train_flow(arm, force=force, timeout_s=scope.train_timeout_s, dataset=dataset, gpus=gpus)
+
+
+@contextlib.contextmanager
+def _overlap(scope: Scope) -> Iterator[TrainingGpus | None]:
+    """Training's share of the GPU slot pool while the arms train (evaluation.overlap), or
+    None: each arm is trained, then evaluated. The GPUs go back to the pool on exit."""
+    if not ({"train", "evaluate"} <= scope.stages and len(scope.arms) > 1):
+        yield None
+        return
+    with hold_training_gpus(scope.cfg, scope.arms) as split:
+        if split is not None:
+            held = split.held or "none"
+            what = "finished arms evaluate on the others meanwhile, then on all of"
+            get_run_logger().info("overlap: training on GPU(s) %s; %s %s", held, what, split.gpus)
+        yield split
+
+
+def _report(scope: Scope, datasets: dict[str, str]) -> dict[str, Any]:
+    """Compare the arms (all of them, not only those in scope); returns the report's paths."""
+    cfg, arms = scope.cfg, scope.all_arms
+    # Loss curves, attention work (of the arms whose dataset this run resolved), RoPE study.
+    resolved = {a.variant_name: datasets.get(data_key(a)) for a in arms}
+    arm_comparison_task(cfg, {name: d for name, d in resolved.items() if d is not None})
+    base = cfg.pretraining().variant_name if cfg.pretrain is not None else None
+    report = report_task(str(cfg.experiment_dir), [a.variant_name for a in arms], base)
+    _publish_report(cfg, arms, report, datasets)
+    log_report(cfg, report)
+    return report["paths"]
 
 
 def select_arms(
@@ -476,9 +566,11 @@ def check_stages(stages: list[str] | None, key: str) -> list[str]:
 
 
 def _publish_report(
-    cfg: ExperimentConfig, arms: list[ExperimentConfig], report: dict[str, Any],
+    cfg: ExperimentConfig,
+    arms: list[ExperimentConfig],
+    report: dict[str, Any],
     datasets: dict[str, str],
-) -> None:  # fmt: skip
+) -> None:
     for name, (rows, what) in report_tables(report).items():
         publish_table(f"{cfg.name}-{name}", rows, what)
     markdown = report["markdown"]
@@ -497,12 +589,18 @@ def _publish_report(
     runs["report"] = report["paths"].get("markdown")
     publish_summary(
         f"{cfg.name}-report",
-        markdown + "\n\n---\n\n"
-        + run_summary_markdown(f"full-experiment {cfg.name}", cfg,
-                               dataset=next(iter(datasets.values()), None),
-                               code_version=code_version(), outputs=runs, arms=arms),
+        markdown
+        + "\n\n---\n\n"
+        + run_summary_markdown(
+            f"full-experiment {cfg.name}",
+            cfg,
+            dataset=next(iter(datasets.values()), None),
+            code_version=code_version(),
+            outputs=runs,
+            arms=arms,
+        ),
         "Experiment report (paper table shapes) with provenance",
-    )  # fmt: skip
+    )
 
 
 # --------------------------------------------------------------------------- rope-precision
@@ -518,8 +616,12 @@ def rope_precision_flow(cfg: ExperimentConfig, out_dir: str | None = None) -> st
     publish_summary(
         f"{cfg.name}-rope-precision-summary",
         (table.read_text() + "\n\n---\n\n" if table.is_file() else "")
-        + run_summary_markdown("rope-precision", cfg, code_version=code_version(),
-                               outputs={"results": path, "plot": png}),
+        + run_summary_markdown(
+            "rope-precision",
+            cfg,
+            code_version=code_version(),
+            outputs={"results": path, "plot": png},
+        ),
         "RoPE precision study: results table and provenance",
-    )  # fmt: skip
+    )
     return path

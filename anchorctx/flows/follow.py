@@ -30,8 +30,13 @@ STEP = re.compile(
     r"step\s+(?P<step>\d+)/(?P<total>\d+)\s+\((?P<pct>[\d.]+)%\)\s+\|\s+loss\s+(?P<loss>\S+)"
     r".*\|\s+eta\s+(?P<eta>\S+)"
 )
-STAGE_OF_FLOW = {"prepare-data": "data", "train": "train", "evaluate": "evaluate",
-                 "full-experiment": "experiment", "rope-precision": "rope-precision"}  # fmt: skip
+STAGE_OF_FLOW = {
+    "prepare-data": "data",
+    "train": "train",
+    "evaluate": "evaluate",
+    "full-experiment": "experiment",
+    "rope-precision": "rope-precision",
+}
 
 
 def parse_step(message: str) -> dict[str, str] | None:
@@ -50,8 +55,10 @@ def arm_of(run_name: str, flow_name: str, experiment: str | None) -> str | None:
 
 def step_text(stage: str, arm: str | None, step: dict[str, str]) -> str:
     where = f"{stage} · {arm}" if arm else stage
-    return (f"{where} · step {step['step']}/{step['total']} ({step['pct']}%) · "
-            f"loss {step['loss']} · eta {step['eta']}")  # fmt: skip
+    return (
+        f"{where} · step {step['step']}/{step['total']} ({step['pct']}%) · "
+        f"loss {step['loss']} · eta {step['eta']}"
+    )
 
 
 def state_text(stage: str, arm: str | None, state_name: str, cached: bool) -> str:
@@ -78,9 +85,13 @@ class Follower:
     run's state (final once the run has finished)."""
 
     def __init__(
-        self, client: SyncPrefectClient, flow_run_id: UUID, *,
-        out: Callable[[str], None] = print, min_interval_s: float = 5.0,
-    ) -> None:  # fmt: skip
+        self,
+        client: SyncPrefectClient,
+        flow_run_id: UUID,
+        *,
+        out: Callable[[str], None] = print,
+        min_interval_s: float = 5.0,
+    ) -> None:
         self.client = client
         self.root = flow_run_id
         self.out = out
@@ -112,8 +123,11 @@ class Follower:
             self.experiment = cfg.get("name") if isinstance(cfg, dict) else None
         runs, frontier = [root], [root.id]
         while frontier:
-            children = self.client.read_flow_runs(flow_run_filter=FlowRunFilter(
-                parent_flow_run_id=FlowRunFilterParentFlowRunId(any_=frontier)))  # fmt: skip
+            children = self.client.read_flow_runs(
+                flow_run_filter=FlowRunFilter(
+                    parent_flow_run_id=FlowRunFilterParentFlowRunId(any_=frontier)
+                )
+            )
             runs += children
             frontier = [c.id for c in children]
         return runs
@@ -126,8 +140,9 @@ class Follower:
         for run in runs:
             info = self.runs[run.id]
             # while it runs, and once more at its end (short runs finish between two polls)
-            if info.stage == "evaluate" and (info.state == "Running" or (
-                    run.state.is_final() and run.id not in self.eval_final)):  # fmt: skip
+            if info.stage == "evaluate" and (
+                info.state == "Running" or (run.state.is_final() and run.id not in self.eval_final)
+            ):
                 self._evaluation(run.id, info)
                 if run.state.is_final():
                     self.eval_final.add(run.id)
@@ -199,9 +214,13 @@ def flow_run_url(flow_run_id: UUID) -> str | None:
 
 
 def follow(
-    client: SyncPrefectClient, flow_run_id: UUID, *, poll_s: float = 2.0,
-    out: Callable[[str], None] = print, min_interval_s: float = 5.0,
-) -> Any:  # fmt: skip
+    client: SyncPrefectClient,
+    flow_run_id: UUID,
+    *,
+    poll_s: float = 2.0,
+    out: Callable[[str], None] = print,
+    min_interval_s: float = 5.0,
+) -> Any:
     """Print progress until the flow run is final; returns its final state."""
     follower = Follower(client, flow_run_id, out=out, min_interval_s=min_interval_s)
     while True:

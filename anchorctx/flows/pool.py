@@ -27,9 +27,9 @@ from urllib.parse import urlparse
 
 from prefect import flow, get_run_logger
 
-from anchorctx.config import ExperimentConfig
 from anchorctx.evaluation.results import result_path
 from anchorctx.evaluation.sharding import plan_shards, prepare
+from anchorctx.experiment import ExperimentConfig
 from anchorctx.flows.sharded import config_file
 from anchorctx.process import run_process_group
 from anchorctx.tasks.sharding import shard_command
@@ -62,9 +62,13 @@ def _shard_name() -> str:
 
 @flow(name=SHARD_FLOW, flow_run_name=_shard_name)
 def evaluate_shard_flow(
-    config_json: str, checkpoint: str, suite: str, index: int | None = None, count: int = 1,
+    config_json: str,
+    checkpoint: str,
+    suite: str,
+    index: int | None = None,
+    count: int = 1,
     units: list[str] | None = None,
-) -> str:  # fmt: skip
+) -> str:
     """One shard of one evaluation (or, with ``index=None``, the merge), on this worker's GPU."""
     logger = get_run_logger()
     node = node_address()
@@ -93,8 +97,9 @@ def pool_workers(pool: str) -> int:
             client.read_deployment_by_name(f"{SHARD_FLOW}/{pool}")
             workers = client.read_workers_for_work_pool(pool)
         except ObjectNotFound:
-            raise RuntimeError(f"evaluation.work_pool={pool!r}: no such pool or deployment; "
-                               f"{start}") from None  # fmt: skip
+            raise RuntimeError(
+                f"evaluation.work_pool={pool!r}: no such pool or deployment; {start}"
+            ) from None
     online = sum(1 for w in workers if str(getattr(w, "status", "")).endswith("ONLINE"))
     if not online:
         raise RuntimeError(f"evaluation.work_pool={pool!r} has no online worker; {start}")
@@ -106,23 +111,28 @@ def _run_all(pool: str, parameter_sets: list[dict]) -> None:
     from prefect.deployments import run_deployment
 
     def one(params: dict):
-        return run_deployment(f"{SHARD_FLOW}/{pool}", parameters=params, timeout=None,
-                              poll_interval=2)  # fmt: skip
+        return run_deployment(
+            f"{SHARD_FLOW}/{pool}", parameters=params, timeout=None, poll_interval=2
+        )
 
     with ThreadPoolExecutor(max_workers=max(1, len(parameter_sets))) as ex:
         # Each thread carries the flow run's context, so the runs show as its subflows.
         futures = [ex.submit(contextvars.copy_context().run, one, p) for p in parameter_sets]
         runs = [f.result() for f in futures]
-    failed = [f"{r.name}: {r.state.name if r.state else '?'}" for r in runs
-              if r.state is None or not r.state.is_completed()]  # fmt: skip
+    failed = [
+        f"{r.name}: {r.state.name if r.state else '?'}"
+        for r in runs
+        if r.state is None or not r.state.is_completed()
+    ]
     if failed:
         raise RuntimeError(
             f"{len(failed)} of {len(runs)} runs on pool {pool!r} failed: {failed[:3]}"
         )
 
 
-def evaluate_on_pool(cfg: ExperimentConfig, checkpoints: Sequence[str], suites: Sequence[str],
-                     force: bool) -> list[str]:  # fmt: skip
+def evaluate_on_pool(
+    cfg: ExperimentConfig, checkpoints: Sequence[str], suites: Sequence[str], force: bool
+) -> list[str]:
     """Result paths of every (checkpoint, suite) pair, evaluated on ``evaluation.work_pool``."""
     pool = cfg.evaluation.work_pool
     assert pool is not None
@@ -133,14 +143,22 @@ def evaluate_on_pool(cfg: ExperimentConfig, checkpoints: Sequence[str], suites: 
         online = pool_workers(pool)
         count = cfg.evaluation.shards or online
         config_json = str(config_file(cfg))
-        shards = [{"config_json": config_json, "checkpoint": c, "suite": s, "index": i,
-                   "count": len(plan), "units": units}
-                  for c, s in todo for plan in [plan_shards(cfg, s, count)]
-                  for i, units in enumerate(plan)]  # fmt: skip
+        shards = [
+            {
+                "config_json": config_json,
+                "checkpoint": c,
+                "suite": s,
+                "index": i,
+                "count": len(plan),
+                "units": units,
+            }
+            for c, s in todo
+            for plan in [plan_shards(cfg, s, count)]
+            for i, units in enumerate(plan)
+        ]
         logger.info("%d pairs to evaluate: %d shards on work pool %r", len(todo), len(shards), pool)
         _run_all(pool, shards)  # each shard's log says which node ran it
-        _run_all(pool, [{"config_json": config_json, "checkpoint": c, "suite": s}
-                        for c, s in todo])  # fmt: skip
+        _run_all(pool, [{"config_json": config_json, "checkpoint": c, "suite": s} for c, s in todo])
     return [str(result_path(c, s)) for c, s in pairs]
 
 
@@ -154,14 +172,27 @@ def register(pool: str) -> None:
     with get_client(sync_client=True) as client, contextlib.suppress(ObjectAlreadyExists):
         client.create_work_pool(WorkPoolCreate(name=pool, type="process"))
     deployment = evaluate_shard_flow.to_deployment(
-        name=pool, work_pool_name=pool, entrypoint_type=EntrypointType.MODULE_PATH,
+        name=pool,
+        work_pool_name=pool,
+        entrypoint_type=EntrypointType.MODULE_PATH,
         description="One shard of an anchorctx evaluation, on one GPU of a worker of this pool.",
-    )  # fmt: skip
+    )
     deployment.apply(work_pool_name=pool)
 
 
 def worker_command(pool: str, name: str | None = None) -> list[str]:
     """``prefect worker start`` for one GPU slot of ``pool``."""
-    cmd = [sys.executable, "-m", "prefect", "worker", "start", "--pool", pool, "--type",
-           "process", "--limit", "1"]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "prefect",
+        "worker",
+        "start",
+        "--pool",
+        pool,
+        "--type",
+        "process",
+        "--limit",
+        "1",
+    ]
     return [*cmd, "--name", name] if name else cmd

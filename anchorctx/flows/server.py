@@ -73,9 +73,12 @@ class PrefectServer:
 
 
 def start_server(
-    home: str | Path, *, host: str = "127.0.0.1", port: int | None = None,
+    home: str | Path,
+    *,
+    host: str = "127.0.0.1",
+    port: int | None = None,
     timeout_s: float = 180.0,
-) -> PrefectServer:  # fmt: skip
+) -> PrefectServer:
     """Start ``prefect server start`` in its own process group; return once it is healthy."""
     home = Path(home)
     (home / "logs").mkdir(parents=True, exist_ok=True)
@@ -84,10 +87,23 @@ def start_server(
     log_path = home / "logs" / "server.log"
     with log_path.open("ab") as log:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "prefect", "server", "start", "--host", host, "--port", str(port)],
-            env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            [
+                sys.executable,
+                "-m",
+                "prefect",
+                "server",
+                "start",
+                "--host",
+                host,
+                "--port",
+                str(port),
+            ],
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
             start_new_session=True,
-        )  # fmt: skip
+        )
     server = PrefectServer(home.resolve(), host, port, proc, log_path)
     deadline = time.monotonic() + timeout_s
     while not is_healthy(server.api_url):

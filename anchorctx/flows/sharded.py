@@ -15,9 +15,9 @@ from pathlib import Path
 
 from prefect.task_runners import ThreadPoolTaskRunner
 
-from anchorctx.config import ExperimentConfig
 from anchorctx.evaluation.results import result_path
 from anchorctx.evaluation.sharding import is_done, plan_shards, prepare
+from anchorctx.experiment import ExperimentConfig
 from anchorctx.io import atomic_write_text
 from anchorctx.tasks.sharding import evaluate_shard_task, finalize_task, gpu_slots
 
@@ -42,8 +42,13 @@ def wait_all(futures: list, what: str) -> list:
     return [f.result() for f in futures]
 
 
-def evaluate_sharded(cfg: ExperimentConfig, checkpoints: Sequence[str], suites: Sequence[str],
-                     force: bool, gpus: Sequence[str]) -> list[str]:  # fmt: skip
+def evaluate_sharded(
+    cfg: ExperimentConfig,
+    checkpoints: Sequence[str],
+    suites: Sequence[str],
+    force: bool,
+    gpus: Sequence[str],
+) -> list[str]:
     """Result paths of every (checkpoint, suite) pair, evaluated over ``gpus``."""
     pairs = [(str(c), s) for c in checkpoints for s in suites]
     todo = [(c, s) for c, s in pairs if prepare(cfg, c, s, force)]
@@ -52,18 +57,32 @@ def evaluate_sharded(cfg: ExperimentConfig, checkpoints: Sequence[str], suites: 
         slots = gpu_slots(list(gpus))
         with ThreadPoolTaskRunner(max_workers=len(gpus)) as runner:
             shards = [
-                runner.submit(evaluate_shard_task, {
-                    "config_json": config_json, "checkpoint": c, "suite": s, "index": i,
-                    "count": len(plan), "units": units, "slots": slots})
+                runner.submit(
+                    evaluate_shard_task,
+                    {
+                        "config_json": config_json,
+                        "checkpoint": c,
+                        "suite": s,
+                        "index": i,
+                        "count": len(plan),
+                        "units": units,
+                        "slots": slots,
+                    },
+                )
                 for c, s in todo
                 for plan in [plan_shards(cfg, s, len(gpus))]
                 for i, units in enumerate(plan)
-            ]  # fmt: skip
+            ]
             wait_all(shards, "evaluation shards")
             # The shard that completed a pair merged it already; a merge task is left only
             # where that did not happen (e.g. shards resumed from another attempt's records).
-            merges = [runner.submit(finalize_task, {"config_json": config_json, "checkpoint": c,
-                                                    "suite": s, "slots": slots})
-                      for c, s in todo if not is_done(cfg, c, s)]  # fmt: skip
+            merges = [
+                runner.submit(
+                    finalize_task,
+                    {"config_json": config_json, "checkpoint": c, "suite": s, "slots": slots},
+                )
+                for c, s in todo
+                if not is_done(cfg, c, s)
+            ]
             wait_all(merges, "evaluation merges")
     return [str(result_path(c, s)) for c, s in pairs]

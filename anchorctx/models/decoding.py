@@ -4,11 +4,10 @@ Why not ``model.generate``: on a 7B model at 32K its host-side work per token (l
 processors, stopping criteria, cache bookkeeping, a mask rebuilt every step) costs several times
 the GPU time of the step itself, and ``cache_implementation="static"`` recompiles at every step.
 
-What runs here: the checkpoint's own modules, unchanged (embeddings, rotary embedding with the
-checkpoint's RoPE scaling, decoder layers with their attention function, final norm, LM head),
-so every architecture detail (GQA, qkv bias, tied embeddings) is the model's; only the KV cache
-and the loop are ours. On CUDA the decode step's layers run by default through the fused step
-(below), the same weights and arithmetic in fewer kernels.
+The forward is :class:`~anchorctx.models.decoder.StaticDecoder` (built once per model: the
+checkpoint's weights, its RoPE scaling, GQA, qkv bias, tied embeddings; its own KV cache); this
+module is the loop around it: batches, the decode step's attention kernel, CUDA-graph capture,
+stopping.
 
 - KV cache: one static buffer ``[B, H_kv, S, D]`` per layer, sized for the batch. Prompts are
   right-aligned to a common end slot ``W`` (the longest prompt), so at decode step ``i`` every
@@ -25,9 +24,8 @@ and the loop are ours. On CUDA the decode step's layers run by default through t
   in a second kernel, so it is deterministic), whose mask reads the slot mask from device memory,
   so the captured graph sees the slots each replay makes visible.
 - The decode step's layers are a choice too (``DECODE_STEPS``): "hf" runs the checkpoint's
-  decoder-layer modules (the reference), "fused" the same weights through
-  :mod:`anchorctx.models.fused_step` (concatenated q/k/v and gate/up GEMVs, norms, RoPE and
-  residuals fused by ``torch.compile``), with the same attention function.
+  submodules (the reference), "fused" the same weights merged (q/k/v and gate/up as one GEMV
+  each) with norms, RoPE and residuals fused by ``torch.compile``, with the same attention.
 - Rows stop on their stop tokens (the caller puts EOS among them); stop strings are checked on
   the host every ``sync_every`` steps; the loop exits once every row has stopped.
 """
@@ -38,15 +36,15 @@ import contextlib
 import functools
 import warnings
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.nn.attention.flex_attention import BlockMask, flex_attention
-from transformers import AttentionInterface
 
-from anchorctx.models.fused_step import FusedDecodeStep, fused_unsupported_reason
+from anchorctx.models import decoder as static
+from anchorctx.models.decoder import DECODE_STEPS, DecodeAttention, KVCache, StaticDecoder
 
 # Buffer lengths round up to this: batches of similar length then reuse one captured graph, and
 # the mask's row stride stays aligned for SDPA's memory-efficient kernel (it wants multiples of 8).
@@ -55,10 +53,6 @@ SLOT_ROUND = 128
 # device-to-host copy; every 16 steps it costs well under 1% at 7B scale and wastes at most 15
 # steps after the last row stopped.
 SYNC_EVERY = 16
-SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
-# RoPE variants that recompute their frequencies from the sequence length inside the forward
-# (a host-side decision per call): not capturable and not position-independent.
-DYNAMIC_ROPE_TYPES = ("dynamic", "longrope")
 # Decode-step attention kernels: "sdpa" = PyTorch's pick for a masked single query (cuDNN on
 # H100/H200), "efficient" = SDPA's memory-efficient kernel, "flex" = compiled FlexAttention.
 DECODE_ATTENTIONS = ("sdpa", "efficient", "flex")
@@ -69,10 +63,16 @@ DETERMINISTIC_ATTENTION = "flex"
 # count, so still deterministic; the best of bench/decode_attention_sweep.py's variants on H200
 # (7B-shaped attention alone: 0.59 ms against 0.93 ms with flex's own choice at 128K, batch 1).
 FLEX_KERNEL_OPTIONS: dict[str, int] = {"SPLIT_KV": 32, "num_stages": 3}
-# Decode-step layer implementations: "hf" = the checkpoint's modules, "fused" = fused_step.
-DECODE_STEPS = ("hf", "fused")
-# Name under which the decode step's attention function is registered with transformers.
-_DECODE_FN = "anchorctx_decode"
+__all__ = [
+    "DECODE_ATTENTIONS",
+    "DECODE_STEPS",
+    "GreedyDecoder",
+    "StopRules",
+    "UnsupportedModelError",
+    "kv_bytes_per_token",
+    "plan_batches",
+    "unsupported_reason",
+]
 
 
 class UnsupportedModelError(ValueError):
@@ -95,16 +95,10 @@ class StopRules:
 
 def unsupported_reason(model, total_tokens: int) -> str | None:
     """Why ``model`` cannot decode ``total_tokens`` (prompt + new) here; None when it can."""
+    reason = static.unsupported_reason(model)
+    if reason is not None:
+        return reason
     cfg = model.config
-    base = getattr(model, "model", None)
-    if cfg.model_type not in SUPPORTED_MODEL_TYPES or base is None:
-        return f"model_type {cfg.model_type!r} (static engine: {', '.join(SUPPORTED_MODEL_TYPES)})"
-    if not all(hasattr(base, n) for n in ("embed_tokens", "layers", "norm", "rotary_emb")):
-        return f"{type(base).__name__} lacks embed_tokens/layers/norm/rotary_emb"
-    rope = getattr(cfg, "rope_parameters", None) or getattr(cfg, "rope_scaling", None) or {}
-    rope_type = rope.get("rope_type", rope.get("type", "default"))
-    if rope_type in DYNAMIC_ROPE_TYPES:
-        return f"rope_type {rope_type!r} depends on the sequence length"
     window = getattr(cfg, "sliding_window", None)
     if getattr(cfg, "use_sliding_window", True) is False:
         window = None
@@ -164,13 +158,23 @@ def _flex_decode(q, k, v, visible, kv_blocks, kv_index, scale):
     def mask_mod(b, h, q_idx, kv_idx):
         return visible[b, kv_idx]
 
-    block_mask = BlockMask.from_kv_blocks(kv_blocks, kv_index, BLOCK_SIZE=SLOT_ROUND,
-                                          mask_mod=mask_mod, seq_lengths=(q.shape[2], k.shape[2]),
-                                          compute_q_blocks=False)  # fmt: skip
-    return flex_attention(q, k, v, block_mask=block_mask, scale=scale,
-                          enable_gqa=q.shape[1] != k.shape[1],
-                          kernel_options=(dict(FLEX_KERNEL_OPTIONS) or None) if q.is_cuda
-                          else None)  # fmt: skip
+    block_mask = BlockMask.from_kv_blocks(
+        kv_blocks,
+        kv_index,
+        BLOCK_SIZE=SLOT_ROUND,
+        mask_mod=mask_mod,
+        seq_lengths=(q.shape[2], k.shape[2]),
+        compute_q_blocks=False,
+    )
+    return flex_attention(
+        q,
+        k,
+        v,
+        block_mask=block_mask,
+        scale=scale,
+        enable_gqa=q.shape[1] != k.shape[1],
+        kernel_options=(dict(FLEX_KERNEL_OPTIONS) or None) if q.is_cuda else None,
+    )
 
 
 @functools.cache
@@ -204,78 +208,56 @@ def _grouped_sdpa_decode(q, k, v, mask, scale):
     return out.reshape(b, heads, t, d)  # [B, H_q, 1, D] (CUDA kernels may return it strided)
 
 
-def _decode_attention_forward(module, query, key, value, attention_mask, dropout=0.0,
-                              scaling=None, decode_attention=None, **kwargs):  # fmt: skip
-    """transformers attention function of the decode step: ``decode_attention`` computes
-    [B, H, 1, D]; returned as [B, 1, H, D] like transformers' own functions."""
-    return decode_attention(query, key, value, scaling).transpose(1, 2).contiguous(), None
-
-
-@functools.cache
-def _register_decode_fn() -> None:
-    AttentionInterface.register(_DECODE_FN, _decode_attention_forward)
-
-
-class _StaticKV:
-    """The KV cache the decoder layers write into; they only call ``update``.
-
-    Prefill (``prefill`` set to ``(row, first slot of the row's prompt, first slot of the
-    chunk)``): the chunk's K/V go into that row and the row's cached prefix is returned, so
-    attention sees exactly the prompt so far. Decode (``prefill`` None): every row writes the slot
-    in ``slot`` (a device tensor, so a captured graph reads it at replay) and attention gets the
-    whole buffer, masked by the caller.
-    """
-
-    def __init__(self, model, batch: int, slots: int):
-        cfg = model.config
-        head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-        weight = model.model.embed_tokens.weight
-        shape = (batch, cfg.num_key_value_heads, slots, head_dim)  # [B, H_kv, S, D]
-        # Zeros, not empty: masked slots get softmax weight 0, and 0 * NaN garbage would be NaN.
-        self.k = [torch.zeros(shape, dtype=weight.dtype, device=weight.device)
-                  for _ in range(cfg.num_hidden_layers)]  # fmt: skip
-        self.v = [torch.zeros_like(t) for t in self.k]
-        self.slot = torch.zeros(1, dtype=torch.long, device=weight.device)  # [1]
-        self.prefill: tuple[int, int, int] | None = None
-
-    def update(self, key, value, layer_idx, *args, **kwargs):
-        k, v = self.k[layer_idx], self.v[layer_idx]
-        if self.prefill is not None:
-            row, first, start = self.prefill
-            end = start + key.shape[2]
-            k[row, :, start:end] = key[0]  # key: [1, H_kv, chunk, D]
-            v[row, :, start:end] = value[0]
-            return k[row : row + 1, :, first:end], v[row : row + 1, :, first:end]
-        k.index_copy_(2, self.slot, key)  # key: [B, H_kv, 1, D]
-        v.index_copy_(2, self.slot, value)
-        return k, v
-
-
+@dataclass(eq=False)
 class _Batch:
     """Device buffers of one batch shape; a captured graph reads and writes exactly these."""
 
-    def __init__(self, model, batch: int, slots: int, new_tokens: int, stop_ids, pad_id: int):
-        device = model.model.embed_tokens.weight.device
-        self.key = (batch, slots, new_tokens, tuple(stop_ids), pad_id)
-        self.cache = _StaticKV(model, batch, slots)
-        self.mask = torch.zeros(batch, 1, 1, slots, dtype=torch.bool, device=device)
-        self.tok = torch.zeros(batch, 1, dtype=torch.long, device=device)  # [B, 1] fed token
-        self.pos = torch.zeros(batch, 1, dtype=torch.long, device=device)  # [B, 1] its position
-        self.step = torch.ones(1, dtype=torch.long, device=device)  # out column being written
-        self.done = torch.zeros(batch, dtype=torch.bool, device=device)
-        self.out = torch.full((batch, new_tokens), pad_id, dtype=torch.long, device=device)
-        # -1 never matches a token: keeps the comparison shape fixed without stop tokens.
-        self.stop_ids = torch.tensor([*stop_ids, -1], dtype=torch.long, device=device)
-        self.pad = torch.tensor(pad_id, dtype=torch.long, device=device)
+    key: tuple  # (batch, slots, new tokens, stop ids, pad id): when the buffers can be reused
+    cache: KVCache
+    mask: torch.Tensor  # [B, 1, 1, S] bool: slots each row's attention sees
+    tok: torch.Tensor  # [B, 1] the token fed to the step
+    pos: torch.Tensor  # [B, 1] its RoPE position
+    slot: torch.Tensor  # [1] the cache slot the step writes
+    step: torch.Tensor  # [1] the output column being written
+    done: torch.Tensor  # [B] bool
+    out: torch.Tensor  # [B, new tokens]
+    stop_ids: torch.Tensor  # [stop tokens + 1]
+    pad: torch.Tensor  # [] the token stopped rows produce
+    kv_blocks: torch.Tensor  # [1, 1, 1] FlexAttention: key blocks per row and head
+    kv_index: torch.Tensor  # [1, 1, 1, S / SLOT_ROUND] FlexAttention: their indices
+    graph: torch.cuda.CUDAGraph | None = field(default=None)
+
+    @classmethod
+    def allocate(
+        cls, decoder: StaticDecoder, batch: int, slots: int, new_tokens: int, stop_ids, pad_id: int
+    ) -> _Batch:
+        device = decoder.weight.device
+
+        def zeros(*shape, dtype=torch.long):
+            return torch.zeros(shape, dtype=dtype, device=device)
+
         # FlexAttention's block list: all S / SLOT_ROUND key blocks for every row and head
-        # (shape [1, 1, 1] and [1, 1, 1, S / SLOT_ROUND]: broadcast over rows and heads).
+        # (broadcast over rows and heads).
         blocks = slots // SLOT_ROUND
-        self.kv_blocks = torch.full((1, 1, 1), blocks, dtype=torch.int32, device=device)
-        self.kv_index = torch.arange(blocks, dtype=torch.int32, device=device).view(1, 1, 1, -1)
-        self.graph = None
+        return cls(
+            key=(batch, slots, new_tokens, tuple(stop_ids), pad_id),
+            cache=decoder.allocate(batch, slots),
+            mask=zeros(batch, 1, 1, slots, dtype=torch.bool),
+            tok=zeros(batch, 1),
+            pos=zeros(batch, 1),
+            slot=zeros(1),
+            step=torch.ones(1, dtype=torch.long, device=device),
+            done=zeros(batch, dtype=torch.bool),
+            out=torch.full((batch, new_tokens), pad_id, dtype=torch.long, device=device),
+            # -1 never matches a token: keeps the comparison shape fixed without stop tokens.
+            stop_ids=torch.tensor([*stop_ids, -1], dtype=torch.long, device=device),
+            pad=torch.tensor(pad_id, dtype=torch.long, device=device),
+            kv_blocks=torch.full((1, 1, 1), blocks, dtype=torch.int32, device=device),
+            kv_index=torch.arange(blocks, dtype=torch.int32, device=device).view(1, 1, 1, -1),
+        )
 
     def mutable(self) -> list[torch.Tensor]:
-        return [self.mask, self.tok, self.pos, self.step, self.done, self.out, self.cache.slot]
+        return [self.mask, self.tok, self.pos, self.step, self.done, self.out, self.slot]
 
 
 class GreedyDecoder:
@@ -293,46 +275,69 @@ class GreedyDecoder:
     On CPU "sdpa" and "efficient" are the same kernel and "flex" runs uncompiled.
 
     ``step``: the decode step's layers, one of ``DECODE_STEPS`` (default: "fused" on CUDA where
-    the model allows it, else "hf"; docs/PERFORMANCE.md section 4 has the speeds). "fused" makes
-    the model's q/k/v and gate/up parameters views into concatenated tensors (no extra memory).
+    the model allows it, else "hf"; docs/PERFORMANCE.md section 4 has the speeds). "fused" merges
+    the model's q/k/v and gate/up parameters into one tensor each (no extra memory, see
+    :func:`anchorctx.models.decoder._merged`). The built forward is ``self.decoder``.
     """
 
-    def __init__(self, model, *, use_graph: bool | None = None, prefill_chunk: int | None = None,
-                 sync_every: int = SYNC_EVERY, deterministic: bool = False,
-                 attention: str | None = None, step: str | None = None):  # fmt: skip
+    def __init__(
+        self,
+        model,
+        *,
+        use_graph: bool | None = None,
+        prefill_chunk: int | None = None,
+        sync_every: int = SYNC_EVERY,
+        deterministic: bool = False,
+        attention: str | None = None,
+        step: str | None = None,
+    ):
         if attention is None:
             attention = DETERMINISTIC_ATTENTION if deterministic else "sdpa"
         if attention not in DECODE_ATTENTIONS:
-            raise ValueError(f"decode attention {attention!r}: expected one of "
-                             f"{', '.join(DECODE_ATTENTIONS)}")  # fmt: skip
+            raise ValueError(
+                f"decode attention {attention!r}: expected one of {', '.join(DECODE_ATTENTIONS)}"
+            )
         if deterministic and attention == "sdpa":
             raise ValueError("deterministic decoding needs attention 'efficient' or 'flex'")
+        if step is not None and step not in DECODE_STEPS:
+            raise ValueError(f"decode step {step!r}: expected one of {', '.join(DECODE_STEPS)}")
         self.model = model
         self.attention = attention
         self.deterministic = attention != "sdpa"
         self.device = model.model.embed_tokens.weight.device
-        self.head = model.get_output_embeddings()
         self.use_graph = (self.device.type == "cuda") if use_graph is None else use_graph
         self.prefill_chunk = prefill_chunk
         self.sync_every = sync_every
         self._batch: _Batch | None = None
-        cfg = model.config
-        self._grouped = cfg.num_key_value_heads != cfg.num_attention_heads  # GQA
-        self.step, self._fused = self._pick_step(step)
+        self.step = step or self._default_step()
+        # The fused step merges the weights now (and names an unsupported model here); the hf
+        # step's forward is built at first use, after ``generate`` has checked the model.
+        self._decoder: StaticDecoder | None = self._build() if self.step == "fused" else None
 
-    def _pick_step(self, step: str | None):
-        if step is not None and step not in DECODE_STEPS:
-            raise ValueError(f"decode step {step!r}: expected one of {', '.join(DECODE_STEPS)}")
-        if step is None:
-            fusable = unsupported_reason(self.model, 0) is None
-            fusable = fusable and fused_unsupported_reason(self.model) is None
-            step = "fused" if self.device.type == "cuda" and fusable else "hf"
-        if step == "hf":
-            return step, None
-        reason = unsupported_reason(self.model, 0) or fused_unsupported_reason(self.model)
-        if reason is not None:
-            raise UnsupportedModelError(f"fused decode step: {reason}")
-        return step, FusedDecodeStep(self.model)
+    def _default_step(self) -> str:
+        fusable = (
+            static.unsupported_reason(self.model) is None
+            and static.fused_unsupported_reason(self.model) is None
+        )
+        return "fused" if self.device.type == "cuda" and fusable else "hf"
+
+    def _build(self) -> StaticDecoder:
+        try:
+            return StaticDecoder(self.model, step=self.step)
+        except ValueError as e:
+            raise UnsupportedModelError(str(e)) from None
+
+    @property
+    def decoder(self) -> StaticDecoder:
+        """The model's static forward (:class:`~anchorctx.models.decoder.StaticDecoder`)."""
+        if self._decoder is None:
+            self._decoder = self._build()
+        return self._decoder
+
+    @decoder.setter
+    def decoder(self, built: StaticDecoder) -> None:
+        self.release()
+        self._decoder = built
 
     def release(self) -> None:
         """Free the cached batch buffers and graph."""
@@ -346,25 +351,6 @@ class GreedyDecoder:
             return None
         self.release()
         return torch.cuda.mem_get_info(self.device)[0]
-
-    # -- model pieces --------------------------------------------------------------------------
-    def _layers(self, ids, pos, mask, cache, cache_position, **attn_kwargs) -> torch.Tensor:
-        """Hidden states after the last decoder layer; ids, pos: [B, T] -> [B, T, hidden].
-        ``attn_kwargs`` reach the attention function (the layers pass extra keywords on)."""
-        base = self.model.model
-        h = base.embed_tokens(ids)
-        rope = base.rotary_emb(h, pos)  # (cos, sin), each [B, T, D]
-        for layer in base.layers[: self.model.config.num_hidden_layers]:
-            h = layer(h, attention_mask=mask, position_ids=pos, past_key_values=cache,
-                      use_cache=True, position_embeddings=rope, cache_position=cache_position,
-                      **attn_kwargs)  # fmt: skip
-            if isinstance(h, tuple):  # older transformers return (hidden, ...)
-                h = h[0]
-        return h
-
-    def _logits(self, h_last: torch.Tensor) -> torch.Tensor:
-        """[B, hidden] -> [B, vocab]: the final norm is per position, so the last one suffices."""
-        return self.head(self.model.model.norm(h_last))
 
     def _chunk(self, n: int) -> int:
         if self.prefill_chunk:
@@ -383,89 +369,47 @@ class GreedyDecoder:
         return max(1024, int(free // (per_token + n)) // 1024 * 1024)
 
     # -- prefill -------------------------------------------------------------------------------
-    def _prefill(self, cache: _StaticKV, row: int, first_slot: int, ids: Sequence[int],
-                 suppress: Sequence[int]) -> torch.Tensor:  # fmt: skip
+    def _prefill(
+        self, cache: KVCache, row: int, first_slot: int, ids: Sequence[int], suppress: Sequence[int]
+    ) -> torch.Tensor:
         """Cache one row's prompt at slots [first_slot, first_slot + len); its first new token."""
-        n = len(ids)
-        chunk = self._chunk(n)
         x = torch.tensor([list(ids)], dtype=torch.long, device=self.device)  # [1, n]
-        for s in range(0, n, chunk):
-            e = min(n, s + chunk)
-            cache.prefill = (row, first_slot, first_slot + s)
-            pos = torch.arange(s, e, device=self.device)[None]  # [1, e - s]
-            slots = pos[0] + first_slot
-            # The first chunk is plain causal (no mask: SDPA's flash path). A later one attends
-            # the cached prefix too: query i (position s + i) sees keys 0..s + i.
-            mask = None
-            if s > 0:
-                mask = torch.ones(e - s, e, dtype=torch.bool, device=self.device).tril(s)
-                mask = mask[None, None]  # [1, 1, e - s, e]
-            h = self._layers(x[:, s:e], pos, mask, cache, slots)
-        cache.prefill = None
-        logits = self._logits(h[:, -1])[0].float()  # [vocab]
+        h = self.decoder.prefill(cache, row, first_slot, x, self._chunk(len(ids)))  # [1, hidden]
+        logits = self.decoder.logits(h)[0].float()  # [vocab]
         if suppress:
             logits[list(suppress)] = float("-inf")
         return logits.argmax()
 
     # -- decode --------------------------------------------------------------------------------
-    @contextlib.contextmanager
-    def _attention(self, b: _Batch):
-        """Keywords for the layers that route the decode step's attention to the chosen kernel
-        (the model's attention function is swapped for the step's duration where the kernel
-        is ours: FlexAttention, and SDPA over grouped query heads for GQA models)."""
+    def _decode_attention(self, b: _Batch) -> DecodeAttention:
+        """The step's attention over ``b``'s buffers with the chosen kernel."""
+        scale = self.decoder.shape.scaling
         if self.attention in ("sdpa", "efficient"):
-            kernel = (sdpa_kernel([SDPBackend.EFFICIENT_ATTENTION])
-                      if self.attention == "efficient" and self.device.type == "cuda"
-                      else contextlib.nullcontext())  # fmt: skip
-            with kernel:
-                if not self._grouped:  # MHA: transformers' own SDPA call copies nothing
-                    yield {}
-                    return
-                mask = b.mask  # [B, 1, 1, S]
-
-                def grouped(q, k, v, scale):
-                    return _grouped_sdpa_decode(q, k, v, mask, scale)
-
-                with self._decode_function():
-                    yield {"decode_attention": grouped}
-            return
+            mask = b.mask  # [B, 1, 1, S]
+            return lambda q, k, v: _grouped_sdpa_decode(q, k, v, mask, scale)
         flex = _compiled_flex_decode() if self.device.type == "cuda" else _eager_flex_decode
         visible = b.mask[:, 0, 0]  # [B, S]
-
-        def attend(q, k, v, scale):
-            return flex(q, k, v, visible, b.kv_blocks, b.kv_index, scale)
-
-        with self._decode_function():
-            yield {"decode_attention": attend}
-
-    @contextlib.contextmanager
-    def _decode_function(self):
-        """The model's attention function is ``_decode_attention_forward`` meanwhile."""
-        _register_decode_fn()
-        config = self.model.config
-        previous = config._attn_implementation
-        config._attn_implementation = _DECODE_FN
-        try:
-            yield
-        finally:
-            config._attn_implementation = previous
+        return lambda q, k, v: flex(q, k, v, visible, b.kv_blocks, b.kv_index, scale)
 
     def _step(self, b: _Batch) -> None:
         """One token for every row; only in-place device work, so it can be graph-captured."""
-        b.mask.index_fill_(3, b.cache.slot, True)  # the slot written now becomes visible
-        with self._attention(b) as kwargs:
-            if self._fused is not None:
-                h = self._fused.hidden(b.tok, b.pos, b.mask, b.cache.k, b.cache.v, b.cache.slot,
-                                       **kwargs)  # fmt: skip  # [B, 1, hidden]
-            else:
-                h = self._layers(b.tok, b.pos, b.mask, b.cache, b.cache.slot, **kwargs)
-        nxt = self._logits(h[:, -1]).argmax(-1)  # [B]
+        b.mask.index_fill_(3, b.slot, True)  # the slot written now becomes visible
+        # SDPA's kernel choice is a context; it only narrows the choice on CUDA (on CPU the
+        # memory-efficient kernel is SDPA's pick anyway).
+        kernel = (
+            sdpa_kernel([SDPBackend.EFFICIENT_ATTENTION])
+            if self.attention == "efficient" and self.device.type == "cuda"
+            else contextlib.nullcontext()
+        )
+        with kernel:
+            h = self.decoder.step(b.cache, b.tok, b.pos, b.slot, self._decode_attention(b))
+        nxt = self.decoder.logits(h).argmax(-1)  # [B]
         nxt = torch.where(b.done, b.pad, nxt)
         b.out.index_copy_(1, b.step, nxt[:, None])
         b.done |= (nxt[:, None] == b.stop_ids[None]).any(-1)
         b.tok.copy_(nxt[:, None])
         b.pos.add_(1)
-        b.cache.slot.add_(1)
+        b.slot.add_(1)
         b.step.add_(1)
 
     def _capture(self, b: _Batch) -> None:
@@ -488,7 +432,7 @@ class GreedyDecoder:
         key = (batch, slots, new_tokens, tuple(stop_ids), pad_id)
         if self._batch is None or self._batch.key != key:
             self.release()
-            self._batch = _Batch(self.model, batch, slots, new_tokens, stop_ids, pad_id)
+            self._batch = _Batch.allocate(self.decoder, batch, slots, new_tokens, stop_ids, pad_id)
         return self._batch
 
     def generate(
@@ -521,15 +465,17 @@ class GreedyDecoder:
             b.mask.zero_()
             for r, n in enumerate(lengths):
                 b.mask[r, 0, 0, width - n : width] = True
-            firsts = [self._prefill(b.cache, r, width - n, rows[r], stop.suppress_first)
-                      for r, n in enumerate(lengths)]  # fmt: skip
+            firsts = [
+                self._prefill(b.cache, r, width - n, rows[r], stop.suppress_first)
+                for r, n in enumerate(lengths)
+            ]
             first = torch.stack(firsts)  # [B]
             b.out.fill_(pad_id)
             b.out[:, 0] = first
             b.done.copy_((first[:, None] == b.stop_ids[None]).any(-1))
             b.tok.copy_(first[:, None])
             b.pos.copy_(torch.tensor(lengths, device=self.device)[:, None])
-            b.cache.slot.fill_(width)
+            b.slot.fill_(width)
             b.step.fill_(1)
             string_stop: dict[int, int] = {}
             produced = 1
@@ -547,8 +493,7 @@ class GreedyDecoder:
                     if bool(b.done.all()):
                         break
             out = b.out[:, :produced].tolist()
-        return [self._truncate(row, set(stop_ids), string_stop.get(r))
-                for r, row in enumerate(out)]  # fmt: skip
+        return [self._truncate(row, set(stop_ids), string_stop.get(r)) for r, row in enumerate(out)]
 
     @staticmethod
     def _check_strings(b: _Batch, produced: int, strings, decode, found: dict[int, int]) -> None:
@@ -560,8 +505,9 @@ class GreedyDecoder:
                 continue
             if any(s in decode(row) for s in strings):
                 # the shortest prefix that already contains a stop string
-                k = next(k for k in range(1, len(row) + 1)
-                         if any(s in decode(row[:k]) for s in strings))  # fmt: skip
+                k = next(
+                    k for k in range(1, len(row) + 1) if any(s in decode(row[:k]) for s in strings)
+                )
                 found[r] = k
                 b.done[r] = True
 

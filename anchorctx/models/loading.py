@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     import torch
     from transformers import PretrainedConfig, PreTrainedModel, PreTrainedTokenizerBase
 
-    from anchorctx.config import ModelConfig
+    from anchorctx.models.settings import ModelConfig
 
 DTYPES = {"bfloat16": "bfloat16", "float32": "float32", "float16": "float16"}
 

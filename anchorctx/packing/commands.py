@@ -38,9 +38,11 @@ def demo_corpus_arguments(parser: argparse.ArgumentParser) -> None:
 def demo_corpus(args: argparse.Namespace) -> int:
     try:
         corpus = write_demo_corpus(
-            args.out, seed=args.seed, docs_per_domain=args.docs_per_domain,
+            args.out,
+            seed=args.seed,
+            docs_per_domain=args.docs_per_domain,
             progress=not args.quiet,
-        )  # fmt: skip
+        )
     except (FileExistsError, ValueError) as err:
         print(f"anchorctx demo-corpus: {err}", file=sys.stderr)
         return 1

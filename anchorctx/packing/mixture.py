@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from anchorctx.config import DataConfig
+from anchorctx.packing.settings import DataConfig
 from anchorctx.packing.sources import BadInput, DataError
 from anchorctx.packing.tokens import DocIndex
 
@@ -166,19 +166,23 @@ def _check_budget(cfg, budget: int, shares, tokens, bad: BadInput) -> int:
     total = sum(tokens.values())
     if budget > total:
         bad.report(
-            "budget_exceeds_corpus", "data.token_budget",
-            f"token budget {budget} is larger than the corpus ({total} tokens)", budget - total,
-        )  # fmt: skip
+            "budget_exceeds_corpus",
+            "data.token_budget",
+            f"token budget {budget} is larger than the corpus ({total} tokens)",
+            budget - total,
+        )
         return total
     if cfg.mixture == "long_share":
         return budget
     for domain, quota in _quotas(budget, shares).items():
         if quota > tokens[domain]:
             bad.report(
-                "budget_exceeds_corpus", f"data.mixture[{domain}]",
+                "budget_exceeds_corpus",
+                f"data.mixture[{domain}]",
                 f"domain {domain} needs {quota} tokens for its share, the corpus has "
-                f"{tokens[domain]}", quota - tokens[domain],
-            )  # fmt: skip
+                f"{tokens[domain]}",
+                quota - tokens[domain],
+            )
     return budget
 
 
@@ -290,7 +294,18 @@ def plan_per_source(cfg: DataConfig, index: DocIndex, seed: int) -> Plan:
         raise DataError("data.mixture=upsampled kept no documents: raise data.token_budget")
     position = np.argsort(order)  # the inverse permutation: stream position of each document
     doc = doc[np.argsort(position[doc], kind="stable")].astype(np.int64)  # packed in stream order
-    stats = {"rule": "fu2024_per_source", "threshold": up.threshold, "keep_short": up.keep_short,
-             "shares_from": origin, "by_source": by_source}  # fmt: skip
-    return Plan(doc, index.length[doc].astype(np.int64), np.zeros(doc.size, dtype=np.int32),
-                shares, budget, stats)  # fmt: skip
+    stats = {
+        "rule": "fu2024_per_source",
+        "threshold": up.threshold,
+        "keep_short": up.keep_short,
+        "shares_from": origin,
+        "by_source": by_source,
+    }
+    return Plan(
+        doc,
+        index.length[doc].astype(np.int64),
+        np.zeros(doc.size, dtype=np.int32),
+        shares,
+        budget,
+        stats,
+    )

@@ -25,13 +25,15 @@ from anchorctx.packing.tokens import DocIndex
 # Token kinds, for loss masking and statistics.
 ANCHOR, TAG, TEXT, SEP = 0, 1, 2, 3
 
-SCHEMA = pa.schema([
-    ("input_ids", pa.list_(pa.int32())),
-    ("seg_lens", pa.list_(pa.int32())),
-    ("seg_doc", pa.list_(pa.int32())),
-    ("seg_domain", pa.list_(pa.string())),
-    ("loss_mask", pa.list_(pa.uint8())),
-])  # fmt: skip
+SCHEMA = pa.schema(
+    [
+        ("input_ids", pa.list_(pa.int32())),
+        ("seg_lens", pa.list_(pa.int32())),
+        ("seg_doc", pa.list_(pa.int32())),
+        ("seg_domain", pa.list_(pa.string())),
+        ("loss_mask", pa.list_(pa.uint8())),
+    ]
+)
 
 
 @dataclass(frozen=True)
@@ -156,9 +158,14 @@ class RowPacker:
 
 
 def pack_rows(
-    units: Units, plan: Plan, index: DocIndex, tokens: np.ndarray, packer: RowPacker,
-    tags: dict[str, np.ndarray], separator: np.ndarray,
-) -> Iterator[dict]:  # fmt: skip
+    units: Units,
+    plan: Plan,
+    index: DocIndex,
+    tokens: np.ndarray,
+    packer: RowPacker,
+    tags: dict[str, np.ndarray],
+    separator: np.ndarray,
+) -> Iterator[dict]:
     """Rows of the packed dataset, in order (a pure function of its inputs)."""
     sep_kinds = np.full(separator.size, SEP, dtype=np.uint8)
     for u in range(units.doc.size):

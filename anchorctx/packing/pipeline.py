@@ -25,11 +25,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from tqdm.auto import tqdm
 
-from anchorctx.config import DataConfig, SourceConfig
 from anchorctx.io import WriterLock, atomic_directory, atomic_write_json, read_json
 from anchorctx.manifest import base_manifest
 from anchorctx.models.loading import anchor_token_id, load_tokenizer, tokenizer_fingerprint
 from anchorctx.packing import mixture, pack, stats
+from anchorctx.packing.settings import DataConfig, SourceConfig
 from anchorctx.packing.sources import (
     BadInput,
     DataError,
@@ -43,7 +43,7 @@ from anchorctx.packing.tokens import DocIndex, TokenStore, encode_batches, encod
 if TYPE_CHECKING:
     import datasets
 
-    from anchorctx.config import ExperimentConfig
+    from anchorctx.experiment import ExperimentConfig
 
 SCHEMA_VERSION = 1
 MANIFEST = "manifest.json"
@@ -64,8 +64,13 @@ def data_fingerprint(
     config without the NON_SEMANTIC settings, the seed, the tokenizer's fingerprint (its
     vocabulary, merges and special tokens, not its path) and the path, size and mtime of every
     resolved input file, plus the packed format's SCHEMA_VERSION."""
-    payload = {"schema": SCHEMA_VERSION, "data": semantic_config(data), "seed": seed,
-               "tokenizer": tokenizer_fp, "inputs": inputs}  # fmt: skip
+    payload = {
+        "schema": SCHEMA_VERSION,
+        "data": semantic_config(data),
+        "seed": seed,
+        "tokenizer": tokenizer_fp,
+        "inputs": inputs,
+    }
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -134,13 +139,16 @@ def _special_tokens(data: DataConfig, tok: Any, domains: list[str]) -> tuple[dic
 _SCAN_CHUNK = 1 << 26
 
 
-def check_anchor_free(index: DocIndex, tokens: np.ndarray, plan: mixture.Plan, anchor: int,
-                      files: list) -> None:  # fmt: skip
+def check_anchor_free(
+    index: DocIndex, tokens: np.ndarray, plan: mixture.Plan, anchor: int, files: list
+) -> None:
     """AnchorContext asserts that the anchor id never occurs inside document content: the one
     anchor of a row must be the token at index 0. A planned document containing it (e.g. its text
     spells the tokenizer's BOS, or EOS for Qwen) is an error naming the first such document."""
-    hits = [start + np.flatnonzero(tokens[start : start + _SCAN_CHUNK] == anchor)
-            for start in range(0, tokens.shape[0], _SCAN_CHUNK)]  # fmt: skip
+    hits = [
+        start + np.flatnonzero(tokens[start : start + _SCAN_CHUNK] == anchor)
+        for start in range(0, tokens.shape[0], _SCAN_CHUNK)
+    ]
     found = np.concatenate(hits) if hits else np.zeros(0, dtype=np.int64)
     if found.size == 0:
         return
@@ -173,17 +181,27 @@ def _tokenize_all(
     allowed = set(data.mixture) if isinstance(data.mixture, dict) else None
     store = TokenStore(work / "tokens.bin", len(tok))
     encoded = encode_batches(
-        _records(files, bad, allowed), tok, str(cfg.model.tokenizer_path),
-        batch_size=data.tokenize_batch_size, num_workers=data.num_workers,
-    )  # fmt: skip
+        _records(files, bad, allowed),
+        tok,
+        str(cfg.model.tokenizer_path),
+        batch_size=data.tokenize_batch_size,
+        num_workers=data.num_workers,
+    )
     index = scan(encoded, store, bad, [p for _, p in files], progress)
     return index, store
 
 
 def _pack(
-    cfg: ExperimentConfig, index: DocIndex, store: TokenStore, plan: mixture.Plan,
-    tags: dict, sep: np.ndarray, anchor: int, arrow: Path, progress: bool,
-) -> pack.RowPacker:  # fmt: skip
+    cfg: ExperimentConfig,
+    index: DocIndex,
+    store: TokenStore,
+    plan: mixture.Plan,
+    tags: dict,
+    sep: np.ndarray,
+    anchor: int,
+    arrow: Path,
+    progress: bool,
+) -> pack.RowPacker:
     data = cfg.data
     if data.interleave_chunks:
         units = pack.interleaved_chunks(plan, tuple(data.chunks_per_document), cfg.seed)
@@ -192,8 +210,13 @@ def _pack(
     packer = pack.RowPacker(data.seq_len, anchor, len(plan))
     rows = pack.pack_rows(units, plan, index, store.view(), packer, tags, sep)
     expected = int((plan.take.sum() + len(plan) * (1 + sep.size)) // data.seq_len)
-    bar = tqdm(desc="pack", unit="tok", unit_scale=True, total=expected * data.seq_len,
-               disable=not progress)  # fmt: skip
+    bar = tqdm(
+        desc="pack",
+        unit="tok",
+        unit_scale=True,
+        total=expected * data.seq_len,
+        disable=not progress,
+    )
     n = pack.write_arrow(_counted(rows, bar, data.seq_len), arrow)
     bar.close()
     if n == 0:
@@ -214,17 +237,20 @@ def _counted(rows: Iterator[dict], bar: Any, seq_len: int) -> Iterator[dict]:
 def _documents_table(index: DocIndex, plan: mixture.Plan, emitted: np.ndarray, files, path: Path):
     """Document id (seg_doc) -> input file and line, tokens used: every token is traceable."""
     src = plan.doc
-    table = pa.table({
-        "doc": np.arange(len(plan), dtype=np.int32),
-        "domain": pa.array([index.domains[c] for c in index.domain[src]]).dictionary_encode(),
-        "file": pa.DictionaryArray.from_arrays(
-            pa.array(index.file[src]), pa.array([str(p) for _, p in files])),
-        "line": index.line[src],
-        "tokens": index.length[src],
-        "taken": plan.take,
-        "repeat": plan.repeat,
-        "packed": emitted,
-    })  # fmt: skip
+    table = pa.table(
+        {
+            "doc": np.arange(len(plan), dtype=np.int32),
+            "domain": pa.array([index.domains[c] for c in index.domain[src]]).dictionary_encode(),
+            "file": pa.DictionaryArray.from_arrays(
+                pa.array(index.file[src]), pa.array([str(p) for _, p in files])
+            ),
+            "line": index.line[src],
+            "tokens": index.length[src],
+            "taken": plan.take,
+            "repeat": plan.repeat,
+            "packed": emitted,
+        }
+    )
     pq.write_table(table, path)
 
 

@@ -29,14 +29,22 @@ from typing import Any
 import pyarrow.parquet as pq
 import zstandard
 
-from anchorctx.config import SourceConfig
+from anchorctx.packing.settings import SourceConfig
 
 SUFFIXES = {".jsonl": "jsonl", ".json": "jsonl", ".zst": "jsonl.zst", ".parquet": "parquet"}
 SKIP_REASONS = (
-    "unreadable_file", "invalid_json", "missing_text", "empty_text", "non_string_text",
-    "missing_domain", "unknown_domain", "budget_exceeds_corpus", "lost_documents",
-    "undecodable_text", "truncated_file",
-)  # fmt: skip
+    "unreadable_file",
+    "invalid_json",
+    "missing_text",
+    "empty_text",
+    "non_string_text",
+    "missing_domain",
+    "unknown_domain",
+    "budget_exceeds_corpus",
+    "lost_documents",
+    "undecodable_text",
+    "truncated_file",
+)
 _ZSTD_CHUNK = 1 << 20
 # Re-reading a damaged file in pieces this small loses at most the blocks that end inside the
 # piece holding the damage (the documents of one block at most, in practice).
@@ -179,8 +187,9 @@ def check_zstd_stream(path: Path, chunk: int = _ZSTD_CHUNK) -> None:
     if not started:  # a compressor writes a frame even for empty input: this is a cut file
         raise StreamDamaged("empty file (no zstd frame)", 0)
     if not dobj.eof:
-        raise StreamDamaged(f"truncated zstd stream: it ends inside a frame after line {lines}",
-                            lines)  # fmt: skip
+        raise StreamDamaged(
+            f"truncated zstd stream: it ends inside a frame after line {lines}", lines
+        )
     return None
 
 
@@ -253,16 +262,26 @@ def read_file(
         if line == 0:
             bad.report("unreadable_file", str(path), detail)
         else:  # its first records are already in use: say so rather than call it unreadable
-            bad.report("truncated_file", f"{path}:{line}",
-                       f"{detail}; records up to line {line} were used, the rest is lost")  # fmt: skip
+            bad.report(
+                "truncated_file",
+                f"{path}:{line}",
+                f"{detail}; records up to line {line} were used, the rest is lost",
+            )
 
 
 def _report_damaged(bad: BadInput, path: Path, detail: str, lines: int) -> None:
-    bad.report("unreadable_file", str(path),
-               f"cannot read file: {detail}; no document of this file is used")  # fmt: skip
+    bad.report(
+        "unreadable_file",
+        str(path),
+        f"cannot read file: {detail}; no document of this file is used",
+    )
     if lines:
-        bad.report("lost_documents", str(path),
-                   f"{lines} line(s) before the damage (more may have followed)", amount=lines)  # fmt: skip
+        bad.report(
+            "lost_documents",
+            str(path),
+            f"{lines} line(s) before the damage (more may have followed)",
+            amount=lines,
+        )
 
 
 def _one_line(err: BaseException) -> str:
@@ -279,9 +298,14 @@ def _is_unicode(text: str) -> bool:
 
 
 def _validate(
-    src: SourceConfig, path: Path, line: int, rec: Any, bad: BadInput,
-    domains: set[str] | None, file_index: int,
-) -> Record | None:  # fmt: skip
+    src: SourceConfig,
+    path: Path,
+    line: int,
+    rec: Any,
+    bad: BadInput,
+    domains: set[str] | None,
+    file_index: int,
+) -> Record | None:
     where = f"{path}:{line}"
     text = dotted_get(rec, src.text_field)
     if text is None:
@@ -294,8 +318,11 @@ def _validate(
         bad.report("empty_text", where, f"{src.text_field!r} is empty")
         return None
     if not _is_unicode(text):
-        bad.report("undecodable_text", where, f"{src.text_field!r} is not valid Unicode "
-                   "(a lone surrogate escape such as \\ud800)")  # fmt: skip
+        bad.report(
+            "undecodable_text",
+            where,
+            f"{src.text_field!r} is not valid Unicode (a lone surrogate escape such as \\ud800)",
+        )
         return None
     domain = src.domain if src.domain is not None else dotted_get(rec, src.domain_field)
     if not isinstance(domain, str) or not domain:
@@ -306,8 +333,9 @@ def _validate(
         return None
     if domains is not None and domain not in domains:
         bad.report(
-            "unknown_domain", where,
+            "unknown_domain",
+            where,
             f"domain {domain!r} is not in data.mixture ({', '.join(sorted(domains))})",
-        )  # fmt: skip
+        )
         return None
     return Record(text, domain, file_index, line)

@@ -6,12 +6,13 @@ Fu et al.'s rule (budget, tokens, documents kept and dropped)."""
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from anchorctx.io import atomic_write_json, atomic_write_text
+from anchorctx.io import atomic_write_bytes, atomic_write_json, atomic_write_text
 from anchorctx.packing.mixture import Plan, bucket_tokens
 from anchorctx.packing.pack import PackStats
 from anchorctx.packing.tokens import DocIndex
@@ -20,10 +21,14 @@ from anchorctx.packing.tokens import DocIndex
 def _shares(docs: dict[str, int], tokens: dict[str, int]) -> dict[str, dict[str, float]]:
     nd, nt = max(sum(docs.values()), 1), max(sum(tokens.values()), 1)
     return {
-        d: {"documents": docs.get(d, 0), "tokens": tokens.get(d, 0),
-            "mixture_ratio": docs.get(d, 0) / nd, "token_ratio": tokens.get(d, 0) / nt}
+        d: {
+            "documents": docs.get(d, 0),
+            "tokens": tokens.get(d, 0),
+            "mixture_ratio": docs.get(d, 0) / nd,
+            "token_ratio": tokens.get(d, 0) / nt,
+        }
         for d in sorted(set(docs) | set(tokens))
-    }  # fmt: skip
+    }
 
 
 def compute(index: DocIndex, plan: Plan, pack: PackStats, emitted: np.ndarray) -> dict[str, Any]:
@@ -91,10 +96,10 @@ def length_histogram(index: DocIndex, plan: Plan, emitted: np.ndarray, path: Pat
     ax.set_title("Document length distribution")
     ax.legend()
     fig.tight_layout()
-    tmp = path.with_name(f".{path.name}.tmp.png")
-    fig.savefig(tmp, dpi=120)
+    buf = io.BytesIO()  # rendered in memory, then written by the one atomic writer (mode, fsync)
+    fig.savefig(buf, dpi=120, format="png")
     plt.close(fig)
-    tmp.replace(path)
+    atomic_write_bytes(path, buf.getvalue())
     return path
 
 

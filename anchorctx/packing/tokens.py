@@ -106,9 +106,13 @@ def _batches(records: Iterable[Record], size: int) -> Iterator[list[Record]]:
 
 
 def encode_batches(
-    records: Iterable[Record], tokenizer: Any, tokenizer_path: str, *, batch_size: int,
+    records: Iterable[Record],
+    tokenizer: Any,
+    tokenizer_path: str,
+    *,
+    batch_size: int,
     num_workers: int,
-) -> Iterator[tuple[list[Record], np.ndarray, np.ndarray]]:  # fmt: skip
+) -> Iterator[tuple[list[Record], np.ndarray, np.ndarray]]:
     """(records, flat ids, lengths) per batch, in input order, for any number of workers."""
     batches = _batches(records, batch_size)
     if num_workers <= 1:
@@ -130,9 +134,12 @@ def encode_batches(
 
 # -------------------------------------------------------------------------------------- scan
 def scan(
-    encoded: Iterable[tuple[list[Record], np.ndarray, np.ndarray]], store: TokenStore,
-    bad: BadInput, files: list[Path], progress: bool,
-) -> DocIndex:  # fmt: skip
+    encoded: Iterable[tuple[list[Record], np.ndarray, np.ndarray]],
+    store: TokenStore,
+    bad: BadInput,
+    files: list[Path],
+    progress: bool,
+) -> DocIndex:
     """Write every document's tokens to ``store``; return the per-document index."""
     domains: dict[str, int] = {}
     # array('q'): 8 bytes per value, not a Python int object each (millions of documents).

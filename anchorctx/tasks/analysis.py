@@ -5,8 +5,8 @@ from __future__ import annotations
 from prefect import task
 
 from anchorctx.analysis.rope_precision import run_study
-from anchorctx.config import ExperimentConfig
 from anchorctx.demo import ensure_demo_corpus
+from anchorctx.experiment import ExperimentConfig
 
 
 @task(name="rope-precision")

@@ -28,7 +28,7 @@ from anchorctx.manifest import base_manifest
 if TYPE_CHECKING:
     from uuid import UUID
 
-    from anchorctx.config import ExperimentConfig
+    from anchorctx.experiment import ExperimentConfig
 
 # Inline plots above this size are linked instead (the artifact lives in the API database).
 MAX_INLINE_IMAGE_BYTES = 2_000_000
@@ -69,16 +69,28 @@ def data_fingerprint(dataset: str | Path | None) -> dict[str, Any]:
     if not manifest_path.is_file():
         return {"path": str(dataset)}
     manifest = read_json(manifest_path)
-    keep = ("fingerprint", "data_fingerprint", "input_fingerprints", "tokenizer", "seq_len", "seed",
-            "counts", "anchor_token_id")  # fmt: skip
+    keep = (
+        "fingerprint",
+        "data_fingerprint",
+        "input_fingerprints",
+        "tokenizer",
+        "seq_len",
+        "seed",
+        "counts",
+        "anchor_token_id",
+    )
     return {"path": str(dataset), **{k: manifest[k] for k in keep if k in manifest}}
 
 
 def run_summary_markdown(
-    title: str, cfg: ExperimentConfig, *, dataset: str | Path | None = None,
-    outputs: dict[str, Any] | None = None, code_version: str | None = None,
+    title: str,
+    cfg: ExperimentConfig,
+    *,
+    dataset: str | Path | None = None,
+    outputs: dict[str, Any] | None = None,
+    code_version: str | None = None,
     arms: list[ExperimentConfig] | None = None,
-) -> str:  # fmt: skip
+) -> str:
     """The provenance block every flow run publishes: config, revision, versions, seeds, data.
 
     ``arms``: the arms of an experiment-level run, each named with its attention and run dir
@@ -96,7 +108,8 @@ def run_summary_markdown(
             f"- experiment: `{cfg.name}`, variant: `{cfg.variant_name}`, run dir: `{cfg.run_dir}`"
         )
     lines = [
-        f"# {title}", "",
+        f"# {title}",
+        "",
         scope,
         f"- seed: `{cfg.seed}`, evaluation seed (RULER): `{cfg.evaluation.ruler.seed}`",
         f"- config fingerprint: `{cfg.fingerprint()}`",
@@ -104,7 +117,7 @@ def run_summary_markdown(
         f"- code version: `{code_version}`" if code_version else "",
         f"- host: `{manifest['host']['name']}`, GPUs: {len(manifest['gpus'])}",
         "- packages: " + ", ".join(f"{k} {v}" for k, v in packages.items()),
-    ]  # fmt: skip
+    ]
     fp = data_fingerprint(dataset)
     if fp:
         lines += ["", "## Data", "", "```json", _json(fp), "```"]
@@ -140,8 +153,9 @@ def publish_plot(key: str, path: str | Path, description: str) -> None:
     uri = png_data_uri(path)
     desc = f"{description} (file: `{path}`)"
     if uri is None:
-        create_markdown_artifact(markdown=f"Plot too large to inline: `{path}`", key=artifact_key(key),
-                                 description=desc)  # fmt: skip
+        create_markdown_artifact(
+            markdown=f"Plot too large to inline: `{path}`", key=artifact_key(key), description=desc
+        )
         return
     create_image_artifact(image_url=uri, key=artifact_key(key), description=desc)
 

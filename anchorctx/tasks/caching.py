@@ -1,21 +1,22 @@
-"""Content-addressed cache keys for the Prefect tasks.
+"""Prefect cache keys, each one of the library's own content identities.
 
-Prefect's default cache policy includes the flow run id, so nothing is reused across runs, and
-hashing a pydantic config or a checkpoint path as an *input* says nothing about the content
-behind it. Each cached task therefore gets a ``cache_key_fn`` that hashes what actually
-determines its output:
+The library is idempotent by content: a packed dataset lives in a directory named by its
+fingerprint, an evaluation result is reused only when its identity matches, a finished training
+run returns at once on ``--resume``. Prefect's cache sits on top of it and keys its records by
+the same identities, so that the two never disagree about what "the same result" is:
 
-- packed dataset: the packing fingerprint (data config, seed, tokenizer fingerprint, input file
-  listing: :func:`anchorctx.packing.pipeline.data_fingerprint`) + code version;
-- training: the arm's full resolved config + the packed dataset's manifest + code version;
-- evaluation: the checkpoint's content hash + the suite's evaluation fingerprint (settings and
-  input data) + evaluation code version (``anchorctx.evaluation.identity``).
+- packed dataset: :func:`anchorctx.packing.pipeline.dataset_fingerprint` (data config, seed,
+  tokenizer fingerprint, input file listing, packed schema version) and the directory that
+  fingerprint names;
+- training: the arm's resolved config (trackers aside: they change where numbers are logged,
+  not what they are), the packed dataset's manifest hash (the checkpoints' ``data_manifest_hash``)
+  and the code version; the library keeps no in-process identity of a finished run;
+- evaluation: :func:`anchorctx.evaluation.identity` (checkpoint content hash, the suite's
+  evaluation fingerprint including its input data, evaluation code version) and the result
+  path, the file the task produces.
 
-"Code version" is :func:`anchorctx.manifest.code_version`: the package version plus a hash of
-the source that computes results, so editing the library invalidates results it produced, while
-re-running unchanged code on unchanged inputs is a cache hit. A cache record only says "this
-was computed"; the flows check that the output still exists on disk and refresh the task when it
-does not (see ``anchorctx.flows``).
+"Code version" is :func:`anchorctx.manifest.code_version`. A cache record only says "this was
+computed"; :func:`anchorctx.tasks.reuse.submission` accepts it only while its product is intact.
 """
 
 from __future__ import annotations
@@ -26,13 +27,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from anchorctx.evaluation import identity, result_path
+from anchorctx.io import sha256_file
 from anchorctx.manifest import code_version
-from anchorctx.packing.pipeline import dataset_fingerprint
+from anchorctx.packing.pipeline import dataset_fingerprint, default_output_dir
 
 if TYPE_CHECKING:
     from prefect.context import TaskRunContext
 
-    from anchorctx.config import ExperimentConfig
+    from anchorctx.experiment import ExperimentConfig
 
 
 def digest(*parts: Any) -> str:
@@ -48,22 +50,21 @@ def data_key(cfg: ExperimentConfig) -> str:
 
 
 # ---------------------------------------------------------------------- Prefect cache_key_fns
-def prepare_data_cache_key(context: TaskRunContext, parameters: dict[str, Any]) -> str:
-    return digest("prepare-data", data_key(parameters["cfg"]), code_version())
+def prepare_data_cache_key(context: TaskRunContext | None, parameters: dict[str, Any]) -> str:
+    cfg: ExperimentConfig = parameters["cfg"]
+    fingerprint = data_key(cfg)
+    return digest("prepare-data", fingerprint, str(default_output_dir(cfg, fingerprint)))
 
 
-def train_cache_key(context: TaskRunContext, parameters: dict[str, Any]) -> str:
+def train_cache_key(context: TaskRunContext | None, parameters: dict[str, Any]) -> str:
     cfg: ExperimentConfig = parameters["cfg"]
     manifest = Path(parameters["dataset"]) / "manifest.json"
-    data_hash = hashlib.sha256(manifest.read_bytes()).hexdigest() if manifest.is_file() else None
-    dumped = cfg.model_dump(mode="json", exclude={"tracking"})  # trackers do not change results
+    data_hash = sha256_file(manifest) if manifest.is_file() else None
+    dumped = cfg.model_dump(mode="json", exclude={"tracking"})
     return digest("train", dumped, data_hash, code_version())
 
 
-def evaluate_cache_key(context: TaskRunContext, parameters: dict[str, Any]) -> str:
-    """The evaluation library's own result identity (checkpoint content hash, the suite's
-    evaluation fingerprint including its input data, evaluation code version) plus the result
-    path, because the task's product is the file at that path."""
+def evaluate_cache_key(context: TaskRunContext | None, parameters: dict[str, Any]) -> str:
     cfg: ExperimentConfig = parameters["cfg"]
     ckpt, suite = Path(parameters["checkpoint"]), parameters["suite"]
     return digest("evaluate", str(result_path(ckpt, suite)), identity(cfg, ckpt, suite))

@@ -6,10 +6,10 @@ from pathlib import Path
 
 from prefect import task
 
-from anchorctx.config import ExperimentConfig
 from anchorctx.demo import ensure_demo_corpus, ensure_eval_fixtures
 from anchorctx.demo.heldout_eval import ensure_heldout_eval
 from anchorctx.demo.pretrain_corpus import ensure_pretrain_corpus
+from anchorctx.experiment import ExperimentConfig
 from anchorctx.packing import prepare_data
 from anchorctx.tasks.caching import prepare_data_cache_key
 

@@ -10,10 +10,10 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 from prefect.runtime import task_run
 
-from anchorctx.config import ExperimentConfig
 from anchorctx.evaluation import evaluate_checkpoint, summarize_run, write_experiment_report
 from anchorctx.evaluation.arm_comparison import write_arm_comparison
 from anchorctx.evaluation.results import result_is_intact
+from anchorctx.experiment import ExperimentConfig
 from anchorctx.tasks.caching import evaluate_cache_key
 
 
@@ -36,8 +36,9 @@ def evaluate_task(cfg: ExperimentConfig, checkpoint: str, suite: str, force: boo
 
 # Never cached: it fills this process' in-memory sample cache, which a cache hit would not.
 @task(name="prefetch-ruler-samples", cache_policy=NO_CACHE, persist_result=False)
-def prefetch_ruler_task(cfg: ExperimentConfig, tokenizer_cfg: ExperimentConfig,
-                        stop: threading.Event) -> int:  # fmt: skip
+def prefetch_ruler_task(
+    cfg: ExperimentConfig, tokenizer_cfg: ExperimentConfig, stop: threading.Event
+) -> int:
     """Generate ``cfg``'s RULER samples, tokenised by ``tokenizer_cfg``'s tokenizer, into the
     flow process' sample cache while the GPU trains (the evaluations later in this process
     reuse them); returns how many. ``stop``, once set, ends it between cells."""

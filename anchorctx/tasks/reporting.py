@@ -9,10 +9,22 @@ from anchorctx.evaluation.report import cell_text
 
 # Report table -> (artifact name, description, column label function).
 _REPORT_TABLES = {
-    "ruler": ("ruler-by-length", "RULER score by context length and variant (paper Table 5)", length_label),
-    "longbench": ("longbench-categories", "LongBench category averages by variant (paper Table 7)", str),
-    "general": ("mmlu-hellaswag", "MMLU (acc) and HellaSwag (acc_norm) by variant (paper Table 12)", str),
-}  # fmt: skip
+    "ruler": (
+        "ruler-by-length",
+        "RULER score by context length and variant (paper Table 5)",
+        length_label,
+    ),
+    "longbench": (
+        "longbench-categories",
+        "LongBench category averages by variant (paper Table 7)",
+        str,
+    ),
+    "general": (
+        "mmlu-hellaswag",
+        "MMLU (acc) and HellaSwag (acc_norm) by variant (paper Table 12)",
+        str,
+    ),
+}
 
 
 def variant_rows(table: dict[str, Any], label=str) -> list[dict[str, str]]:
@@ -46,7 +58,12 @@ def summary_tables(summary: dict[str, Any]) -> dict[str, list[dict[str, str]]]:
             for task, by_key in s["scores"].items()
         ]
         if "average" in s:
-            rows.insert(0, {"task": "average", **{length_label(k): fmt_stat(v)
-                                                  for k, v in s["average"].items()}})  # fmt: skip
+            rows.insert(
+                0,
+                {
+                    "task": "average",
+                    **{length_label(k): fmt_stat(v) for k, v in s["average"].items()},
+                },
+            )
         out[suite] = rows
     return out

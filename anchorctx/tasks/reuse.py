@@ -1,92 +1,111 @@
-"""Make reused (cached) task runs look different from recomputed ones in the UI.
+"""Where the two caches meet: the library's products and Prefect's cache records.
 
-Prefect names a cache hit's state "Cached" but gives it the Completed type, so in the run lists
-both are the same green. Two marks are added:
+The library is the ground truth: it is idempotent by content (a packed dataset, a finished
+training run, an evaluation result is reused when its content identity matches) and every
+path (CLI, sharded and work-pool evaluation, a refreshed task) relies on that. Prefect's cache
+sits on top, keyed by the same identities (:mod:`anchorctx.tasks.caching`): a hit skips the
+task run altogether (no training child, no model load) and shows it as **Cached** in the UI.
 
-- the tag ``cached`` on task runs that will be cache hits. Tags are fixed when a task run is
-  created, so this is predicted before submission, the way the task engine decides: the task's
-  cache key has a record in the result store and the cache is not being refreshed;
-- after the run, a task run whose state is "Cached" is renamed ``<name> · cached`` (the name
-  shows on every timeline, graph and list), and a flow run whose work was all reused gets the
-  ``cached`` tag too.
+A cache record only proves that a result was computed, not that its files are still there.
+:func:`submission` is the one reconciliation of the two, decided before the task run is
+created, exactly as the engine will decide (the task's key, its record in the task's result
+store, ``refresh_cache``):
+
+- ``force``: the task recomputes and overwrites its record (``refresh_cache``);
+- a record whose recorded value passes ``intact``: the engine will reuse it, so the task run
+  is created with the tag ``cached`` and named ``<name> · cached`` (tags and names are fixed
+  when the run is created; Prefect gives a hit the state name "Cached" but the Completed
+  type, the same green as a recomputed run);
+- a record whose product is gone or changed: the task recomputes (``refresh_cache``);
+- no record: the task runs as it is (the library may still find its product and return).
+
+A flow run whose work was all reused gets the ``cached`` tag too (:func:`tag_flow_run_cached`).
 """
 
 from __future__ import annotations
 
 import logging
-import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from prefect.client.orchestration import get_client
-from prefect.exceptions import ObjectNotFound, PrefectHTTPStatusError
 from prefect.results import get_result_store
 from prefect.runtime import flow_run
+from prefect.settings import PREFECT_TASKS_REFRESH_CACHE
 
 if TYPE_CHECKING:
-    from uuid import UUID
-
     from prefect import Task
     from prefect.states import State
 
 CACHED_TAG = "cached"
 CACHED_SUFFIX = " · cached"
+CACHED_STATE = "Cached"  # the name Prefect gives a cache hit's Completed state
 
 log = logging.getLogger(__name__)
 
 
-def will_be_cached(task: Task, parameters: dict[str, Any], refresh: bool = False) -> bool:
-    """Whether submitting ``task`` with ``parameters`` will be a cache hit."""
-    if refresh or task.cache_key_fn is None:
-        return False
+@dataclass(frozen=True)
+class Submission:
+    """A task as it must be submitted, and what will happen to its cache record."""
 
+    task: Task
+    reused: bool = False  # the record will be used: the run shows as Cached
+    refresh: bool = False  # the task recomputes and overwrites its record
+
+
+def submission(
+    task: Task,
+    parameters: dict[str, Any],
+    *,
+    force: bool = False,
+    intact: Callable[[Any], bool] = lambda value: True,
+) -> Submission:
+    """``task`` configured for ``parameters`` (the contract is the module's docstring).
+    ``intact(value)``: whether the product a record's value names still exists as written."""
+    if force:
+        return Submission(task.with_options(refresh_cache=True), refresh=True)
+    found, value = _cache_record(task, parameters)
+    if not found:
+        return Submission(task)
+    if not intact(value):
+        log.warning("%s: cached result %s is gone or changed: computing it again", task.name, value)
+        return Submission(task.with_options(refresh_cache=True), refresh=True)
+    reused = task.with_options(tags={*task.tags, CACHED_TAG}, task_run_name=_cached_name(task))
+    return Submission(reused, reused=True)
+
+
+def _cached_name(task: Task) -> Callable[[], str] | str:
+    """The task's run name with `` · cached`` after it (the default name: the task's)."""
+    name = task.task_run_name
+    if callable(name):
+        return lambda: f"{name()}{CACHED_SUFFIX}"
+    return f"{name or task.name}{CACHED_SUFFIX}"
+
+
+def _cache_record(task: Task, parameters: dict[str, Any]) -> tuple[bool, Any]:
+    """(whether the engine will find a record for this task run, its value)."""
+    refresh = task.refresh_cache
+    if refresh or (refresh is None and PREFECT_TASKS_REFRESH_CACHE.value()):
+        return False, None
+    if task.cache_key_fn is None:
+        return False, None
     try:
-        key = task.cache_key_fn(None, parameters)  # type: ignore[arg-type]  # our fns ignore it
+        key = task.cache_key_fn(None, parameters)  # type: ignore[arg-type]  # ours ignore it
         # the task's own view of the store, as the engine builds it (the flow's store has a
         # placeholder metadata storage that reads nothing)
-        return bool(key) and get_result_store().update_for_task(task).exists(key)
-    except Exception as err:  # a prediction only decides a tag; never fail the flow over it
-        log.debug("cache prediction failed for %s: %s", task.name, err)
-        return False
-
-
-def tagged(task: Task, parameters: dict[str, Any], refresh: bool = False) -> Task:
-    """``task`` with the ``cached`` tag when it will be a cache hit (else unchanged)."""
-    if will_be_cached(task, parameters, refresh):
-        return task.with_options(tags={*task.tags, CACHED_TAG})
-    return task
+        store = get_result_store().update_for_task(task)
+        if not key or not store.exists(key):
+            return False, None
+        return True, store.read(key).result
+    except Exception as err:  # the engine decides again; a failed look-up only costs the mark
+        log.debug("cache look-up failed for %s: %s", task.name, err)
+        return False, None
 
 
 def was_cached(state: State) -> bool:
-    return state.name == "Cached"
-
-
-def mark_cached(state: State) -> bool:
-    """Rename the task run of a cache hit to ``<name> · cached``; returns whether it was one."""
-    if not was_cached(state) or state.state_details.task_run_id is None:
-        return False
-    _rename_task_run(state.state_details.task_run_id)
-    return True
-
-
-def _rename_task_run(task_run_id: UUID, attempts: int = 20) -> None:
-    # Task runs reach the server as events, so a cache hit's record can still be missing right
-    # after the hit (seen with a second flow run in one process): wait up to ~5 s, then leave
-    # the name as it is; the mark is cosmetic and never fails a flow.
-    with get_client(sync_client=True) as client:
-        for _ in range(attempts):
-            try:
-                name = client.read_task_run(task_run_id).name
-                if not name.endswith(CACHED_SUFFIX):
-                    # the client has no task-run update call; the REST API's PATCH takes the name
-                    client.request("PATCH", "/task_runs/{id}", path_params={"id": task_run_id},
-                                   json={"name": name + CACHED_SUFFIX})  # fmt: skip
-                return
-            except (ObjectNotFound, PrefectHTTPStatusError) as err:
-                status = getattr(getattr(err, "response", None), "status_code", 404)
-                if status != 404:
-                    raise
-                time.sleep(0.25)
-        log.warning("task run %s not found: not marked cached", task_run_id)
+    """The task run reused its cache record."""
+    return state.name == CACHED_STATE
 
 
 def tag_flow_run_cached() -> None:

@@ -13,7 +13,9 @@ import os
 import queue
 import sys
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -23,7 +25,7 @@ from prefect.runtime import task_run
 from anchorctx.process import run_process_group
 
 if TYPE_CHECKING:
-    from anchorctx.config import ExperimentConfig
+    from anchorctx.experiment import ExperimentConfig
 
 _POOLS: dict[str, queue.Queue[str]] = {}
 _LOCK = threading.Lock()
@@ -66,8 +68,9 @@ def give_gpus(slots: str, gpus: Sequence[str]) -> None:
         _POOLS[slots].put(gpu)
 
 
-def overlap_training_gpus(cfg: ExperimentConfig, arms: Sequence[ExperimentConfig],
-                          gpus: Sequence[str]) -> list[str] | None:  # fmt: skip
+def overlap_training_gpus(
+    cfg: ExperimentConfig, arms: Sequence[ExperimentConfig], gpus: Sequence[str]
+) -> list[str] | None:
     """The GPUs full-experiment trains on while evaluating finished arms on the others, or
     None: no overlap (off, evaluation on CPU or a work pool, fewer than two GPUs, or training
     needs every GPU: ``training.nproc`` unset, multi-node or a hostfile)."""
@@ -85,13 +88,57 @@ def overlap_training_gpus(cfg: ExperimentConfig, arms: Sequence[ExperimentConfig
     return list(gpus[:need]) if need < len(gpus) else None
 
 
-def shard_command(config_json: str | Path, checkpoint: str, suite: str, *,
-                  shard: tuple[int, int] | None, units: Sequence[str] = (),
-                  merge: bool = False) -> list[str]:  # fmt: skip
+@dataclass(frozen=True)
+class TrainingGpus:
+    """full-experiment's GPUs while arms train: ``held`` (training's, possibly none: training
+    on CPU) are out of the slot pool of ``gpus``, every GPU evaluation shards draw from."""
+
+    gpus: list[str]
+    held: list[str]
+
+
+@contextmanager
+def hold_training_gpus(
+    cfg: ExperimentConfig, arms: Sequence[ExperimentConfig]
+) -> Iterator[TrainingGpus | None]:
+    """Hold training's GPUs (:func:`overlap_training_gpus`) out of the slot pool for the
+    block, so evaluation shards meanwhile run on the others; None: no overlap. On exit, even
+    on failure, they go back: shards waiting for a slot start on them at once."""
+    gpus = visible_gpus()
+    train = overlap_training_gpus(cfg, arms, gpus)
+    if train is None:
+        yield None
+        return
+    slots = gpu_slots(gpus)
+    held = take_gpus(slots, len(train))
+    try:
+        yield TrainingGpus(list(gpus), held)
+    finally:
+        give_gpus(slots, held)
+
+
+def shard_command(
+    config_json: str | Path,
+    checkpoint: str,
+    suite: str,
+    *,
+    shard: tuple[int, int] | None,
+    units: Sequence[str] = (),
+    merge: bool = False,
+) -> list[str]:
     """``merge``: the shard that completes the evaluation also merges it (saves a process and
     a model load per evaluation; the merge task then finds the result done)."""
-    cmd = [sys.executable, "-m", "anchorctx.evaluation.sharding", "--config", str(config_json),
-           "--checkpoint", checkpoint, "--suite", suite]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "anchorctx.evaluation.sharding",
+        "--config",
+        str(config_json),
+        "--checkpoint",
+        checkpoint,
+        "--suite",
+        suite,
+    ]
     if shard is None:
         return [*cmd, "--finalize"]
     merging = ["--finalize-when-complete"] if merge else []
@@ -123,11 +170,19 @@ def _shard_run_name() -> str:
 
 
 @task(name="evaluate-shard", task_run_name=_shard_run_name)
-def evaluate_shard_task(config_json: str, checkpoint: str, suite: str, index: int, count: int,
-                        units: list[str], slots: str) -> str:  # fmt: skip
+def evaluate_shard_task(
+    config_json: str,
+    checkpoint: str,
+    suite: str,
+    index: int,
+    count: int,
+    units: list[str],
+    slots: str,
+) -> str:
     """One shard of one (checkpoint, suite) evaluation; returns its records file."""
-    cmd = shard_command(config_json, checkpoint, suite, shard=(index, count), units=units,
-                        merge=True)  # fmt: skip
+    cmd = shard_command(
+        config_json, checkpoint, suite, shard=(index, count), units=units, merge=True
+    )
     return _run_on_gpu(cmd, slots)
 
 

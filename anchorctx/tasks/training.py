@@ -10,13 +10,13 @@ deadline.
 from __future__ import annotations
 
 import sys
-import time
 from pathlib import Path
 
 from prefect import get_run_logger, task
 
-from anchorctx.config import ExperimentConfig, dump_config
-from anchorctx.io import read_jsonl
+from anchorctx.config import dump_config
+from anchorctx.experiment import ExperimentConfig
+from anchorctx.io import move_aside, read_jsonl
 from anchorctx.models.checkpoints import list_checkpoints
 from anchorctx.process import run_process_group
 from anchorctx.tasks.artifacts import Progress, artifact_key
@@ -46,15 +46,9 @@ def list_checkpoint_paths(run_dir: Path) -> list[str]:
     return [str(p) for p in list_checkpoints(run_dir)] if run_dir.is_dir() else []
 
 
-def move_aside(run_dir: Path, label: str = "old", source: Path | None = None) -> Path | None:
-    """Rename a run out of the way (never delete results): ``source`` (default: the run
-    directory itself) becomes ``<run>.<label>-<time>``."""
-    source = source or run_dir
-    if not source.exists():
-        return None
-    target = run_dir.with_name(f"{run_dir.name}.{label}-{time.strftime('%Y%m%d-%H%M%S')}")
-    source.rename(target)
-    return target
+def checkpoints_exist(checkpoints: list[str]) -> bool:
+    """Every checkpoint a (cached) training run returned is still on disk."""
+    return all(Path(c).is_dir() for c in checkpoints)
 
 
 def previous_dir(run_dir: Path) -> Path:
@@ -100,15 +94,18 @@ def train_task(
     # the child takes it): never move a run directory that another process is writing.
     with run_lock(cfg):
         if restore_previous(run_dir) is not None:  # a forced run was killed before it undid
-            logger.warning("an unfinished forced run was undone: previous run restored in %s",
-                           run_dir)  # fmt: skip
+            logger.warning(
+                "an unfinished forced run was undone: previous run restored in %s", run_dir
+            )
         # Forced: the previous run waits beside the new one and comes back if the new one does
         # not finish (cancelled, crashed, timed out): a forced run never leaves a run without
         # results.
         if fresh and run_dir.exists():
             run_dir.rename(previous_dir(run_dir))
-            logger.info("forced: training from scratch; previous run kept in %s until this one "
-                        "finishes", previous_dir(run_dir))  # fmt: skip
+            logger.info(
+                "forced: training from scratch; previous run kept in %s until this one finishes",
+                previous_dir(run_dir),
+            )
     if not fresh:
         return _train(cfg, dataset, resume, timeout_s, gpus)
     try:
@@ -122,8 +119,13 @@ def train_task(
     return checkpoints
 
 
-def _train(cfg: ExperimentConfig, dataset: str, resume: bool, timeout_s: float | None,
-           gpus: list[str] | None) -> list[str]:  # fmt: skip
+def _train(
+    cfg: ExperimentConfig,
+    dataset: str,
+    resume: bool,
+    timeout_s: float | None,
+    gpus: list[str] | None,
+) -> list[str]:
     logger = get_run_logger()
     run_dir = cfg.run_dir
     config_path = task_config_path(cfg)

@@ -10,11 +10,11 @@ to rank 0 for the save.
 ``<run_dir>/resume/``: DeepSpeed's engine checkpoint (model, optimizer and scheduler state, one
 shard per rank under ZeRO), each rank's RNG state (``rng-rankNNNNN.json``), and ``trainer.json``
 (step, tokens seen, parallel layout, config fingerprint, and the size of every other file, so a
-truncated file is named before anything is loaded). The data cursor is the step itself (batches
-are a pure function of seed and step). Written to ``.resume.partial`` by every rank, then
-swapped in by rank 0 (``resume`` -> ``.resume.old``, ``.resume.partial`` -> ``resume``); a crash
-between the two renames is undone by :func:`recover_resume`. Multi-node runs need ``run_root``
-on a shared filesystem.
+truncated file is named before anything is loaded), read back as a :class:`ResumeState`. The
+data cursor is the step itself (batches are a pure function of seed and step). Written to
+``.resume.partial`` by every rank, then swapped in by rank 0 (``resume`` -> ``.resume.old``,
+``.resume.partial`` -> ``resume``); a crash between the two renames is undone by
+:func:`recover_resume`. Multi-node runs need ``run_root`` on a shared filesystem.
 
 Trust boundary: ``trainer.json`` and the RNG files are JSON, read without pickle. DeepSpeed
 reads its own engine files with ``torch.load(weights_only=False)`` (they hold optimizer and
@@ -30,14 +30,14 @@ import json
 import os
 import random
 import shutil
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 import torch.distributed as dist
 
-from anchorctx.config import SaveConfig
 from anchorctx.io import atomic_directory, atomic_write_json, read_json
 from anchorctx.models.checkpoints import (
     CHECKPOINT_DIR,
@@ -46,6 +46,10 @@ from anchorctx.models.checkpoints import (
     list_checkpoints,
 )
 from anchorctx.training.plan import ResumeStateError
+from anchorctx.training.settings import SaveConfig
+
+if TYPE_CHECKING:
+    from deepspeed.runtime.engine import DeepSpeedEngine
 
 RESUME_DIR = "resume"
 TRAINER_FILE = "trainer.json"
@@ -68,22 +72,27 @@ def should_save_resume(step: int, total: int, save: SaveConfig) -> bool:
 
 
 # ------------------------------------------------------------------------------ HF checkpoints
-def _gathered_state_dict(engine) -> dict[str, torch.Tensor] | None:
+def _gathered_state_dict(ds_engine: DeepSpeedEngine) -> dict[str, torch.Tensor] | None:
     """Full weights on rank 0 under ZeRO-3 (a collective: every rank must call it)."""
-    if engine.zero_optimization_stage() == 3:
-        return engine._zero3_consolidated_16bit_state_dict()
+    if ds_engine.zero_optimization_stage() == 3:
+        return ds_engine._zero3_consolidated_16bit_state_dict()
     return None
 
 
 def save_checkpoint(
-    engine, tokenizer, run_dir: Path, step: int, meta: dict[str, Any], save: SaveConfig
+    ds_engine: DeepSpeedEngine,
+    tokenizer,
+    run_dir: Path,
+    step: int,
+    meta: dict[str, Any],
+    save: SaveConfig,
 ) -> Path:
     """Write ``checkpoints/step-NNNNNN`` (rank 0 writes; all ranks must call)."""
-    state = _gathered_state_dict(engine)
+    state = _gathered_state_dict(ds_engine)
     final = Path(run_dir) / CHECKPOINT_DIR / checkpoint_name(step)
     if dist.get_rank() == 0:
         with atomic_directory(final) as tmp:
-            model = engine.module
+            model = ds_engine.module
             model.save_pretrained(tmp, state_dict=state, safe_serialization=True)
             _portable_config(tmp)
             tokenizer.save_pretrained(tmp)
@@ -110,6 +119,48 @@ def prune_checkpoints(run_dir: Path, keep: int | None) -> None:
 
 
 # ------------------------------------------------------------------------------ resume state
+@dataclass(frozen=True, kw_only=True)
+class ResumeState:
+    """Where a run continues from: the trainer fields of ``resume/trainer.json``.
+
+    :meth:`none` is a fresh start (step 0); ``found``: read from ``resume/``, whose engine and
+    RNG state are then loaded (:func:`load_resume`).
+    """
+
+    step: int = 0  # optimiser steps done: the data cursor too
+    tokens_seen: int = 0
+    loss: float | None = None  # of the last step done
+    parallel: dict[str, Any] = field(default_factory=dict)  # Parallelism.to_dict() of the run
+    config_fingerprint: str | None = None  # training.loop.resume_fingerprint of the run's config
+    found: bool = False
+
+    @classmethod
+    def none(cls) -> ResumeState:
+        """No resume state: the run starts at step 0."""
+        return cls()
+
+    @classmethod
+    def from_trainer_json(cls, trainer: dict[str, Any]) -> ResumeState:
+        return cls(
+            step=trainer["step"],
+            tokens_seen=trainer.get("tokens_seen", 0),
+            loss=trainer.get("loss"),
+            parallel=trainer.get("parallel", {}),
+            config_fingerprint=trainer.get("config_fingerprint"),
+            found=True,
+        )
+
+    def trainer_json(self) -> dict[str, Any]:
+        """The fields as ``trainer.json`` holds them, in its key order."""
+        return {
+            "step": self.step,
+            "tokens_seen": self.tokens_seen,
+            "loss": self.loss,
+            "parallel": self.parallel,
+            "config_fingerprint": self.config_fingerprint,
+        }
+
+
 def _b64(t: torch.Tensor) -> str:
     return base64.b64encode(t.cpu().numpy().tobytes()).decode()
 
@@ -146,8 +197,9 @@ def rng_file(rank: int) -> str:
     return f"rng-rank{rank:05d}.json"
 
 
-def save_resume(engine, run_dir: Path, trainer: dict[str, Any]) -> Path:
-    """Write ``resume/`` atomically (collective)."""
+def save_resume(ds_engine: DeepSpeedEngine, run_dir: Path, state: ResumeState) -> Path:
+    """Write ``resume/`` atomically (collective): ``state`` with the engine's and every rank's
+    RNG state."""
     rank = dist.get_rank()
     final = Path(run_dir) / RESUME_DIR
     tmp = Path(run_dir) / PARTIAL_RESUME
@@ -155,15 +207,19 @@ def save_resume(engine, run_dir: Path, trainer: dict[str, Any]) -> Path:
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
     dist.barrier()
-    engine.save_checkpoint(str(tmp), tag=ENGINE_TAG, client_state={"step": trainer["step"]},
-                           save_latest=False)  # fmt: skip
+    ds_engine.save_checkpoint(
+        str(tmp), tag=ENGINE_TAG, client_state={"step": state.step}, save_latest=False
+    )
     atomic_write_json(tmp / rng_file(rank), rng_state())
     dist.barrier()
     if rank == 0:
-        files = {p.relative_to(tmp).as_posix(): p.stat().st_size
-                 for p in sorted(tmp.rglob("*")) if p.is_file()}  # fmt: skip
-        atomic_write_json(tmp / TRAINER_FILE, {**trainer, "world": dist.get_world_size(),
-                                               "files": files})  # fmt: skip
+        files = {
+            p.relative_to(tmp).as_posix(): p.stat().st_size
+            for p in sorted(tmp.rglob("*"))
+            if p.is_file()
+        }
+        trainer = {**state.trainer_json(), "world": dist.get_world_size(), "files": files}
+        atomic_write_json(tmp / TRAINER_FILE, trainer)
         _swap_into_place(tmp, final)
     dist.barrier()
     return final
@@ -205,21 +261,24 @@ def has_resume_state(run_dir: Path) -> bool:
 def _corrupt(run_dir: Path, path: Path, problem: str) -> ResumeStateError:
     found = list_checkpoints(run_dir)
     if found:
-        hint = (f"the newest complete checkpoint is {found[-1]}: continue from its weights in a "
-                f"new run (--set model.path={found[-1]} and another name), or start over with "
-                "--force")  # fmt: skip
+        hint = (
+            f"the newest complete checkpoint is {found[-1]}: continue from its weights in a "
+            f"new run (--set model.path={found[-1]} and another name), or start over with "
+            "--force"
+        )
     else:
         hint = "there is no complete checkpoint to fall back to: start over with --force"
     return ResumeStateError(f"corrupt resume state: {path}: {problem}; {hint}")
 
 
-def read_trainer_state(run_dir: Path, world: int | None = None) -> dict[str, Any] | None:
+def read_trainer_state(run_dir: Path, world: int | None = None) -> ResumeState:
     """``resume/trainer.json`` after checking every file of the resume state is there and
-    whole (None: no resume state). Raises :class:`ResumeStateError` naming the bad file."""
+    whole (:meth:`ResumeState.none`: no resume state). Raises :class:`ResumeStateError` naming
+    the bad file."""
     run_dir = Path(run_dir)
     root = run_dir / RESUME_DIR
     if not root.exists():
-        return None
+        return ResumeState.none()
     path = root / TRAINER_FILE
     if not path.is_file():
         raise _corrupt(run_dir, path, "missing (the resume state is incomplete)")
@@ -231,34 +290,41 @@ def read_trainer_state(run_dir: Path, world: int | None = None) -> dict[str, Any
         raise _corrupt(run_dir, path, "has no integer 'step'")
     files = state.get("files")
     if not isinstance(files, dict):
-        raise _corrupt(run_dir, path, "lists no files (written by an older anchorctx whose RNG "
-                       "state needs pickle; it is not loaded)")  # fmt: skip
+        raise _corrupt(
+            run_dir,
+            path,
+            "lists no files (written by an older anchorctx whose RNG "
+            "state needs pickle; it is not loaded)",
+        )
     for rel, size in files.items():
         f = root / rel
         if not f.is_file():
             raise _corrupt(run_dir, f, "missing")
         if f.stat().st_size != size:
-            raise _corrupt(run_dir, f, f"{f.stat().st_size} bytes, written as {size} (truncated "
-                           "or changed)")  # fmt: skip
+            raise _corrupt(
+                run_dir, f, f"{f.stat().st_size} bytes, written as {size} (truncated or changed)"
+            )
     if not (root / ENGINE_TAG).is_dir():
         raise _corrupt(run_dir, root / ENGINE_TAG, "missing (DeepSpeed's engine state)")
     for rank in range(world if world is not None else state.get("world", 1)):
         if rng_file(rank) not in files:
             raise _corrupt(run_dir, root / rng_file(rank), "missing")
-    return state
+    return ResumeState.from_trainer_json(state)
 
 
-def load_resume(engine, run_dir: Path) -> None:
-    """Restore engine (weights, optimizer, scheduler) and this rank's RNG from ``resume/``."""
+def load_resume(ds_engine: DeepSpeedEngine, run_dir: Path) -> None:
+    """Restore the DeepSpeed engine (weights, optimizer, scheduler) and this rank's RNG from
+    ``resume/``."""
     root = Path(run_dir) / RESUME_DIR
     try:
-        path, _ = engine.load_checkpoint(
+        path, _ = ds_engine.load_checkpoint(
             str(root), tag=ENGINE_TAG, load_optimizer_states=True, load_lr_scheduler_states=True
         )
     except Exception as err:  # DeepSpeed raises anything from AssertionError to pickle errors
         detail = " ".join(str(err).split()) or "no message"
-        raise _corrupt(run_dir, root / ENGINE_TAG,
-                       f"DeepSpeed cannot load it ({type(err).__name__}: {detail})") from err  # fmt: skip
+        raise _corrupt(
+            run_dir, root / ENGINE_TAG, f"DeepSpeed cannot load it ({type(err).__name__}: {detail})"
+        ) from err
     if path is None:
         raise _corrupt(run_dir, root / ENGINE_TAG, "DeepSpeed found no checkpoint in it")
     rng_path = root / rng_file(dist.get_rank())

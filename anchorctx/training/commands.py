@@ -11,15 +11,17 @@ from anchorctx.tracking import check_backends
 def train_arguments(parser: argparse.ArgumentParser) -> None:
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument(
-        "--resume", action="store_true",
+        "--resume",
+        action="store_true",
         help="Continue from <run_dir>/resume (identical continuation); a finished run returns "
         "at once, a run without resume state starts fresh.",
-    )  # fmt: skip
+    )
     mode.add_argument(
-        "--force", action="store_true",
+        "--force",
+        action="store_true",
         help="Start over: rename an earlier run in the run directory aside (<run>.old-<time>). "
         "Without --resume or --force, a run directory holding an earlier run is an error.",
-    )  # fmt: skip
+    )
     nodes = parser.add_argument_group(
         "several nodes, the same command on each (Slurm, Kubernetes; no ssh)",
         "With training.nnodes > 1 every node runs `anchorctx train CONFIG` with its own "
@@ -34,8 +36,12 @@ def train_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="R",
         help="This node's rank, 0..training.nnodes-1 (node 0 writes the outputs).",
     )
-    nodes.add_argument("--master-addr", default=None, metavar="HOST",
-                       help="Address of node 0, reachable from every node.")  # fmt: skip
+    nodes.add_argument(
+        "--master-addr",
+        default=None,
+        metavar="HOST",
+        help="Address of node 0, reachable from every node.",
+    )
 
 
 def train(args: argparse.Namespace) -> int:
@@ -47,5 +53,11 @@ def train(args: argparse.Namespace) -> int:
     check_backends(args.cfg)  # before any work: a missing tracker package is one line
     # Demo configs: the launcher writes the corpus where it prepares the data (node 0, under
     # the run lock), before its checks read the tokenizer.
-    return launch(args.cfg, resume=args.resume, force=args.force, node_rank=args.node_rank,
-                  master_addr=args.master_addr, prepare_inputs=ensure_demo_corpus)  # fmt: skip
+    return launch(
+        args.cfg,
+        resume=args.resume,
+        force=args.force,
+        node_rank=args.node_rank,
+        master_addr=args.master_addr,
+        prepare_inputs=ensure_demo_corpus,
+    )

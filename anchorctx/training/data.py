@@ -96,9 +96,16 @@ class BatchPlan:
     """Global batches of a run for one rank (see the module docstring)."""
 
     def __init__(
-        self, dataset: Any, *, seed: int, par: Parallelism, seq_len: int, variant: str,
-        pad_id: int, rank: int,
-    ) -> None:  # fmt: skip
+        self,
+        dataset: Any,
+        *,
+        seed: int,
+        par: Parallelism,
+        seq_len: int,
+        variant: str,
+        pad_id: int,
+        rank: int,
+    ) -> None:
         self.dataset = dataset.select_columns(list(COLUMNS)).with_format("numpy")
         self.num_rows = len(self.dataset)
         if self.num_rows == 0:
@@ -110,8 +117,9 @@ class BatchPlan:
 
     def _permutation(self, epoch: int) -> np.ndarray:
         if epoch not in self._perm_cache:
-            self._perm_cache = {epoch: np.random.default_rng([self.seed, epoch]).permutation(
-                self.num_rows)}  # fmt: skip
+            self._perm_cache = {
+                epoch: np.random.default_rng([self.seed, epoch]).permutation(self.num_rows)
+            }
         return self._perm_cache[epoch]
 
     def row_indices(self, step: int) -> list[int]:

@@ -1,5 +1,8 @@
 """DeepSpeed: process group, ZeRO engine, AdamW + warmup schedule, Ulysses sequence parallelism.
 
+How DeepSpeed is imported, its accelerator and its config dict are
+:mod:`anchorctx.training.deepspeed_env`'s.
+
 Sequence parallelism uses DeepSpeed's ALST ``UlyssesSPAttentionHF``: it wraps the registered
 ``"anchorctx"`` attention so that each rank's q/k/v shards ``[B, H, T/SP, D]`` are exchanged
 (all-to-all) into ``[B, H/SP, T, D]`` — the full sequence for a subset of heads — before our
@@ -20,9 +23,7 @@ from __future__ import annotations
 import functools
 import math
 import os
-import sys
 import time
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -32,25 +33,16 @@ from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from anchorctx.attention.hf import attention_name, select_attention
 from anchorctx.process import free_port
+from anchorctx.training.deepspeed_env import deepspeed_config, import_deepspeed, use_accelerator
+
+# Re-exported: scripts/setup.sh names the ops cache from here, beside prebuild_ops.
 
 if TYPE_CHECKING:
-    from anchorctx.config import ExperimentConfig, TrainingConfig
+    from deepspeed.runtime.engine import DeepSpeedEngine
+
+    from anchorctx.experiment import ExperimentConfig
     from anchorctx.training.plan import Parallelism
-
-
-# DeepSpeed JIT-compiles C++ ops into TORCH_EXTENSIONS_DIR the first time a process needs them
-# (on CPU: its shared-memory comm op, ~40-140 s on two cores, at every process-group start). One
-# cache for every arm and run: the environment's TORCH_EXTENSIONS_DIR when set (scripts/*.sh set
-# it to the checkout's .cache/torch_extensions), else ~/.cache/anchorctx/torch_extensions. Child
-# processes (torchrun, the flow's training tasks) inherit it through the environment.
-EXTENSIONS_ENV = "TORCH_EXTENSIONS_DIR"
-
-
-def ops_cache_dir() -> str:
-    """Where DeepSpeed's JIT-built ops live; set in the environment for this process and its
-    children before DeepSpeed is imported."""
-    default = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    return os.environ.setdefault(EXTENSIONS_ENV, str(default / "anchorctx" / "torch_extensions"))
+    from anchorctx.training.settings import TrainingConfig
 
 
 def prebuild_ops() -> float:
@@ -69,63 +61,8 @@ def prebuild_ops() -> float:
     return time.monotonic() - start
 
 
-def environment_tools_first() -> None:
-    """Put this interpreter's own ``bin`` directory first on PATH when it holds ``ninja``.
-
-    DeepSpeed's JIT build runs whichever ``ninja`` PATH finds. A process started without its
-    virtualenv activated (the flow's training tasks under ``anchorctx serve``, or
-    ``.venv/bin/python -m anchorctx``) finds another one, say a system ninja 1.11 next to the
-    locked 1.13 that scripts/setup.sh built the ops with. A different ninja treats the other's
-    build log as stale and compiles the op again: measured 56 s of the CPU demo's first arm on
-    two cores, and every later switch between the two pays it again. Where no other ninja is
-    installed, the build fails outright."""
-    bindir = os.path.dirname(sys.executable)
-    path = os.environ.get("PATH", "")
-    if os.path.isfile(os.path.join(bindir, "ninja")) and path.split(os.pathsep)[0] != bindir:
-        os.environ["PATH"] = bindir + os.pathsep + path if path else bindir
-
-
-def import_deepspeed():
-    ops_cache_dir()
-    environment_tools_first()
-    try:
-        # Imported here: DeepSpeed is slow to import and needed only to train.
-        import deepspeed
-    except Exception as err:  # ImportError, or a broken CUDA/op build at import time
-        raise RuntimeError(
-            f"DeepSpeed is required for training but failed to import ({type(err).__name__}: "
-            f"{err}); install it with `pip install 'deepspeed>=0.18,<0.20'`"
-        ) from err
-    return deepspeed
-
-
-_SINGLE_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
-               "MASTER_PORT")  # fmt: skip
+_SINGLE_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 _owned_env: list[str] = []
-
-
-def use_accelerator(device: str) -> None:
-    """Make DeepSpeed's accelerator the training device's.
-
-    DeepSpeed detects its accelerator once per process, CUDA wherever a GPU is visible, and
-    ``deepspeed.initialize`` moves the model there. A CPU run on a GPU host (the demo's
-    ``training.device: cpu``) then trained a model on cuda:0 fed with CPU batches ("index is on
-    cpu, different from other tensors on cuda:0"). Before DeepSpeed is imported the choice goes
-    through ``DS_ACCELERATOR`` (torchrun's workers inherit it); after, the accelerator object is
-    replaced (a process that trains on both, as the test suite does)."""
-    name = "cpu" if device == "cpu" else "cuda"
-    if "deepspeed" not in sys.modules:
-        os.environ["DS_ACCELERATOR"] = name
-        return
-    from deepspeed.accelerator import get_accelerator, set_accelerator
-
-    if get_accelerator().device_name() == name:
-        return
-    if name == "cpu":
-        from deepspeed.accelerator.cpu_accelerator import CPU_Accelerator as Accelerator
-    else:
-        from deepspeed.accelerator.cuda_accelerator import CUDA_Accelerator as Accelerator
-    set_accelerator(Accelerator())
 
 
 def init_distributed(device: str) -> tuple[int, int, int]:
@@ -138,8 +75,14 @@ def init_distributed(device: str) -> tuple[int, int, int]:
     use_accelerator(device)
     deepspeed = import_deepspeed()
     if "RANK" not in os.environ:
-        single = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1",
-                  "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}  # fmt: skip
+        single = {
+            "RANK": "0",
+            "LOCAL_RANK": "0",
+            "WORLD_SIZE": "1",
+            "LOCAL_WORLD_SIZE": "1",
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(free_port()),
+        }
         _owned_env[:] = [k for k in _SINGLE_ENV if k not in os.environ]
         os.environ.update({k: single[k] for k in _owned_env})
     if not dist.is_initialized():
@@ -161,31 +104,6 @@ def shutdown_distributed() -> None:
         os.environ.pop(key, None)
     _owned_env.clear()
     _ULYSSES.clear()  # their groups belonged to the destroyed process group
-
-
-def deepspeed_config(cfg: ExperimentConfig, par: Parallelism) -> dict[str, Any]:
-    t = cfg.training
-    zero: dict[str, Any] = {"stage": par.zero_stage}
-    if par.zero_stage == 3:
-        # Stage 3 gathers weights layer by layer; these keep whole-model saves possible.
-        zero["stage3_gather_16bit_weights_on_model_save"] = True
-        zero["reduce_scatter"] = True  # the averaging path loss_scale() accounts for
-    # Imported here: tiling imports this module (import_deepspeed).
-    from anchorctx.training.tiling import offload_entries
-
-    zero_extra, top_extra = offload_entries(t.memory, par)  # training.memory.offload_optimizer
-    zero.update(zero_extra)
-    return {
-        "train_micro_batch_size_per_gpu": par.micro,
-        "gradient_accumulation_steps": par.accum,
-        "gradient_clipping": t.grad_clip,
-        "zero_optimization": zero,
-        "bf16": {"enabled": t.precision == "bf16"},
-        "zero_allow_untested_optimizer": True,
-        "steps_per_print": 2**31 - 1,
-        "wall_clock_breakdown": False,
-        **top_extra,
-    }
 
 
 def build_optimizer(model: torch.nn.Module, cfg: ExperimentConfig, device: str):
@@ -234,7 +152,8 @@ def build_scheduler(optimizer, t: TrainingConfig):
 # wrapping of this one, and a non-SP model in the same process never runs the all-to-alls.
 ULYSSES_SUFFIX = "+ulysses"
 # DeepSpeed creates the SP groups once per process: one wrapper (and mpu) per layout, shared by
-# every model of that layout (several engines in one process, as the exactness tests build).
+# every model of that layout (several DeepSpeed engines in one process, as the exactness tests
+# build).
 _ULYSSES: dict[tuple[str, int, int, int], Any] = {}
 
 
@@ -266,25 +185,30 @@ def register_sequence_parallel(model, par: Parallelism, seq_len: int):
     return _ULYSSES[key]
 
 
-def build_engine(model, cfg: ExperimentConfig, par: Parallelism, mpu, optimizer=None):
+def build_engine(
+    model, cfg: ExperimentConfig, par: Parallelism, mpu, optimizer=None
+) -> DeepSpeedEngine:
     """``deepspeed.initialize`` with our optimizer (or the given one: the exactness tests step
     with plain SGD, whose update is proportional to the gradient) and schedule."""
     deepspeed = import_deepspeed()
     if optimizer is None:
         optimizer = build_optimizer(model, cfg, par.device)
     scheduler = build_scheduler(optimizer, cfg.training)
-    engine, _, _, _ = deepspeed.initialize(
-        model=model, optimizer=optimizer, lr_scheduler=scheduler,
-        config=deepspeed_config(cfg, par), mpu=mpu,
-    )  # fmt: skip
-    return engine
+    ds_engine, _, _, _ = deepspeed.initialize(
+        model=model,
+        optimizer=optimizer,
+        lr_scheduler=scheduler,
+        config=deepspeed_config(cfg, par),
+        mpu=mpu,
+    )
+    return ds_engine
 
 
-def loss_scale(engine, par: Parallelism) -> float:
+def loss_scale(ds_engine: DeepSpeedEngine, par: Parallelism) -> float:
     """Factor on ``local loss sum / global targets`` that makes DeepSpeed's gradients the
     exact global-batch gradient (see the module docstring)."""
-    if engine.zero_optimization_stage() == 3:
-        divisor = engine.seq_dp_world_size  # reduce-scatter averages over DP × SP
+    if ds_engine.zero_optimization_stage() == 3:
+        divisor = ds_engine.seq_dp_world_size  # reduce-scatter averages over DP × SP
     else:
-        divisor = engine.seq_dp_world_size / engine.sequence_parallel_size  # = DP
+        divisor = ds_engine.seq_dp_world_size / ds_engine.sequence_parallel_size  # = DP
     return float(par.accum * divisor)

@@ -32,12 +32,13 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from anchorctx.config import ExperimentConfig, dump_config
+from anchorctx.config import dump_config
+from anchorctx.experiment import ExperimentConfig
+from anchorctx.io import move_aside
 from anchorctx.process import free_port, run_process_group
 from anchorctx.training import checkpoints as ckpt
 from anchorctx.training.loop import (
     Prepared,
-    move_run_aside,
     preflight,
     restart_state,
     run_lock,
@@ -55,10 +56,14 @@ LAUNCH_CONFIG = ".launch-config.yaml"
 
 
 def launch(
-    cfg: ExperimentConfig, *, resume: bool = False, force: bool = False,
-    node_rank: int | None = None, master_addr: str | None = None,
+    cfg: ExperimentConfig,
+    *,
+    resume: bool = False,
+    force: bool = False,
+    node_rank: int | None = None,
+    master_addr: str | None = None,
     prepare_inputs: Callable[[ExperimentConfig], object] | None = None,
-) -> int:  # fmt: skip
+) -> int:
     """Run training in-process or as a launched process group; returns the exit status.
 
     ``force`` starts over: an earlier run in the run directory is renamed aside first.
@@ -72,8 +77,12 @@ def launch(
     par = plan_parallelism(cfg)
     nodes = None
     if cfg.training.nnodes > 1 and cfg.training.hostfile is None:
-        nodes = resolve_nodes(cfg.training.nnodes, node_rank=node_rank, master_addr=master_addr,
-                              master_port=cfg.training.master_port)  # fmt: skip
+        nodes = resolve_nodes(
+            cfg.training.nnodes,
+            node_rank=node_rank,
+            master_addr=master_addr,
+            master_port=cfg.training.master_port,
+        )
     elif node_rank is not None or master_addr is not None:
         raise TrainingError("--node-rank/--master-addr need training.nnodes > 1 (and no hostfile)")
     if nodes is not None and nodes.node_rank != 0:
@@ -85,7 +94,7 @@ def launch(
         if prepare_inputs is not None:
             prepare_inputs(cfg)
         pre = preflight(cfg, par)  # first: a bad config moves nothing aside
-        if force and (old := move_run_aside(cfg.run_dir)) is not None:
+        if force and (old := move_aside(cfg.run_dir)) is not None:
             print(f"earlier run moved aside to {old}", flush=True)
         if note := ckpt.recover_resume(cfg.run_dir):
             print(note, flush=True)
@@ -97,10 +106,13 @@ def launch(
 
 
 def _launch_group(
-    cfg: ExperimentConfig, par: Parallelism, resume: bool, data_dir: Path | None,
+    cfg: ExperimentConfig,
+    par: Parallelism,
+    resume: bool,
+    data_dir: Path | None,
     nodes: NodeSpec | None,
     lock_fd: int | None,
-) -> int:  # fmt: skip
+) -> int:
     """Start the launcher child (passing it the run lock, so the group keeps it held)."""
     nproc = processes_per_node(cfg, par.device)
     if nodes is None:
@@ -115,30 +127,63 @@ def _launch_group(
     # Output inherited: the ranks' lines (and a progress bar on a terminal) pass through as is.
     code = run_process_group(cmd, on_line=None, pass_fds=(lock_fd,), check=False)
     if code != 0 and nodes is not None:
-        print(f"anchorctx train: node {nodes.node_rank} of {nodes.nnodes}: the distributed job "
-              f"failed (exit {code}); if a node died, start every node again with --resume",
-              file=sys.stderr, flush=True)  # fmt: skip
+        print(
+            f"anchorctx train: node {nodes.node_rank} of {nodes.nnodes}: the distributed job "
+            f"failed (exit {code}); if a node died, start every node again with --resume",
+            file=sys.stderr,
+            flush=True,
+        )
     return code
 
 
 def launcher_command(
-    cfg: ExperimentConfig, nproc: int, cfg_path: Path, resume: bool, data_dir: Path | None,
+    cfg: ExperimentConfig,
+    nproc: int,
+    cfg_path: Path,
+    resume: bool,
+    data_dir: Path | None,
     nodes: NodeSpec | None = None,
-) -> list[str]:  # fmt: skip
+) -> list[str]:
     t = cfg.training
-    worker = ["-m", "anchorctx.training.worker", str(cfg_path),
-              *(["--data-dir", str(data_dir)] if data_dir is not None else []),
-              *(["--resume"] if resume else [])]  # fmt: skip
+    worker = [
+        "-m",
+        "anchorctx.training.worker",
+        str(cfg_path),
+        *(["--data-dir", str(data_dir)] if data_dir is not None else []),
+        *(["--resume"] if resume else []),
+    ]
     if nodes is not None:
-        return [sys.executable, "-m", "torch.distributed.run", *rendezvous_args(nodes, nproc),
-                *worker]  # fmt: skip
+        return [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            *rendezvous_args(nodes, nproc),
+            *worker,
+        ]
     port = str(t.master_port or free_port())
     if t.hostfile is not None:
         if not Path(t.hostfile).is_file():
             raise TrainingError(f"training.hostfile not found: {t.hostfile}")
-        return ["deepspeed", "--hostfile", str(t.hostfile), "--num_nodes", str(t.nnodes),
-                "--num_gpus", str(nproc), "--master_port", port, "--module",
-                *worker[1:]]  # fmt: skip
-    return [sys.executable, "-m", "torch.distributed.run", "--nnodes=1",
-            f"--nproc-per-node={nproc}", "--master-addr=127.0.0.1", f"--master-port={port}",
-            *worker]  # fmt: skip
+        return [
+            "deepspeed",
+            "--hostfile",
+            str(t.hostfile),
+            "--num_nodes",
+            str(t.nnodes),
+            "--num_gpus",
+            str(nproc),
+            "--master_port",
+            port,
+            "--module",
+            *worker[1:],
+        ]
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nnodes=1",
+        f"--nproc-per-node={nproc}",
+        "--master-addr=127.0.0.1",
+        f"--master-port={port}",
+        *worker,
+    ]

@@ -20,13 +20,14 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
 from tqdm import tqdm
 
-from anchorctx.config import ExperimentConfig, TrainingConfig, dump_config
+from anchorctx.config import dump_config
+from anchorctx.experiment import ExperimentConfig
 from anchorctx.io import (
     WriterLock,
     append_jsonl,
@@ -62,8 +63,12 @@ from anchorctx.training.plan import (
     padded_length,
     plan_parallelism,
 )
-from anchorctx.training.step import train_step
+from anchorctx.training.settings import TrainingConfig
+from anchorctx.training.step import loss_function, train_step
 from anchorctx.training.tiling import apply_memory_options, init_context
+
+if TYPE_CHECKING:
+    from deepspeed.runtime.engine import DeepSpeedEngine
 
 log = logging.getLogger("anchorctx.training")
 # Settings that may change between a run and its resumption (extend a run, save more often).
@@ -85,7 +90,20 @@ class Prepared:
 
     par: Parallelism
     pre: Preflight
-    state: dict[str, Any] | None
+    state: ckpt.ResumeState
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunContext:
+    """One process's run once its process group, pre-flight and restart state are settled: what
+    the build, the step loop and the saves read."""
+
+    cfg: ExperimentConfig
+    par: Parallelism
+    rank: int
+    device: str  # this rank's torch device: "cuda:<local rank>" or "cpu"
+    pre: Preflight
+    state: ckpt.ResumeState  # where the run starts (ResumeState.none(): step 0)
 
 
 def preflight(
@@ -134,7 +152,17 @@ def train(
             par = prepared.par if prepared else plan_parallelism(cfg, world=world)
             if cfg.training.nnodes > 1:
                 check_shared_run_dir(cfg.run_dir, rank, world)
-            return _train(cfg, par, rank, local_rank, resume, data_dir, prepared)
+            if prepared is None:  # a launched rank: it computes them itself
+                prepared = _prepare_rank(cfg, par, rank, resume=resume, data_dir=data_dir)
+            run = RunContext(
+                cfg=cfg,
+                par=par,
+                rank=rank,
+                device=f"cuda:{local_rank}" if par.device == "cuda" else "cpu",
+                pre=prepared.pre,
+                state=prepared.state,
+            )
+            return _train(run)
         finally:
             shutdown_distributed()
     finally:
@@ -147,54 +175,49 @@ def run_lock(cfg: ExperimentConfig) -> WriterLock:
     return WriterLock.beside(cfg.run_dir, f"run directory {cfg.run_dir}")
 
 
-def move_run_aside(run_dir: Path) -> Path | None:
-    """Rename an earlier run out of the way (never delete results): ``<run>.old-<time>``."""
-    if not run_dir.exists():
-        return None
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    target = run_dir.with_name(f"{run_dir.name}.old-{stamp}")
-    n = 1
-    while target.exists():  # two restarts within one second
-        target, n = run_dir.with_name(f"{run_dir.name}.old-{stamp}-{n}"), n + 1
-    run_dir.rename(target)
-    return target
-
-
-def _train(cfg, par: Parallelism, rank, local_rank, resume, data_dir, prepared) -> dict[str, Any]:
-    if prepared is not None:  # one process: the launcher did the checks and the recovery
-        pre, state = prepared.pre, prepared.state
-    else:
-        if rank == 0:
-            pre = preflight(cfg, par, data_dir=data_dir)
-            if note := ckpt.recover_resume(cfg.run_dir):
-                print(note, flush=True)
-        dist.barrier()  # rank 0 built the dataset; the others now find it finished
-        if rank != 0:
-            pre = preflight(cfg, par, data_dir=data_dir)
-        state = restart_state(cfg, par, resume)  # every rank checks: none waits on a failed one
-    dataset, _ = load_packed(pre.data_dir)
-    run_dir = cfg.run_dir
+def _prepare_rank(
+    cfg: ExperimentConfig, par: Parallelism, rank: int, *, resume: bool, data_dir: Path | None
+) -> Prepared:
+    """A launched rank's pre-flight and restart state (one process gets them from the
+    launcher): rank 0 prepares the dataset and recovers the resume state first."""
     if rank == 0:
-        _prepare_run_dir(cfg, par, pre, state)
+        pre = preflight(cfg, par, data_dir=data_dir)
+        if note := ckpt.recover_resume(cfg.run_dir):
+            print(note, flush=True)
+    dist.barrier()  # rank 0 built the dataset; the others now find it finished
+    if rank != 0:
+        pre = preflight(cfg, par, data_dir=data_dir)
+    state = restart_state(cfg, par, resume)  # every rank checks: none waits on a failed one
+    return Prepared(par, pre, state)
+
+
+def _train(run: RunContext) -> dict[str, Any]:
+    cfg, state = run.cfg, run.state
+    dataset, _ = load_packed(run.pre.data_dir)
+    if run.rank == 0:
+        _prepare_run_dir(run)
     dist.barrier()
-    _setup_logging(run_dir / "train.log", rank)
-    start = state["step"] if state else 0
-    if start >= cfg.training.steps:
-        log.info("run already complete at step %d: %s", start, run_dir)
-        return _summary(cfg, state["step"], state.get("tokens_seen", 0), state.get("loss"), start)
-    device = f"cuda:{local_rank}" if par.device == "cuda" else "cpu"
+    _setup_logging(cfg.run_dir / "train.log", run.rank)
+    if state.step >= cfg.training.steps:
+        log.info("run already complete at step %d: %s", state.step, cfg.run_dir)
+        return _summary(cfg, state.step, state.tokens_seen, state.loss, state.step)
     built = time.perf_counter()
-    engine = _build(cfg, par, pre, device)
-    if state is not None:
-        ckpt.load_resume(engine, cfg.run_dir)
-        log.info("resumed from step %d", state["step"])
-    if rank == 0:
+    ds_engine = _build(run)
+    if state.found:
+        ckpt.load_resume(ds_engine, cfg.run_dir)
+        log.info("resumed from step %d", state.step)
+    if run.rank == 0:
         log.info(startup_line(time.perf_counter() - built))
     plan = BatchPlan(
-        dataset, seed=cfg.seed, par=par, seq_len=cfg.data.seq_len,
-        variant=cfg.training.attention, pad_id=int(pre.manifest["anchor_token_id"]), rank=rank,
-    )  # fmt: skip
-    return _loop(cfg, par, pre, engine, plan, loss_scale(engine, par), device, state)
+        dataset,
+        seed=cfg.seed,
+        par=run.par,
+        seq_len=cfg.data.seq_len,
+        variant=cfg.training.attention,
+        pad_id=int(run.pre.manifest["anchor_token_id"]),
+        rank=run.rank,
+    )
+    return _loop(run, ds_engine, plan)
 
 
 def startup_line(engine_s: float) -> str:
@@ -211,12 +234,18 @@ def startup_line(engine_s: float) -> str:
     )
 
 
-def _build(cfg, par: Parallelism, pre: Preflight, device: str):
+def _build(run: RunContext) -> DeepSpeedEngine:
     """Model with the registered attention (and Ulysses around it), inside DeepSpeed."""
+    cfg, par = run.cfg, run.par
     dtype = "bfloat16" if cfg.training.precision == "bf16" else "float32"
-    with init_context(cfg, device):
-        model = load_model(cfg.model, seq_len=cfg.data.seq_len, dtype=dtype, device=device,
-                           tokenizer=pre.tokenizer)  # fmt: skip
+    with init_context(cfg, run.device):
+        model = load_model(
+            cfg.model,
+            seq_len=cfg.data.seq_len,
+            dtype=dtype,
+            device=run.device,
+            tokenizer=run.pre.tokenizer,
+        )
     use_kernels(model, cfg.training.kernels)
     if cfg.training.activation_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
@@ -227,13 +256,13 @@ def _build(cfg, par: Parallelism, pre: Preflight, device: str):
     return build_engine(model, cfg, par, mpu)
 
 
-def _loop(cfg, par, pre, engine, plan, scale, device, state) -> dict[str, Any]:
-    t = cfg.training
-    rank = dist.get_rank()
-    start = state["step"] if state else 0
-    tokens_seen = state.get("tokens_seen", 0) if state else 0
-    n_matmul = M.matmul_params(engine.module)
-    text_cfg = engine.module.config.get_text_config()
+def _loop(run: RunContext, ds_engine: DeepSpeedEngine, plan: BatchPlan) -> dict[str, Any]:
+    cfg, par, rank, t = run.cfg, run.par, run.rank, run.cfg.training
+    start, tokens_seen = run.state.step, run.state.tokens_seen
+    scale = loss_scale(ds_engine, par)
+    loss_fn = loss_function(t.memory.tiled_loss)  # once: plain, or tiled logits and loss
+    n_matmul = M.matmul_params(ds_engine.module)
+    text_cfg = ds_engine.module.config.get_text_config()
     meter = M.Throughput(t.steps, par.world, M.peak_tflops(par.device, t.precision, t.peak_tflops))
     bar = _progress_bar(rank, start, t.steps)
     loss = None
@@ -241,21 +270,27 @@ def _loop(cfg, par, pre, engine, plan, scale, device, state) -> dict[str, Any]:
     try:
         for step in range(start + 1, t.steps + 1):
             t0 = time.perf_counter()
-            data = plan.step_data(step - 1, device)
-            stats = train_step(engine, data, par.engine, scale, t.memory.tiled_loss)
+            data = plan.step_data(step - 1, run.device)
+            stats = train_step(ds_engine, data, par.engine, scale, loss_fn)
             _sync(par.device)
             dt = time.perf_counter() - t0
             tokens_seen += data.global_tokens
             loss = stats.loss
             flops = M.step_flops(n_matmul, data.global_tokens, data.attention_pairs, text_cfg)
-            row = {"step": step, "loss": round(stats.loss, 6), "grad_norm": stats.grad_norm,
-                   "lr": stats.lr, "tokens": data.global_tokens, "tokens_seen": tokens_seen,
-                   **meter.record(dt, data.global_tokens, flops),
-                   "peak_mem_gib": round(M.peak_memory_gib(par.device), 2)}  # fmt: skip
+            row = {
+                "step": step,
+                "loss": round(stats.loss, 6),
+                "grad_norm": stats.grad_norm,
+                "lr": stats.lr,
+                "tokens": data.global_tokens,
+                "tokens_seen": tokens_seen,
+                **meter.record(dt, data.global_tokens, flops),
+                "peak_mem_gib": round(M.peak_memory_gib(par.device), 2),
+            }
             if rank == 0:
                 _report(cfg, row, meter.eta(step), bar)
                 tracker.metrics(train_metrics(row), step=step)
-            _save(cfg, par, pre, engine, step, tokens_seen, loss)
+            _save(run, ds_engine, step, tokens_seen, loss)
     finally:
         tracker.close()
     if bar is not None:
@@ -275,23 +310,25 @@ def _report(cfg, row: dict, eta_s: float, bar) -> None:
         bar.update(1)
 
 
-def _save(cfg, par, pre: Preflight, engine, step: int, tokens_seen: int, loss: float) -> None:
-    t = cfg.training
+def _save(
+    run: RunContext, ds_engine: DeepSpeedEngine, step: int, tokens_seen: int, loss: float
+) -> None:
+    cfg, pre, t = run.cfg, run.pre, run.cfg.training
     if ckpt.should_save(step, t.steps, t.save):
         t0 = time.perf_counter()
         meta = _checkpoint_meta(cfg, pre, tokens_seen, loss)
-        path = ckpt.save_checkpoint(engine, pre.tokenizer, cfg.run_dir, step, meta, t.save)
+        path = ckpt.save_checkpoint(ds_engine, pre.tokenizer, cfg.run_dir, step, meta, t.save)
         log.info("checkpoint %s (%.1f s)", path, time.perf_counter() - t0)
     if ckpt.should_save_resume(step, t.steps, t.save):
         t0 = time.perf_counter()
-        trainer = {
-            "step": step,
-            "tokens_seen": tokens_seen,
-            "loss": loss,
-            "parallel": par.to_dict(),
-            "config_fingerprint": resume_fingerprint(cfg),
-        }
-        ckpt.save_resume(engine, cfg.run_dir, trainer)
+        state = ckpt.ResumeState(
+            step=step,
+            tokens_seen=tokens_seen,
+            loss=loss,
+            parallel=run.par.to_dict(),
+            config_fingerprint=resume_fingerprint(cfg),
+        )
+        ckpt.save_resume(ds_engine, cfg.run_dir, state)
         log.info("resume state at step %d (%.1f s)", step, time.perf_counter() - t0)
 
 
@@ -331,8 +368,9 @@ def resume_fingerprint(cfg: ExperimentConfig) -> str:
     return copy.fingerprint("seed", "model", "data", "training")
 
 
-def restart_state(cfg: ExperimentConfig, par: Parallelism, resume: bool) -> dict | None:
-    """The resume state to continue from (None: a fresh start), after checking it is safe.
+def restart_state(cfg: ExperimentConfig, par: Parallelism, resume: bool) -> ckpt.ResumeState:
+    """The resume state to continue from (``ResumeState.none()``: a fresh start), after checking
+    it is safe.
 
     Never a silent restart: a run directory with resume state or checkpoints needs ``resume``
     (continue) or the caller's ``--force`` (which moves it aside first); corrupt resume state
@@ -349,9 +387,9 @@ def restart_state(cfg: ExperimentConfig, par: Parallelism, resume: bool) -> dict
                 f"{run_dir} holds an earlier run ({' and '.join(held)}); continue it with "
                 "--resume, or start over with --force (moves it aside to <run>.old-<time>)"
             )
-        return None
+        return ckpt.ResumeState.none()
     state = ckpt.read_trainer_state(run_dir, par.world)
-    if state is not None:
+    if state.found:
         _check_resumable(cfg, par, state)
     elif list_checkpoints(run_dir):
         raise TrainingError(
@@ -361,14 +399,14 @@ def restart_state(cfg: ExperimentConfig, par: Parallelism, resume: bool) -> dict
     return state
 
 
-def _check_resumable(cfg: ExperimentConfig, par: Parallelism, state: dict[str, Any]) -> None:
-    if state.get("config_fingerprint") != resume_fingerprint(cfg):
+def _check_resumable(cfg: ExperimentConfig, par: Parallelism, state: ckpt.ResumeState) -> None:
+    if state.config_fingerprint != resume_fingerprint(cfg):
         raise TrainingError(
             f"the resume state in {cfg.run_dir / 'resume'} was written with a different config "
             f"(only training.{', training.'.join(RESUMABLE_CHANGES)} may change on --resume); "
             "compare with its config.yaml, or start a new run under another name"
         )
-    saved = state.get("parallel", {})
+    saved = state.parallel
     if saved != par.to_dict():
         raise TrainingError(
             f"the resume state was written with parallel layout {saved}, this launch is "
@@ -376,19 +414,31 @@ def _check_resumable(cfg: ExperimentConfig, par: Parallelism, state: dict[str, A
         )
 
 
-def _prepare_run_dir(cfg, par: Parallelism, pre: Preflight, state) -> None:
+def _prepare_run_dir(run: RunContext) -> None:
+    cfg, par, pre, state = run.cfg, run.par, run.pre, run.state
     run_dir = cfg.run_dir
     run_dir.mkdir(parents=True, exist_ok=True)
-    _trim_metrics(run_dir / "metrics.jsonl", state["step"] if state else 0)
+    _trim_metrics(run_dir / "metrics.jsonl", state.step)
     dump_config(cfg, run_dir / "config.yaml")
-    atomic_write_json(run_dir / "manifest.json", base_manifest(
-        seed=cfg.seed, variant=cfg.variant_name, attention=cfg.training.attention,
-        data={"dir": str(pre.data_dir), "fingerprint": pre.manifest.get("fingerprint"),
-              "manifest_sha256": sha256_file(pre.data_dir / "manifest.json")},
-        parallel=par.to_dict(), resumed_from=state["step"] if state else None,
-        optimizer={"weight_decay": cfg.training.weight_decay,
-                   "weight_decay_on": cfg.training.weight_decay_on},
-    ))  # fmt: skip
+    atomic_write_json(
+        run_dir / "manifest.json",
+        base_manifest(
+            seed=cfg.seed,
+            variant=cfg.variant_name,
+            attention=cfg.training.attention,
+            data={
+                "dir": str(pre.data_dir),
+                "fingerprint": pre.manifest.get("fingerprint"),
+                "manifest_sha256": sha256_file(pre.data_dir / "manifest.json"),
+            },
+            parallel=par.to_dict(),
+            resumed_from=state.step if state.found else None,
+            optimizer={
+                "weight_decay": cfg.training.weight_decay,
+                "weight_decay_on": cfg.training.weight_decay_on,
+            },
+        ),
+    )
 
 
 def _trim_metrics(path: Path, keep_through: int) -> None:

@@ -74,6 +74,36 @@ def summed_cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.T
     """
     vocab = logits.shape[-1]
     return F.cross_entropy(
-        logits.reshape(-1, vocab).float(), targets.reshape(-1), ignore_index=IGNORE_INDEX,
+        logits.reshape(-1, vocab).float(),
+        targets.reshape(-1),
+        ignore_index=IGNORE_INDEX,
         reduction="sum",
-    )  # fmt: skip
+    )
+
+
+def tiled_summed_cross_entropy(
+    lm_head: torch.nn.Module, hidden: torch.Tensor, targets: torch.Tensor, tiles: int
+) -> torch.Tensor:
+    """``summed_cross_entropy(lm_head(hidden), targets)`` computed in ``tiles`` sequence tiles
+    (``training.memory.tiled_loss``, see :mod:`anchorctx.training.tiling`).
+
+    hidden [B, T, H], targets [B, T]; fp32 scalar. Gradients flow to ``hidden`` and the head's
+    weights exactly as through the untiled expression (each tile is recomputed in backward).
+    """
+    # Imported here: DeepSpeed loads only through import_deepspeed() (its op cache set first).
+    from deepspeed.runtime.sequence_parallel.ulysses_sp import sequence_tiled_compute
+
+    def tile_loss(hidden, targets, head):
+        return summed_cross_entropy(head(hidden), targets)
+
+    return sequence_tiled_compute(
+        tile_loss,
+        seqlen=hidden.shape[1],
+        shards=tiles,
+        kwargs_to_shard={"hidden": hidden, "targets": targets},
+        kwargs_to_pass={"head": lm_head},
+        grad_requiring_tensor_key="hidden",
+        compute_params=list(lm_head.parameters()),
+        output_unshard_dimension=0,
+        output_reduction="sum",
+    )

@@ -98,10 +98,15 @@ class Shape:
     @classmethod
     def from_hf(cls, config) -> Shape:
         c = config.get_text_config() if hasattr(config, "get_text_config") else config
-        return cls(layers=c.num_hidden_layers, hidden=c.hidden_size,
-                   intermediate=c.intermediate_size, heads=c.num_attention_heads,
-                   kv_heads=c.num_key_value_heads, vocab=c.vocab_size,
-                   head_dim=getattr(c, "head_dim", None))  # fmt: skip
+        return cls(
+            layers=c.num_hidden_layers,
+            hidden=c.hidden_size,
+            intermediate=c.intermediate_size,
+            heads=c.num_attention_heads,
+            kv_heads=c.num_key_value_heads,
+            vocab=c.vocab_size,
+            head_dim=getattr(c, "head_dim", None),
+        )
 
 
 LLAMA2_7B = Shape(layers=32, hidden=4096, intermediate=11008, heads=32, kv_heads=32, vocab=32000)
@@ -125,9 +130,16 @@ class Options:
     def of_run(cls, training, gpus: int, sp: int) -> Options:
         """The options of a run's ``training`` section on ``gpus`` ranks with SP ``sp``."""
         m = training.memory
-        return cls(gpus=gpus, sp=sp, tiled_mlp=m.tiled_mlp, tiled_loss=m.tiled_loss,
-                   offload_optimizer=m.offload_optimizer, offload_checkpoints=m.offload_checkpoints,
-                   keep_activations=m.keep_activations, kernels=training.kernels)  # fmt: skip
+        return cls(
+            gpus=gpus,
+            sp=sp,
+            tiled_mlp=m.tiled_mlp,
+            tiled_loss=m.tiled_loss,
+            offload_optimizer=m.offload_optimizer,
+            offload_checkpoints=m.offload_checkpoints,
+            keep_activations=m.keep_activations,
+            kernels=training.kernels,
+        )
 
 
 def predict(shape: Shape, seq_len: int, opt: Options) -> dict[str, float]:
@@ -147,8 +159,15 @@ def predict(shape: Shape, seq_len: int, opt: Options) -> dict[str, float]:
     fused_norm, fused_mlp = (
         (FUSED_NORM_UNITS, FUSED_MLP_UNITS) if opt.kernels == "liger" else (0, 0)
     )
-    kept_bytes = kept * ((KEPT_UNITS - fused_norm) * t * h + KV_UNITS * t * shape.kv_width
-                         + (KEPT_MLP_UNITS - fused_mlp) * t * shape.intermediate) * BF16  # fmt: skip
+    kept_bytes = (
+        kept
+        * (
+            (KEPT_UNITS - fused_norm) * t * h
+            + KV_UNITS * t * shape.kv_width
+            + (KEPT_MLP_UNITS - fused_mlp) * t * shape.intermediate
+        )
+        * BF16
+    )
     if opt.tiled_loss:
         tile_tokens = min(t, LOSS_TILE_BYTES / (4 * shape.vocab))
         logits = tile_tokens * shape.vocab * LOGIT_BYTES + 2 * t * h * BF16
@@ -167,8 +186,9 @@ def predict(shape: Shape, seq_len: int, opt: Options) -> dict[str, float]:
         "layer_working_set": layer,
         "logits": logits,
     }
-    base = sum(v for k, v in out.items()
-               if k not in ("layer_working_set", "logits", "kept_activations"))  # fmt: skip
+    base = sum(
+        v for k, v in out.items() if k not in ("layer_working_set", "logits", "kept_activations")
+    )
     # Backward meets the kept (last) layers first: the logits phase and the kept layers'
     # backward hold every kept tensor (a kept layer's working set includes its own kept
     # tensors), the checkpointed layers' backward none of them.

@@ -18,9 +18,17 @@ import torch
 
 # Dense bf16 tensor-core peaks (TFLOP/s) per device, by name fragment; most specific first.
 PEAK_BF16_TFLOPS = (
-    ("GB200", 2500.0), ("B200", 2250.0), ("H200", 989.4), ("H100", 989.4), ("H800", 989.4),
-    ("H20", 148.0), ("L40S", 362.1), ("A100", 312.0), ("A800", 312.0), ("A10", 125.0),
-)  # fmt: skip
+    ("GB200", 2500.0),
+    ("B200", 2250.0),
+    ("H200", 989.4),
+    ("H100", 989.4),
+    ("H800", 989.4),
+    ("H20", 148.0),
+    ("L40S", 362.1),
+    ("A100", 312.0),
+    ("A800", 312.0),
+    ("A10", 125.0),
+)
 
 
 def peak_tflops(device: str, precision: str, configured: float | None) -> float | None:

@@ -85,8 +85,11 @@ def resolve_nodes(
             )
     source = "flags"
     if node_rank is None:
-        for key, where in (("SLURM_NODEID", "slurm"), ("PET_NODE_RANK", "environment"),
-                           ("NODE_RANK", "environment")):  # fmt: skip
+        for key, where in (
+            ("SLURM_NODEID", "slurm"),
+            ("PET_NODE_RANK", "environment"),
+            ("NODE_RANK", "environment"),
+        ):
             if key in env:
                 node_rank, source = _int(env[key], key), where
                 break
@@ -100,9 +103,10 @@ def resolve_nodes(
         master_port = _int(port, "MASTER_PORT") if port else DEFAULT_PORT
     if node_rank is None or not master_addr:
         missing = " and ".join(
-            what for what, value in (("--node-rank", node_rank), ("--master-addr", master_addr))
+            what
+            for what, value in (("--node-rank", node_rank), ("--master-addr", master_addr))
             if value is None or value == ""
-        )  # fmt: skip
+        )
         raise TrainingError(
             f"training.nnodes={nnodes} needs this node's {missing} (or run under Slurm, or set "
             "NODE_RANK/MASTER_ADDR as torchrun and Kubernetes do; or give training.hostfile to "
@@ -115,9 +119,13 @@ def resolve_nodes(
 
 def rendezvous_args(spec: NodeSpec, nproc: int) -> list[str]:
     """torchrun's static rendezvous: fixed node rank, so global rank 0 is on node 0."""
-    return [f"--nnodes={spec.nnodes}", f"--node-rank={spec.node_rank}",
-            f"--nproc-per-node={nproc}", f"--master-addr={spec.master_addr}",
-            f"--master-port={spec.master_port}"]  # fmt: skip
+    return [
+        f"--nnodes={spec.nnodes}",
+        f"--node-rank={spec.node_rank}",
+        f"--nproc-per-node={nproc}",
+        f"--master-addr={spec.master_addr}",
+        f"--master-port={spec.master_port}",
+    ]
 
 
 def check_shared_run_dir(run_dir: Path, rank: int, world: int) -> None:

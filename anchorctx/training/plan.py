@@ -18,7 +18,7 @@ from anchorctx.models.loading import anchor_token_id, resolve_device, tokenizer_
 if TYPE_CHECKING:
     from transformers import PretrainedConfig, PreTrainedTokenizerBase
 
-    from anchorctx.config import ExperimentConfig
+    from anchorctx.experiment import ExperimentConfig
 
 
 class TrainingError(ValueError):
@@ -102,10 +102,15 @@ def plan_parallelism(cfg: ExperimentConfig, world: int | None = None) -> Paralle
         )
     stage = t.zero_stage if t.zero_stage is not None else (3 if device == "cuda" else 0)
     return Parallelism(
-        world=world, sp=sp, dp=dp, micro=t.micro_batch_size,
-        accum=t.global_batch_size // per_step, device=device, zero_stage=stage,
+        world=world,
+        sp=sp,
+        dp=dp,
+        micro=t.micro_batch_size,
+        accum=t.global_batch_size // per_step,
+        device=device,
+        zero_stage=stage,
         engine=resolve_engine(cfg, device),
-    )  # fmt: skip
+    )
 
 
 # ------------------------------------------------------------------------------ config checks

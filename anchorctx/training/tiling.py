@@ -1,4 +1,5 @@
-"""Long-row memory: DeepSpeed's ALST pieces wired into the project's model, loss and engine.
+"""Long-row memory: the model-side options of ``training.memory`` (DeepSpeed's ALST pieces) and
+the tile counts of the tiled pieces.
 
 Arctic Long Sequence Training (ALST, DeepSpeed's ``ulysses_sp`` module, which the project already
 uses for Ulysses) removes the three activations that grow as ``T × something wide``:
@@ -13,10 +14,15 @@ uses for Ulysses) removes the three activations that grow as ``T × something wi
   ``sequence_tiled_compute``, so ``T × vocab`` logits never exist whole. That function (unlike
   ``TiledFusedLogitsLoss``, which back-propagates inside its forward with an assumed incoming
   gradient of 1) recomputes each tile in backward with the real incoming gradient, so the LM-head
-  weight gradient is right under the step's ``scale / global_targets`` factor.
+  weight gradient is right under the step's ``scale / global_targets`` factor. A loss, not a
+  model change: :func:`anchorctx.training.step.tiled_loss_sum` (chosen once per run by
+  :func:`anchorctx.training.step.loss_function`) with its tile count from here.
 - **Checkpoint offload** (``training.memory.offload_checkpoints``): the decoder layers are
   checkpointed by DeepSpeed's activation checkpointing with ``cpu_checkpointing``, which keeps
   each layer's input (one ``[T, hidden]`` tensor per layer) in CPU memory until backward.
+
+Optimizer offload is a DeepSpeed config entry
+(:func:`anchorctx.training.deepspeed_env.offload_entries`).
 
 Tile counts. Under ZeRO-3 every tile's call gathers the module's weights with a collective, so
 every rank must run the same number of tiles: the count is all-reduced (max) over the process
@@ -29,21 +35,18 @@ from __future__ import annotations
 
 import math
 import types
-from contextlib import contextmanager, nullcontext
+from contextlib import nullcontext
 from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
 
-from anchorctx.training.engine import import_deepspeed
-from anchorctx.training.loss import summed_cross_entropy
+from anchorctx.training.deepspeed_env import import_deepspeed
 from anchorctx.training.plan import TrainingError
-from anchorctx.training.step import forward_logits
 
 if TYPE_CHECKING:
-    from anchorctx.config import ExperimentConfig, MemoryConfig
-    from anchorctx.training.data import MicroBatch
-    from anchorctx.training.plan import Parallelism
+    from anchorctx.experiment import ExperimentConfig
+    from anchorctx.training.settings import MemoryConfig
 
 # fp32 logits of one loss tile (the cross-entropy upcasts them): 1 GiB keeps the tile's logits,
 # log-softmax and logit gradient (≈ 3 GiB in all) small beside a long row's activations while
@@ -134,81 +137,12 @@ def keep_activations(model, count: int) -> None:
     their activations are also the first freed."""
     layers = decoder_layers(model)
     if count > len(layers):
-        raise TrainingError(f"training.memory.keep_activations={count} exceeds the model's "
-                            f"{len(layers)} decoder layers")  # fmt: skip
+        raise TrainingError(
+            f"training.memory.keep_activations={count} exceeds the model's "
+            f"{len(layers)} decoder layers"
+        )
     for layer in layers[len(layers) - count :]:
         layer.gradient_checkpointing = False
-
-
-def offload_entries(memory: MemoryConfig, par: Parallelism) -> tuple[dict, dict]:
-    """DeepSpeed config entries of ``offload_optimizer``: (``zero_optimization`` keys, top-level
-    keys)."""
-    if not memory.offload_optimizer:
-        return {}, {}
-    if par.zero_stage == 0:
-        raise TrainingError(
-            "training.memory.offload_optimizer needs ZeRO (training.zero_stage 1, 2 or 3)"
-        )
-    # Not pinned: pinned pages of a 7B model's fp32 state (~110 GB) can exhaust a host whose
-    # page-locked limit is below its RAM; the copies are a small part of a long-row step.
-    # Our torch AdamW (its fused CPU kernel) steps the CPU partitions; DeepSpeed would otherwise
-    # insist on its JIT-compiled DeepSpeedCPUAdam (a compiler run on every fresh host).
-    return (
-        {"offload_optimizer": {"device": "cpu", "pin_memory": False}},
-        {"zero_force_ds_cpu_optimizer": False},
-    )
-
-
-def tiled_summed_cross_entropy(
-    lm_head: torch.nn.Module, hidden: torch.Tensor, targets: torch.Tensor, tiles: int
-) -> torch.Tensor:
-    """``summed_cross_entropy(lm_head(hidden), targets)`` computed in ``tiles`` sequence tiles.
-
-    hidden [B, T, H], targets [B, T]; fp32 scalar. Gradients flow to ``hidden`` and the head's
-    weights exactly as through the untiled expression (each tile is recomputed in backward).
-    """
-    # Imported here: DeepSpeed loads only through import_deepspeed() (its op cache set first).
-    from deepspeed.runtime.sequence_parallel.ulysses_sp import sequence_tiled_compute
-
-    def tile_loss(hidden, targets, head):
-        return summed_cross_entropy(head(hidden), targets)
-
-    return sequence_tiled_compute(
-        tile_loss, seqlen=hidden.shape[1], shards=tiles,
-        kwargs_to_shard={"hidden": hidden, "targets": targets}, kwargs_to_pass={"head": lm_head},
-        grad_requiring_tensor_key="hidden", compute_params=list(lm_head.parameters()),
-        output_unshard_dimension=0, output_reduction="sum",
-    )  # fmt: skip
-
-
-@contextmanager
-def _final_hidden(model):
-    """Captures the decoder's final (normed) hidden states, [B, T, H], during a forward."""
-    out: dict[str, torch.Tensor] = {}
-    norm = model.get_decoder().norm
-    handle = norm.register_forward_hook(lambda _m, _i, o: out.__setitem__("hidden", o))
-    try:
-        yield out
-    finally:
-        handle.remove()
-
-
-def tiled_loss_sum(engine, mb: MicroBatch, attention_engine: str) -> torch.Tensor:
-    """This rank's summed token loss without materialising its ``[B, T/SP, V]`` logits.
-
-    The forward goes through the engine (ZeRO-3's start/end-of-forward hooks run as usual) with
-    ``logits_to_keep`` empty, so the model's own LM head sees zero positions; the final hidden
-    states are taken from the decoder's norm and the head runs tile by tile.
-    """
-    module = getattr(engine, "module", engine)
-    none = torch.empty(0, dtype=torch.long, device=mb.input_ids.device)
-    with _final_hidden(module) as captured:
-        forward_logits(engine, mb, attention_engine, logits_to_keep=none)
-    hidden = captured["hidden"]
-    head = module.get_output_embeddings()
-    vocab = module.config.get_text_config().vocab_size  # ZeRO-3 partitions head.weight itself
-    tiles = agreed_tiles(loss_tiles(hidden.shape[1], vocab), hidden.device)
-    return tiled_summed_cross_entropy(head, hidden, mb.targets, tiles)
 
 
 def init_context(cfg: ExperimentConfig, device: str | torch.device):

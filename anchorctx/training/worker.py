@@ -15,7 +15,7 @@ from pathlib import Path
 import torch.distributed as dist
 
 from anchorctx.cli import error_line, exit_code
-from anchorctx.config import load_config
+from anchorctx.experiment import load_config
 from anchorctx.training.loop import train
 
 
@@ -28,16 +28,18 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         # The launcher (``anchorctx train``) holds the run directory's lock for the group.
-        train(load_config(args.config), resume=args.resume, data_dir=args.data_dir,
-              hold_lock=False)  # fmt: skip
+        train(load_config(args.config), resume=args.resume, data_dir=args.data_dir, hold_lock=False)
     except Exception as err:  # one line per rank, like the CLI; traceback with --debug
         if os.environ.get("ANCHORCTX_DEBUG"):
             traceback.print_exc()
         rank = os.environ.get("RANK", "?")
         if isinstance(err, dist.DistError | RuntimeError) and _lost_peer(err):
             first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-            print(f"anchorctx train: rank {rank} lost contact with the other processes ({first}); "
-                  "another node or process has failed", file=sys.stderr)  # fmt: skip
+            print(
+                f"anchorctx train: rank {rank} lost contact with the other processes ({first}); "
+                "another node or process has failed",
+                file=sys.stderr,
+            )
             return 1
         print(f"anchorctx train (rank {rank}): {error_line(err)}", file=sys.stderr)
         return exit_code(err)

@@ -1,43 +1,79 @@
-"""Attention engines behind one interface (see :mod:`.base`), and the ``auto`` choice."""
+"""Attention engines behind one interface (see :mod:`.base`), and the ``auto`` choice.
+
+The engines are the classes ``anchorctx/attention/names.py`` registers (``ENGINE_CLASSES``;
+how to add one is described there), one instance each, in that order. ``auto`` derives its
+orders from what each engine declares: its ranks (``Engine.auto``, :class:`.base.AutoRanks`)
+and, for document-masked rows on CUDA, its cost (:mod:`.cost`).
+"""
 
 from __future__ import annotations
 
+import importlib
+from collections.abc import Sequence
+
 from anchorctx.attention.engines import cost
-from anchorctx.attention.engines.base import AttentionCall, Capabilities, Engine
-from anchorctx.attention.engines.copy import FlexCopyEngine
-from anchorctx.attention.engines.flex import FlexEngine
-from anchorctx.attention.engines.merge import FlexMergeEngine
-from anchorctx.attention.engines.sdpa import SdpaEngine
-from anchorctx.attention.engines.triton_doc import TritonEngine
-from anchorctx.attention.engines.varlen import FlashAttnEngine, VarlenEngine
+from anchorctx.attention.engines.base import AttentionCall, AutoRanks, Capabilities, Engine
 from anchorctx.attention.errors import AttentionError
-
-ENGINES: dict[str, Engine] = {
-    e.name: e
-    for e in (
-        SdpaEngine(),
-        FlexEngine(),
-        VarlenEngine(),
-        FlashAttnEngine(),
-        FlexMergeEngine(),
-        FlexCopyEngine(),
-        TritonEngine(),
-    )
-}
-ENGINE_NAMES: tuple[str, ...] = ("auto", *ENGINES)
-
-# ``full`` is plain causal attention: dense cuDNN/FlashAttention through SDPA beats every
-# sparse kernel there. Document-masked rows are ranked per layout by the cost rule in
-# ``cost.py``; a batch mixing ``full`` with masked rows keeps the fixed order below.
-_CUDA_ORDER_MIXED = ("varlen", "flash_attn", "flex", "flex_merge", "sdpa")
-_CUDA_ORDER_FULL = ("sdpa", "varlen", "flash_attn", "flex")
+from anchorctx.attention.layout import Layout
+from anchorctx.attention.names import ENGINE_CLASSES, ENGINE_NAMES
 
 
-def _ranked(call: AttentionCall) -> tuple[str, ...]:
-    """Cost-rule order of the fused engines for this batch (computed once per batch)."""
-    key = ("auto_ranked",)
+def _instance(name: str, target: str) -> Engine:
+    module, _, attr = target.partition(":")
+    engine = getattr(importlib.import_module(module), attr)()
+    if engine.name != name:
+        raise ImportError(f"{target} is registered as {name!r} but is named {engine.name!r}")
+    return engine
+
+
+ENGINES: dict[str, Engine] = {name: _instance(name, t) for name, t in ENGINE_CLASSES.items()}
+
+
+def preference(situation: str) -> tuple[str, ...]:
+    """Engines ``auto`` tries in ``situation`` (a field of :class:`AutoRanks`), lowest rank
+    first; equal ranks keep the registry order."""
+    ranked = [
+        (rank, i, name)
+        for i, (name, engine) in enumerate(ENGINES.items())
+        if (rank := getattr(engine.auto, situation)) is not None
+    ]
+    return tuple(name for _, _, name in sorted(ranked))
+
+
+def estimate(engine: str, rows: Sequence[Layout], tile: int = cost.TILE) -> float:
+    """Estimated forward+backward cost of ``engine`` on document-masked ``rows`` (tile units)."""
+    found = ENGINES[engine].cost(cost.TileCounts.of(rows, tile)) if engine in ENGINES else None
+    if found is None:
+        raise ValueError(f"no cost model for engine {engine!r}")
+    return found
+
+
+def ranked(rows: Sequence[Layout]) -> list[str]:
+    """The engines ``auto`` ranks on document-masked rows (a ``masked`` rank and a cost),
+    cheapest first; equal costs keep the ``masked`` rank order (a stable sort)."""
+    counts = cost.TileCounts.of(rows)
+    costs = {name: ENGINES[name].cost(counts) for name in preference("masked")}
+    return sorted((name for name, c in costs.items() if c is not None), key=costs.__getitem__)
+
+
+def auto_order(device_type: str, rows: Sequence[Layout]) -> tuple[str, ...]:
+    """The engines ``auto`` tries, in order, for a batch of ``rows`` on ``device_type``."""
+    variants = {row.variant for row in rows}
+    if device_type != "cuda":
+        return preference("other")
+    if variants == {"full"}:
+        return preference("full")
+    if "full" in variants:
+        return preference("mixed")
+    order = ranked(rows)
+    return (*order, *(name for name in preference("masked") if name not in order))
+
+
+def _auto_order(call: AttentionCall) -> tuple[str, ...]:
+    """:func:`auto_order` of this batch (computed once per batch: it ranks by cost)."""
+    key = ("auto_order", call.q.device.type)
     if key not in call.cache:
-        call.cache[key] = tuple(cost.ranked(call.rows))
+        call.cache[key] = auto_order(call.q.device.type, call.rows)
     return call.cache[key]
 
 
@@ -58,16 +94,8 @@ def select_engine(call: AttentionCall, name: str = "auto") -> Engine:
         engine = get_engine(name)
         engine.check(call)
         return engine
-    if call.q.device.type != "cuda":
-        order: tuple[str, ...] = ("sdpa",)  # exact, with backward; flex on CPU is unfused
-    elif all(v == "full" for v in call.batch.variants):
-        order = _CUDA_ORDER_FULL
-    elif "full" in call.batch.variants:
-        order = _CUDA_ORDER_MIXED
-    else:
-        order = (*_ranked(call), "sdpa")
     reasons = []
-    for candidate in order:
+    for candidate in _auto_order(call):
         try:
             ENGINES[candidate].check(call)
         except AttentionError as err:
@@ -81,9 +109,12 @@ __all__ = [
     "ENGINES",
     "ENGINE_NAMES",
     "AttentionCall",
+    "AutoRanks",
     "Capabilities",
     "Engine",
+    "auto_order",
     "available_engines",
     "get_engine",
+    "preference",
     "select_engine",
 ]

@@ -3,7 +3,9 @@
 An engine states which devices it runs on, where it has a backward, which dtypes and variants
 it supports and whether it handles grouped-query attention natively. ``check`` turns every
 unsupported combination into an :class:`AttentionError` that names an engine that can do it,
-before any kernel runs.
+before any kernel runs. It also states where ``auto`` tries it (:class:`AutoRanks`) and, to
+take part in the cost rule (:mod:`.cost`), its estimated cost (:meth:`Engine.cost`). Engines
+are registered in ``anchorctx/attention/names.py`` (``ENGINE_CLASSES``).
 """
 
 from __future__ import annotations
@@ -14,8 +16,10 @@ from typing import Any
 
 import torch
 
+from anchorctx.attention.engines.cost import TileCounts
 from anchorctx.attention.errors import AttentionError
-from anchorctx.attention.layout import VARIANTS, Layout, LayoutBatch
+from anchorctx.attention.layout import Layout, LayoutBatch
+from anchorctx.attention.names import VARIANTS
 
 
 @dataclass(frozen=True)
@@ -25,6 +29,27 @@ class Capabilities:
     dtypes: frozenset[torch.dtype] | None  # None: any floating dtype
     variants: frozenset[str] = frozenset(VARIANTS)
     max_head_dim: int | None = None
+
+
+@dataclass(frozen=True)
+class AutoRanks:
+    """Where ``engine="auto"`` tries an engine, lowest rank first; None: ``auto`` never takes it
+    there (it still runs when named). The situations, decided per batch:
+
+    - ``full``: on CUDA, every row ``full``;
+    - ``mixed``: on CUDA, ``full`` rows beside document-masked ones;
+    - ``masked``: on CUDA, document-masked rows only. Engines with a :meth:`Engine.cost` come
+      first, cheapest first, equal costs in rank order; then those without one, in rank order;
+    - ``other``: any device but CUDA.
+
+    Ranks are compared across engines only within one situation; spaced values (10, 20, ...)
+    leave room for a new engine between two others.
+    """
+
+    full: int | None = None
+    mixed: int | None = None
+    masked: int | None = None
+    other: int | None = None
 
 
 @dataclass
@@ -56,6 +81,13 @@ class Engine(ABC):
     capabilities: Capabilities
     #: engine to suggest when this one cannot run a call
     alternative: str = "sdpa"
+    #: where ``auto`` tries this engine (default: never)
+    auto: AutoRanks = AutoRanks()
+
+    def cost(self, tiles: TileCounts) -> float | None:
+        """Estimated forward+backward time on a batch of document-masked rows, in the cost
+        rule's tile units (:mod:`.cost`); None: no cost model, not ranked by cost."""
+        return None
 
     def available(self) -> tuple[bool, str]:
         """(usable in this process, why not)."""

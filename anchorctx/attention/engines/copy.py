@@ -32,7 +32,14 @@ from __future__ import annotations
 import torch
 
 from anchorctx.attention.engines.base import AttentionCall
-from anchorctx.attention.engines.flex import BLOCK, FlexAnchorEngine, FlexEngine, _compiled_flex
+from anchorctx.attention.engines.flex import (
+    BLOCK,
+    FlexAnchorEngine,
+    FlexEngine,
+    ceil,
+    compiled_flex,
+    ordered,
+)
 from anchorctx.attention.layout import Layout
 
 _FAR = 2**30  # position of a padding slot: later than every query, so never attended
@@ -40,6 +47,9 @@ _CHUNK_ELEMENTS = 2**25  # bound on the [q tiles, kv tiles, documents] compariso
 
 
 class FlexCopyEngine(FlexAnchorEngine):
+    """Runs when named only: no ``auto`` rank and no cost, as it was measured slower than
+    ``flex_merge`` on every row (docs/PERFORMANCE.md section 1, "Anchor copies")."""
+
     name = "flex_copy"
 
     def forward(self, call: AttentionCall) -> torch.Tensor:
@@ -51,10 +61,14 @@ class FlexCopyEngine(FlexAnchorEngine):
         if call.q.is_cuda:
             k_aug, v_aug = augment(call.k, call.v, plan)
             gqa = call.q.shape[1] != call.k.shape[1]
-            return _compiled_flex()(
-                call.q, k_aug, v_aug, block_mask=plan.block_mask(), scale=call.scale,
+            return compiled_flex()(
+                call.q,
+                k_aug,
+                v_aug,
+                block_mask=plan.block_mask(),
+                scale=call.scale,
                 enable_gqa=gqa,
-            )  # fmt: skip
+            )
         return _dense(call.q, call.k, call.v, plan, call.scale)
 
 
@@ -78,13 +92,13 @@ class CopyPlan:
         starts = [_copy_starts(row) for row in rows]
         self.copies = max(len(s) for s in starts)
         self.seq_len = t
-        self.kv_len = _ceil(t, block) * block + _bucket(self.copies, block)
+        self.kv_len = ceil(t, block) * block + _bucket(self.copies, block)
         tables = [
             _row_tables(row.to(device), s, self.kv_len, block) for row, s in zip(rows, starts)
         ]
-        (
-            self.gather, self.token_slot, self.extra, self.doc_q, self.doc_kv, self.pos_kv
-        ) = (torch.stack(x) for x in zip(*tables))  # fmt: skip
+        (self.gather, self.token_slot, self.extra, self.doc_q, self.doc_kv, self.pos_kv) = (
+            torch.stack(x) for x in zip(*tables)
+        )
         self._block_mask = None
 
     def block_mask(self):
@@ -132,10 +146,6 @@ def _bucket(m: int, block: int) -> int:
     return tiles * block
 
 
-def _ceil(a: int, b: int) -> int:
-    return -(-a // b)
-
-
 def _row_tables(row: Layout, starts: list[int], n: int, block: int):
     t, dev = row.seq_len, row.device
     if row.variant == "full":  # causal: one document
@@ -159,7 +169,7 @@ def _row_tables(row: Layout, starts: list[int], n: int, block: int):
     free = torch.ones(n, dtype=torch.bool, device=dev)
     free[slot] = False
     extra = free.nonzero().squeeze(1)
-    doc_q = torch.full((_ceil(t, block) * block,), -2, dtype=torch.long, device=dev)
+    doc_q = torch.full((ceil(t, block) * block,), -2, dtype=torch.long, device=dev)
     doc_q[:t] = doc
     return gather, slot, extra, doc_q, doc_kv, pos_kv
 
@@ -175,7 +185,7 @@ def tile_classes(plan: CopyPlan, i: int) -> tuple[torch.Tensor, torch.Tensor]:
     and every slot's position is at or before the q tile's first query.
     """
     b, t = plan.block, plan.seq_len
-    nq, nk = _ceil(t, b), plan.kv_len // b
+    nq, nk = ceil(t, b), plan.kv_len // b
     doc_q, doc_kv, pos_kv = plan.doc_q[i, :t], plan.doc_kv[i], plan.pos_kv[i]
     n_docs = int(doc_q.max()) + 1
     dev = doc_q.device
@@ -213,8 +223,6 @@ def tile_classes(plan: CopyPlan, i: int) -> tuple[torch.Tensor, torch.Tensor]:
 def build_copy_block_mask(plan: CopyPlan):
     from torch.nn.attention.flex_attention import BlockMask
 
-    from anchorctx.attention.engines.flex import _ordered
-
     tiles = [tile_classes(plan, i) for i in range(plan.doc_q.shape[0])]
     partial = torch.stack([p for p, _ in tiles])[:, None]  # [B or 1, 1, nq, nk]
     full = torch.stack([f for _, f in tiles])[:, None]
@@ -228,9 +236,12 @@ def build_copy_block_mask(plan: CopyPlan):
         return (doc_q[r, q_idx] == doc_kv[r, kv_idx]) & (pos_kv[r, kv_idx] <= q_idx)
 
     return BlockMask.from_kv_blocks(
-        *_ordered(partial), *_ordered(full), BLOCK_SIZE=plan.block, mask_mod=mask_mod,
+        *ordered(partial),
+        *ordered(full),
+        BLOCK_SIZE=plan.block,
+        mask_mod=mask_mod,
         seq_lengths=(plan.seq_len, plan.kv_len),
-    )  # fmt: skip
+    )
 
 
 # ------------------------------------------------------------------------ the gather of k, v

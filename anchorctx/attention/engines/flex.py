@@ -17,10 +17,19 @@ from typing import Any
 import torch
 from torch.nn.attention.flex_attention import BlockMask, flex_attention
 
-from anchorctx.attention.engines.base import AttentionCall, Capabilities, Engine
+from anchorctx.attention.engines.base import AttentionCall, AutoRanks, Capabilities, Engine
+from anchorctx.attention.engines.cost import TileCounts
 from anchorctx.attention.layout import Layout
 
 BLOCK = 128
+
+# Cost rule (engines/cost.py). Anchor flex over intra_doc flex - 1: 0.38 (x = 0.066), 0.77
+# (0.118), 1.32-1.45 (0.243): a line through the first two. Where the chain is hidden (long
+# documents at 128K) the excess is still 1.3 (heavy-tailed), 1.4 (one book) and 3.6 (web + book)
+# tiles per query tile: PHI = 2.
+KAPPA = 7.6
+THETA = 0.12
+PHI = 2.0
 
 
 def flex_available() -> tuple[bool, str]:
@@ -32,7 +41,7 @@ def flex_available() -> tuple[bool, str]:
 
 
 @functools.cache
-def _compiled_flex():
+def compiled_flex():
     # dynamic=False: one kernel per sequence length; packed rows have a fixed length, so the
     # whole run compiles once (plus once for backward).
     return torch.compile(flex_attention, dynamic=False)
@@ -46,13 +55,25 @@ class FlexEngine(Engine):
         backward_devices=frozenset({"cuda"}),
         dtypes=frozenset({torch.float32, torch.bfloat16, torch.float16}),
     )
+    # First among equal costs: on intra_doc rows triton and flex_merge cost what flex does
+    # (triton's intra_doc speed was measured only through its anchor rows, and flex_merge adds
+    # a log-sum-exp output).
+    auto = AutoRanks(full=40, mixed=30, masked=10)
 
     def available(self) -> tuple[bool, str]:
         return flex_available()
 
+    def cost(self, tiles: TileCounts) -> float:
+        """``U``; anchor rows add ``max(φ·n_q, κ·n_q - θ·U)``: an extra key tile per query
+        tile, and in backward the anchor's tile accumulates dK/dV of every query tile in one
+        program per KV head, a serial chain that the rest of the work hides only when ``U`` is
+        large against ``n_q`` (long documents)."""
+        u, nq = tiles.u, tiles.n_q
+        return u + max(PHI * nq, KAPPA * nq - THETA * u) if nq else u
+
     def forward(self, call: AttentionCall) -> torch.Tensor:
         block_mask = cached_block_mask(call)
-        fn = _compiled_flex() if call.q.is_cuda else flex_attention
+        fn = compiled_flex() if call.q.is_cuda else flex_attention
         gqa = call.q.shape[1] != call.k.shape[1]
         return fn(call.q, call.k, call.v, block_mask=block_mask, scale=call.scale, enable_gqa=gqa)
 
@@ -98,12 +119,15 @@ def build_block_mask(
     docs = torch.stack([_padded_docs(row.to(device), block) for row in rows])  # [B, T_pad]
     variants = [row.variant for row in rows]
     return BlockMask.from_kv_blocks(
-        *_ordered(partial), *_ordered(full), BLOCK_SIZE=block,
-        mask_mod=_mask_mod(docs, variants, device), seq_lengths=(t, t),
-    )  # fmt: skip
+        *ordered(partial),
+        *ordered(full),
+        BLOCK_SIZE=block,
+        mask_mod=_mask_mod(docs, variants, device),
+        seq_lengths=(t, t),
+    )
 
 
-def _ordered(dense: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def ordered(dense: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Tile booleans [B, H, nq, nkv] -> (counts [B, H, nq], indices [B, H, nq, nkv]) int32."""
     counts = dense.sum(-1, dtype=torch.int32)
     # Stable descending sort puts the visited kv tiles first, in ascending order.
@@ -113,12 +137,12 @@ def _ordered(dense: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 def _padded_docs(layout: Layout, block: int) -> torch.Tensor:
     t = layout.seq_len
-    padded = torch.full((_ceil(t, block) * block,), -1, dtype=torch.int32, device=layout.device)
+    padded = torch.full((ceil(t, block) * block,), -1, dtype=torch.int32, device=layout.device)
     padded[:t] = layout.doc_ids
     return padded
 
 
-def _ceil(a: int, b: int) -> int:
+def ceil(a: int, b: int) -> int:
     return -(-a // b)
 
 
@@ -146,7 +170,7 @@ def tile_classes(docs: torch.Tensor, bm: int, bn: int) -> tuple[torch.Tensor, to
     tiles lie inside one and the same document with no padding.
     """
     t, device = docs.shape[0], docs.device
-    nq, nk = _ceil(t, bm), _ceil(t, bn)
+    nq, nk = ceil(t, bm), ceil(t, bn)
     _, dense = torch.unique(docs, return_inverse=True)
     ndocs = int(dense.max()) + 1
     pos = torch.arange(t, device=device)

@@ -35,13 +35,25 @@ import functools
 import torch
 from torch.nn.attention import flex_attention as fa
 
-from anchorctx.attention.engines.base import AttentionCall
-from anchorctx.attention.engines.flex import FlexAnchorEngine, _compiled_flex, build_block_mask
+from anchorctx.attention.engines.base import AttentionCall, AutoRanks
+from anchorctx.attention.engines.cost import TileCounts
+from anchorctx.attention.engines.flex import FlexAnchorEngine, build_block_mask, compiled_flex
 from anchorctx.attention.layout import Layout
+
+# Cost rule (engines/cost.py). flex_merge over intra_doc flex - 1: 0.13 (x = 0.118, at 32K and
+# 128K), 0.09 (0.066), 0.30 (0.243): about 1.2 tiles per query tile (0 to 0.7 on the
+# long-document rows).
+MU = 1.2
 
 
 class FlexMergeEngine(FlexAnchorEngine):
     name = "flex_merge"
+    auto = AutoRanks(mixed=40, masked=30)
+
+    def cost(self, tiles: TileCounts) -> float:
+        """``U + μ·n_q``: intra_doc flex with its log-sum-exp, plus the memory-bound merge,
+        linear in T (intra_doc rows: ``U``)."""
+        return tiles.u + MU * tiles.n_q
 
     def forward(self, call: AttentionCall) -> torch.Tensor:
         q, k, v, scale = call.q, call.k, call.v, call.scale
@@ -50,7 +62,7 @@ class FlexMergeEngine(FlexAnchorEngine):
             block_mask = _intra_block_mask(call)
             gqa = q.shape[1] != k.shape[1]
             if not any_foreign:  # no anchor row, or only the anchor's document: plain flex
-                return _compiled_flex()(q, k, v, block_mask=block_mask, scale=scale, enable_gqa=gqa)
+                return compiled_flex()(q, k, v, block_mask=block_mask, scale=scale, enable_gqa=gqa)
             return _compiled_anchor_flex()(q, k, v, block_mask, foreign, scale, gqa)
         o, lse = dense_attention_lse(q, k, v, _intra_dense_mask(call), scale)
         return merge_anchor(q, k, v, o, lse, foreign, scale) if any_foreign else o
@@ -107,9 +119,14 @@ def _intra_dense_mask(call: AttentionCall) -> torch.Tensor:
 def _flex_lse(q, k, v, block_mask, scale: float, gqa: bool):
     if hasattr(fa, "AuxRequest"):  # torch >= 2.9; return_lse is deprecated there
         out, aux = fa.flex_attention(
-            q, k, v, block_mask=block_mask, scale=scale, enable_gqa=gqa,
+            q,
+            k,
+            v,
+            block_mask=block_mask,
+            scale=scale,
+            enable_gqa=gqa,
             return_aux=fa.AuxRequest(lse=True),
-        )  # fmt: skip
+        )
         return out, aux.lse
     return fa.flex_attention(
         q, k, v, block_mask=block_mask, scale=scale, enable_gqa=gqa, return_lse=True

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from anchorctx.attention.engines.base import AttentionCall, Capabilities, Engine
+from anchorctx.attention.engines.base import AttentionCall, AutoRanks, Capabilities, Engine
 
 
 class SdpaEngine(Engine):
@@ -21,6 +21,10 @@ class SdpaEngine(Engine):
         backward_devices=frozenset({"cpu", "cuda"}),
         dtypes=None,
     )
+    # ``full`` is plain causal attention: dense cuDNN/FlashAttention beats every sparse kernel
+    # there. Off CUDA it is the only choice (exact, with backward; flex on CPU is unfused), and
+    # the last resort everywhere else.
+    auto = AutoRanks(full=10, mixed=50, masked=60, other=10)
 
     def forward(self, call: AttentionCall) -> torch.Tensor:
         q, k, v = call.q, call.k, call.v

@@ -46,9 +46,9 @@ from dataclasses import dataclass
 
 import torch
 
-from anchorctx.attention.engines.base import AttentionCall, Capabilities, Engine
-from anchorctx.attention.engines.cost import TILE, visited_tiles
-from anchorctx.attention.engines.flex import _ceil, _ordered, row_docs, tile_classes
+from anchorctx.attention.engines.base import AttentionCall, AutoRanks, Capabilities, Engine
+from anchorctx.attention.engines.cost import TILE, TileCounts, visited_tiles
+from anchorctx.attention.engines.flex import ceil, ordered, row_docs, tile_classes
 from anchorctx.attention.errors import AttentionError
 from anchorctx.attention.layout import Layout
 
@@ -82,14 +82,26 @@ class Blocks:
 # (11% faster than LONG_BLOCKS on 433 documents in 128K, 3-9% slower on 2K documents and longer).
 LONG_BLOCKS = Blocks()
 SHORT_BLOCKS = Blocks(
-    m=64, n=64, fwd_warps=4, fwd_stages=3,
-    split_backward=True, m_kv=32, n_kv=64, dkdv_warps=4, dkdv_stages=3,
-)  # fmt: skip
+    m=64,
+    n=64,
+    fwd_warps=4,
+    fwd_stages=3,
+    split_backward=True,
+    m_kv=32,
+    n_kv=64,
+    dkdv_warps=4,
+    dkdv_stages=3,
+)
 # Rows whose query tiles per visited 128×128 tile (the cost rule's x = n_q / U) reach this
 # take SHORT_BLOCKS: 0.24 for the tiny-document rows, 0.12 for 2K documents, below 0.07 for
 # log-normal ones.
 SHORT_ROWS_X = 0.18
 HEAD_DIMS = (16, 32, 64, 128)
+# Cost rule (engines/cost.py). triton (anchor) over intra_doc flex - 1, in tiles per query tile:
+# 0.45-0.54 (fixed 2K), 0.39 (heavy-tailed 32K), below 0 on long-document and tiny-document rows
+# (0.98-0.99 and 0.95-0.97 of intra_doc's time): the upper envelope. Below flex_merge's MU on
+# every row, as measured (docs/PERFORMANCE.md section 1, "triton").
+PSI = 0.5
 
 
 @functools.cache
@@ -137,8 +149,8 @@ class Plan:
 def _lists(partial: torch.Tensor, full: torch.Tensor) -> TileLists:
     """Dense tile booleans [B', n, n_other] -> counts and indices (visited tiles first, in order)."""
 
-    full_count, full_index = _ordered(full)
-    part_count, part_index = _ordered(partial)
+    full_count, full_index = ordered(full)
+    part_count, part_index = ordered(partial)
     # Only the first max-count columns are ever read: a row of 2K documents at 512K keeps
     # 16 indices per 128-token tile (256 KB per array) instead of 4096 (64 MB).
     width = max(1, int(max(full_count.max(), part_count.max())))
@@ -208,13 +220,35 @@ def attention_forward(q, k, v, plan: Plan, scale: float) -> tuple[torch.Tensor, 
     lists = plan.forward
     nq, width = lists.full_index.shape[1], lists.full_index.shape[2]  # width: index row stride
     fwd_kernel[(nq, bsz * h)](
-        q, k, v, out, lse, plan.docs, plan.anchor,
-        lists.full_count, lists.full_index, lists.part_count, lists.part_index,
-        *_strides(q), *_strides(k), *_strides(v), *_strides(out),
-        lists.batch_stride, t, nq, width, scale * LOG2E,
-        H=h, G=h // k.shape[1], D=d, BM=bl.m, BN=bl.n, HAS_ANCHOR=plan.has_anchor,
-        num_warps=bl.fwd_warps, num_stages=bl.fwd_stages,
-    )  # fmt: skip
+        q,
+        k,
+        v,
+        out,
+        lse,
+        plan.docs,
+        plan.anchor,
+        lists.full_count,
+        lists.full_index,
+        lists.part_count,
+        lists.part_index,
+        *_strides(q),
+        *_strides(k),
+        *_strides(v),
+        *_strides(out),
+        lists.batch_stride,
+        t,
+        nq,
+        width,
+        scale * LOG2E,
+        H=h,
+        G=h // k.shape[1],
+        D=d,
+        BM=bl.m,
+        BN=bl.n,
+        HAS_ANCHOR=plan.has_anchor,
+        num_warps=bl.fwd_warps,
+        num_stages=bl.fwd_stages,
+    )
     return out, lse
 
 
@@ -226,7 +260,7 @@ def attention_backward(q, k, v, out, lse, dout, plan: Plan, scale: float):
     bl = plan.blocks
     dout = _dense_last(dout)
     delta = torch.empty(bsz, h, t, device=q.device, dtype=torch.float32)
-    delta_kernel[(_ceil(t, 128), bsz * h)](
+    delta_kernel[(ceil(t, 128), bsz * h)](
         out, dout, delta, *_strides(out), *_strides(dout), t, H=h, D=d, BM=128
     )
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
@@ -248,23 +282,77 @@ def attention_backward(q, k, v, out, lse, dout, plan: Plan, scale: float):
     scales = (scale * LOG2E, scale)
     if bl.split_backward:
         dkdv_kernel[(nk1, bsz * hk)](
-            *tensors, dk, dv, plan.docs, *kv_lists, *strides, *_strides(dk), *_strides(dv),
-            kl.batch_stride, t, nk1, nq1, *scales, **common, BM_KV=bl.m_kv, BN_KV=bl.n_kv,
-            num_warps=bl.dkdv_warps, num_stages=bl.dkdv_stages,
-        )  # fmt: skip
+            *tensors,
+            dk,
+            dv,
+            plan.docs,
+            *kv_lists,
+            *strides,
+            *_strides(dk),
+            *_strides(dv),
+            kl.batch_stride,
+            t,
+            nk1,
+            nq1,
+            *scales,
+            **common,
+            BM_KV=bl.m_kv,
+            BN_KV=bl.n_kv,
+            num_warps=bl.dkdv_warps,
+            num_stages=bl.dkdv_stages,
+        )
         dq_kernel[(nq, bsz * h)](
-            *tensors, dq, plan.docs, *anchor, *dq_lists, *strides, *_strides(dq),
-            ql.batch_stride, t, nq, nkq, *scales, **common, BM_DQ=bl.dq_m, BN_DQ=bl.dq_n,
-            HAS_ANCHOR=plan.has_anchor, num_warps=bl.dq_warps, num_stages=bl.dq_stages,
-        )  # fmt: skip
+            *tensors,
+            dq,
+            plan.docs,
+            *anchor,
+            *dq_lists,
+            *strides,
+            *_strides(dq),
+            ql.batch_stride,
+            t,
+            nq,
+            nkq,
+            *scales,
+            **common,
+            BM_DQ=bl.dq_m,
+            BN_DQ=bl.dq_n,
+            HAS_ANCHOR=plan.has_anchor,
+            num_warps=bl.dq_warps,
+            num_stages=bl.dq_stages,
+        )
     else:
         bwd_kernel[(n_dkdv + nq * bsz * h,)](
-            *tensors, dq, dk, dv, plan.docs, *anchor, *dq_lists, *kv_lists, *strides,
-            *_strides(dq), *_strides(dk), *_strides(dv), ql.batch_stride, kl.batch_stride,
-            t, nq, nkq, nk1, nq1, n_dkdv, *scales, **common, BM_DQ=bl.dq_m, BN_DQ=bl.dq_n,
-            BM_KV=bl.m_kv, BN_KV=bl.n_kv, HAS_ANCHOR=plan.has_anchor,
-            num_warps=bl.bwd_warps, num_stages=bl.bwd_stages,
-        )  # fmt: skip
+            *tensors,
+            dq,
+            dk,
+            dv,
+            plan.docs,
+            *anchor,
+            *dq_lists,
+            *kv_lists,
+            *strides,
+            *_strides(dq),
+            *_strides(dk),
+            *_strides(dv),
+            ql.batch_stride,
+            kl.batch_stride,
+            t,
+            nq,
+            nkq,
+            nk1,
+            nq1,
+            n_dkdv,
+            *scales,
+            **common,
+            BM_DQ=bl.dq_m,
+            BN_DQ=bl.dq_n,
+            BM_KV=bl.m_kv,
+            BN_KV=bl.n_kv,
+            HAS_ANCHOR=plan.has_anchor,
+            num_warps=bl.bwd_warps,
+            num_stages=bl.bwd_stages,
+        )
     if plan.has_anchor:
         # [2, B, H, NQ, D] -> [2, B, H_kv, D]: the query heads of each KV group and all tiles.
         dk0, dv0 = shares.unflatten(2, (hk, h // hk)).sum((3, 4))
@@ -316,7 +404,7 @@ def index_limit_error(q: torch.Tensor, k: torch.Tensor) -> str | None:
 def blocks_for(rows: tuple[Layout, ...]) -> Blocks:
     """Tile settings for a batch of rows, from their document histogram (``x = n_q / U``)."""
     u = sum(visited_tiles(row) for row in rows)
-    n_q = sum(_ceil(row.seq_len, TILE) for row in rows)
+    n_q = sum(ceil(row.seq_len, TILE) for row in rows)
     return SHORT_BLOCKS if n_q >= SHORT_ROWS_X * u else LONG_BLOCKS
 
 
@@ -330,9 +418,15 @@ class TritonEngine(Engine):
         dtypes=frozenset({torch.bfloat16, torch.float16}),
         max_head_dim=128,
     )
+    auto = AutoRanks(masked=20)
 
     def available(self) -> tuple[bool, str]:
         return triton_available()
+
+    def cost(self, tiles: TileCounts) -> float:
+        """``U + ψ·n_q``: the anchor is a register-resident key in the kernel, so its tiles are
+        intra_doc's (intra_doc rows: ``U``)."""
+        return tiles.u + PSI * tiles.n_q
 
     def check(self, call: AttentionCall) -> None:
         super().check(call)

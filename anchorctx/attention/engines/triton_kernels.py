@@ -26,8 +26,25 @@ def anchor_key(q, kp, vp, docs_b, doc_q, row_ok, anchor_flag, qk_scale, D: tl.co
 
 
 @triton.jit
-def fwd_tile(q, acc, l_i, m_i, kp, vp, skt, svt, docs_b, doc_q, offs_m, kt, T, qk_scale,
-             BN: tl.constexpr, D: tl.constexpr, MASKED: tl.constexpr):  # fmt: skip
+def fwd_tile(
+    q,
+    acc,
+    l_i,
+    m_i,
+    kp,
+    vp,
+    skt,
+    svt,
+    docs_b,
+    doc_q,
+    offs_m,
+    kt,
+    T,
+    qk_scale,
+    BN: tl.constexpr,
+    D: tl.constexpr,
+    MASKED: tl.constexpr,
+):
     offs_n = kt * BN + tl.arange(0, BN)
     offs_d = tl.arange(0, D)
     if MASKED:
@@ -51,11 +68,42 @@ def fwd_tile(q, acc, l_i, m_i, kp, vp, skt, svt, docs_b, doc_q, offs_m, kt, T, q
 
 
 @triton.jit
-def fwd_kernel(Q, K, V, OUT, LSE, DOCS, ANCHOR, FC, FI, PC, PI,
-               sqb, sqh, sqt, skb, skh, skt, svb, svh, svt, sob, soh, sot,
-               list_b, T, NQ, W, qk_scale,
-               H: tl.constexpr, G: tl.constexpr, D: tl.constexpr,
-               BM: tl.constexpr, BN: tl.constexpr, HAS_ANCHOR: tl.constexpr):  # fmt: skip
+def fwd_kernel(
+    Q,
+    K,
+    V,
+    OUT,
+    LSE,
+    DOCS,
+    ANCHOR,
+    FC,
+    FI,
+    PC,
+    PI,
+    sqb,
+    sqh,
+    sqt,
+    skb,
+    skh,
+    skt,
+    svb,
+    svh,
+    svt,
+    sob,
+    soh,
+    sot,
+    list_b,
+    T,
+    NQ,
+    W,
+    qk_scale,
+    H: tl.constexpr,
+    G: tl.constexpr,
+    D: tl.constexpr,
+    BM: tl.constexpr,
+    BN: tl.constexpr,
+    HAS_ANCHOR: tl.constexpr,
+):
     # Tiles in reverse (the grid's first axis runs fastest: one head's tiles, then the next
     # head's): within a document the last query tiles have the most keys, so the long programs
     # start first and the launch ends on short ones, while neighbouring programs still share
@@ -68,8 +116,11 @@ def fwd_kernel(Q, K, V, OUT, LSE, DOCS, ANCHOR, FC, FI, PC, PI,
     offs_m = qt * BM + tl.arange(0, BM)
     offs_d = tl.arange(0, D)
     row_ok = offs_m < T
-    q = tl.load(Q + b * sqb + h * sqh + offs_m[:, None] * sqt + offs_d[None, :],
-                mask=row_ok[:, None], other=0.0)  # fmt: skip
+    q = tl.load(
+        Q + b * sqb + h * sqh + offs_m[:, None] * sqt + offs_d[None, :],
+        mask=row_ok[:, None],
+        other=0.0,
+    )
     docs_b = DOCS + b * T
     doc_q = tl.load(docs_b + offs_m, mask=row_ok, other=-1)
     kp = K + b * skb + hk * skh
@@ -88,22 +139,46 @@ def fwd_kernel(Q, K, V, OUT, LSE, DOCS, ANCHOR, FC, FI, PC, PI,
     lrow = (b * list_b) * NQ + qt
     for i in range(0, tl.load(FC + lrow)):
         kt = tl.load(FI + lrow * W + i)
-        acc, l_i, m_i = fwd_tile(q, acc, l_i, m_i, kp, vp, skt, svt, docs_b, doc_q, offs_m,
-                                 kt, T, qk_scale, BN, D, False)  # fmt: skip
+        acc, l_i, m_i = fwd_tile(
+            q, acc, l_i, m_i, kp, vp, skt, svt, docs_b, doc_q, offs_m, kt, T, qk_scale, BN, D, False
+        )
     for i in range(0, tl.load(PC + lrow)):
         kt = tl.load(PI + lrow * W + i)
-        acc, l_i, m_i = fwd_tile(q, acc, l_i, m_i, kp, vp, skt, svt, docs_b, doc_q, offs_m,
-                                 kt, T, qk_scale, BN, D, True)  # fmt: skip
+        acc, l_i, m_i = fwd_tile(
+            q, acc, l_i, m_i, kp, vp, skt, svt, docs_b, doc_q, offs_m, kt, T, qk_scale, BN, D, True
+        )
     l_safe = tl.where(l_i > 0, l_i, 1.0)  # padding rows only
     out = acc / l_safe[:, None]
-    tl.store(OUT + b * sob + h * soh + offs_m[:, None] * sot + offs_d[None, :],
-             out.to(OUT.dtype.element_ty), mask=row_ok[:, None])  # fmt: skip
+    tl.store(
+        OUT + b * sob + h * soh + offs_m[:, None] * sot + offs_d[None, :],
+        out.to(OUT.dtype.element_ty),
+        mask=row_ok[:, None],
+    )
     tl.store(LSE + bh * T + offs_m, m_i + tl.math.log2(l_safe), mask=row_ok)
 
 
 @triton.jit
-def dkdv_tile(dk, dv, k, v, qp, dop, lsep, deltap, sqt, sdt, docs_b, doc_k, offs_n, qt, T,
-              qk_scale, BM: tl.constexpr, D: tl.constexpr, MASKED: tl.constexpr):  # fmt: skip
+def dkdv_tile(
+    dk,
+    dv,
+    k,
+    v,
+    qp,
+    dop,
+    lsep,
+    deltap,
+    sqt,
+    sdt,
+    docs_b,
+    doc_k,
+    offs_n,
+    qt,
+    T,
+    qk_scale,
+    BM: tl.constexpr,
+    D: tl.constexpr,
+    MASKED: tl.constexpr,
+):
     offs_m = qt * BM + tl.arange(0, BM)
     offs_d = tl.arange(0, D)
     if MASKED:
@@ -131,12 +206,52 @@ def dkdv_tile(dk, dv, k, v, qp, dop, lsep, deltap, sqt, sdt, docs_b, doc_k, offs
 
 
 @triton.jit
-def dkdv_program(Q, K, V, DO, LSE, DELTA, DK, DV, DOCS, FC, FI, PC, PI,
-                 sqb, sqh, sqt, skb, skh, skt, svb, svh, svt, sdb, sdh, sdt,
-                 sdkb, sdkh, sdkt, sdvb, sdvh, sdvt,
-                 list_b, T, W, NK, qk_scale, sm_scale, kt, bhk,
-                 H: tl.constexpr, G: tl.constexpr, D: tl.constexpr,
-                 BM: tl.constexpr, BN: tl.constexpr):  # fmt: skip
+def dkdv_program(
+    Q,
+    K,
+    V,
+    DO,
+    LSE,
+    DELTA,
+    DK,
+    DV,
+    DOCS,
+    FC,
+    FI,
+    PC,
+    PI,
+    sqb,
+    sqh,
+    sqt,
+    skb,
+    skh,
+    skt,
+    svb,
+    svh,
+    svt,
+    sdb,
+    sdh,
+    sdt,
+    sdkb,
+    sdkh,
+    sdkt,
+    sdvb,
+    sdvh,
+    sdvt,
+    list_b,
+    T,
+    W,
+    NK,
+    qk_scale,
+    sm_scale,
+    kt,
+    bhk,
+    H: tl.constexpr,
+    G: tl.constexpr,
+    D: tl.constexpr,
+    BM: tl.constexpr,
+    BN: tl.constexpr,
+):
     """dK, dV of key tile ``kt`` of KV head ``bhk`` (over the query heads of its group)."""
     HK: tl.constexpr = H // G
     b = bhk // HK
@@ -144,10 +259,16 @@ def dkdv_program(Q, K, V, DO, LSE, DELTA, DK, DV, DOCS, FC, FI, PC, PI,
     offs_n = kt * BN + tl.arange(0, BN)
     offs_d = tl.arange(0, D)
     col_ok = offs_n < T
-    k = tl.load(K + b * skb + hk * skh + offs_n[:, None] * skt + offs_d[None, :],
-                mask=col_ok[:, None], other=0.0)  # fmt: skip
-    v = tl.load(V + b * svb + hk * svh + offs_n[:, None] * svt + offs_d[None, :],
-                mask=col_ok[:, None], other=0.0)  # fmt: skip
+    k = tl.load(
+        K + b * skb + hk * skh + offs_n[:, None] * skt + offs_d[None, :],
+        mask=col_ok[:, None],
+        other=0.0,
+    )
+    v = tl.load(
+        V + b * svb + hk * svh + offs_n[:, None] * svt + offs_d[None, :],
+        mask=col_ok[:, None],
+        other=0.0,
+    )
     docs_b = DOCS + b * T
     doc_k = tl.load(docs_b + offs_n, mask=col_ok, other=-2)
     dk = tl.zeros([BN, D], tl.float32)
@@ -164,21 +285,83 @@ def dkdv_program(Q, K, V, DO, LSE, DELTA, DK, DV, DOCS, FC, FI, PC, PI,
         deltap = DELTA + (b * H + h) * T
         for i in range(0, n_full):
             qt = tl.load(FI + lrow * W + i)
-            dk, dv = dkdv_tile(dk, dv, k, v, qp, dop, lsep, deltap, sqt, sdt, docs_b, doc_k,
-                               offs_n, qt, T, qk_scale, BM, D, False)  # fmt: skip
+            dk, dv = dkdv_tile(
+                dk,
+                dv,
+                k,
+                v,
+                qp,
+                dop,
+                lsep,
+                deltap,
+                sqt,
+                sdt,
+                docs_b,
+                doc_k,
+                offs_n,
+                qt,
+                T,
+                qk_scale,
+                BM,
+                D,
+                False,
+            )
         for i in range(0, n_part):
             qt = tl.load(PI + lrow * W + i)
-            dk, dv = dkdv_tile(dk, dv, k, v, qp, dop, lsep, deltap, sqt, sdt, docs_b, doc_k,
-                               offs_n, qt, T, qk_scale, BM, D, True)  # fmt: skip
-    tl.store(DK + b * sdkb + hk * sdkh + offs_n[:, None] * sdkt + offs_d[None, :],
-             (dk * sm_scale).to(DK.dtype.element_ty), mask=col_ok[:, None])  # fmt: skip
-    tl.store(DV + b * sdvb + hk * sdvh + offs_n[:, None] * sdvt + offs_d[None, :],
-             dv.to(DV.dtype.element_ty), mask=col_ok[:, None])  # fmt: skip
+            dk, dv = dkdv_tile(
+                dk,
+                dv,
+                k,
+                v,
+                qp,
+                dop,
+                lsep,
+                deltap,
+                sqt,
+                sdt,
+                docs_b,
+                doc_k,
+                offs_n,
+                qt,
+                T,
+                qk_scale,
+                BM,
+                D,
+                True,
+            )
+    tl.store(
+        DK + b * sdkb + hk * sdkh + offs_n[:, None] * sdkt + offs_d[None, :],
+        (dk * sm_scale).to(DK.dtype.element_ty),
+        mask=col_ok[:, None],
+    )
+    tl.store(
+        DV + b * sdvb + hk * sdvh + offs_n[:, None] * sdvt + offs_d[None, :],
+        dv.to(DV.dtype.element_ty),
+        mask=col_ok[:, None],
+    )
 
 
 @triton.jit
-def dq_tile(dq, q, do, lse, delta, kp, vp, skt, svt, docs_b, doc_q, offs_m, kt, T, qk_scale,
-            BN: tl.constexpr, D: tl.constexpr, MASKED: tl.constexpr):  # fmt: skip
+def dq_tile(
+    dq,
+    q,
+    do,
+    lse,
+    delta,
+    kp,
+    vp,
+    skt,
+    svt,
+    docs_b,
+    doc_q,
+    offs_m,
+    kt,
+    T,
+    qk_scale,
+    BN: tl.constexpr,
+    D: tl.constexpr,
+    MASKED: tl.constexpr,
+):
     offs_n = kt * BN + tl.arange(0, BN)
     offs_d = tl.arange(0, D)
     if MASKED:
@@ -200,11 +383,52 @@ def dq_tile(dq, q, do, lse, delta, kp, vp, skt, svt, docs_b, doc_q, offs_m, kt, 
 
 
 @triton.jit
-def dq_program(Q, K, V, DO, LSE, DELTA, DQ, DOCS, ANCHOR, DK0, DV0, FC, FI, PC, PI,
-               sqb, sqh, sqt, skb, skh, skt, svb, svh, svt, sdb, sdh, sdt, sdqb, sdqh, sdqt,
-               list_b, T, NQ, W, qk_scale, sm_scale, qt, bh,
-               H: tl.constexpr, G: tl.constexpr, D: tl.constexpr,
-               BM: tl.constexpr, BN: tl.constexpr, HAS_ANCHOR: tl.constexpr):  # fmt: skip
+def dq_program(
+    Q,
+    K,
+    V,
+    DO,
+    LSE,
+    DELTA,
+    DQ,
+    DOCS,
+    ANCHOR,
+    DK0,
+    DV0,
+    FC,
+    FI,
+    PC,
+    PI,
+    sqb,
+    sqh,
+    sqt,
+    skb,
+    skh,
+    skt,
+    svb,
+    svh,
+    svt,
+    sdb,
+    sdh,
+    sdt,
+    sdqb,
+    sdqh,
+    sdqt,
+    list_b,
+    T,
+    NQ,
+    W,
+    qk_scale,
+    sm_scale,
+    qt,
+    bh,
+    H: tl.constexpr,
+    G: tl.constexpr,
+    D: tl.constexpr,
+    BM: tl.constexpr,
+    BN: tl.constexpr,
+    HAS_ANCHOR: tl.constexpr,
+):
     """dQ of query tile ``qt`` of head ``bh``, and its share of the anchor key's dK/dV."""
     b = bh // H
     h = bh % H
@@ -212,10 +436,16 @@ def dq_program(Q, K, V, DO, LSE, DELTA, DQ, DOCS, ANCHOR, DK0, DV0, FC, FI, PC, 
     offs_m = qt * BM + tl.arange(0, BM)
     offs_d = tl.arange(0, D)
     row_ok = offs_m < T
-    q = tl.load(Q + b * sqb + h * sqh + offs_m[:, None] * sqt + offs_d[None, :],
-                mask=row_ok[:, None], other=0.0)  # fmt: skip
-    do = tl.load(DO + b * sdb + h * sdh + offs_m[:, None] * sdt + offs_d[None, :],
-                 mask=row_ok[:, None], other=0.0)  # fmt: skip
+    q = tl.load(
+        Q + b * sqb + h * sqh + offs_m[:, None] * sqt + offs_d[None, :],
+        mask=row_ok[:, None],
+        other=0.0,
+    )
+    do = tl.load(
+        DO + b * sdb + h * sdh + offs_m[:, None] * sdt + offs_d[None, :],
+        mask=row_ok[:, None],
+        other=0.0,
+    )
     lse = tl.load(LSE + bh * T + offs_m, mask=row_ok, other=0.0)
     delta = tl.load(DELTA + bh * T + offs_m, mask=row_ok, other=0.0)
     docs_b = DOCS + b * T
@@ -226,12 +456,48 @@ def dq_program(Q, K, V, DO, LSE, DELTA, DQ, DOCS, ANCHOR, DK0, DV0, FC, FI, PC, 
     lrow = (b * list_b) * NQ + qt
     for i in range(0, tl.load(FC + lrow)):
         kt = tl.load(FI + lrow * W + i)
-        dq = dq_tile(dq, q, do, lse, delta, kp, vp, skt, svt, docs_b, doc_q, offs_m, kt, T,
-                     qk_scale, BN, D, False)  # fmt: skip
+        dq = dq_tile(
+            dq,
+            q,
+            do,
+            lse,
+            delta,
+            kp,
+            vp,
+            skt,
+            svt,
+            docs_b,
+            doc_q,
+            offs_m,
+            kt,
+            T,
+            qk_scale,
+            BN,
+            D,
+            False,
+        )
     for i in range(0, tl.load(PC + lrow)):
         kt = tl.load(PI + lrow * W + i)
-        dq = dq_tile(dq, q, do, lse, delta, kp, vp, skt, svt, docs_b, doc_q, offs_m, kt, T,
-                     qk_scale, BN, D, True)  # fmt: skip
+        dq = dq_tile(
+            dq,
+            q,
+            do,
+            lse,
+            delta,
+            kp,
+            vp,
+            skt,
+            svt,
+            docs_b,
+            doc_q,
+            offs_m,
+            kt,
+            T,
+            qk_scale,
+            BN,
+            D,
+            True,
+        )
     if HAS_ANCHOR:
         # The anchor key's share: p0 = exp2(s0 - lse), ds0 = p0·(dO·v0 - Δ) (zero for queries
         # of the anchor's own document, which met key 0 in their tiles above).
@@ -245,13 +511,29 @@ def dq_program(Q, K, V, DO, LSE, DELTA, DQ, DOCS, ANCHOR, DK0, DV0, FC, FI, PC, 
         part = (bh * NQ + qt) * D + offs_d
         tl.store(DK0 + part, tl.sum(ds0[:, None] * qf, 0))
         tl.store(DV0 + part, tl.sum(p0[:, None] * dof, 0))
-    tl.store(DQ + b * sdqb + h * sdqh + offs_m[:, None] * sdqt + offs_d[None, :],
-             (dq * sm_scale).to(DQ.dtype.element_ty), mask=row_ok[:, None])  # fmt: skip
+    tl.store(
+        DQ + b * sdqb + h * sdqh + offs_m[:, None] * sdqt + offs_d[None, :],
+        (dq * sm_scale).to(DQ.dtype.element_ty),
+        mask=row_ok[:, None],
+    )
 
 
 @triton.jit
-def delta_kernel(OUT, DO, DELTA, sob, soh, sot, sdb, sdh, sdt, T,
-                 H: tl.constexpr, D: tl.constexpr, BM: tl.constexpr):  # fmt: skip
+def delta_kernel(
+    OUT,
+    DO,
+    DELTA,
+    sob,
+    soh,
+    sot,
+    sdb,
+    sdh,
+    sdt,
+    T,
+    H: tl.constexpr,
+    D: tl.constexpr,
+    BM: tl.constexpr,
+):
     """Δ = rowsum(dO ∘ O): the softmax backward's per-query correction (float32 [B, H, T])."""
     qt = tl.program_id(0)
     bh = tl.program_id(1)
@@ -272,14 +554,68 @@ def delta_kernel(OUT, DO, DELTA, sob, soh, sot, sdb, sdh, sdt, T,
 
 
 @triton.jit
-def bwd_kernel(Q, K, V, DO, LSE, DELTA, DQ, DK, DV, DOCS, ANCHOR, DK0, DV0,
-               QFC, QFI, QPC, QPI, KFC, KFI, KPC, KPI,
-               sqb, sqh, sqt, skb, skh, skt, svb, svh, svt, sdb, sdh, sdt,
-               sdqb, sdqh, sdqt, sdkb, sdkh, sdkt, sdvb, sdvh, sdvt,
-               qlist_b, klist_b, T, NQ, W_DQ, NK1, W_KV, N_DKDV, qk_scale, sm_scale,
-               H: tl.constexpr, G: tl.constexpr, D: tl.constexpr,
-               BM_DQ: tl.constexpr, BN_DQ: tl.constexpr, BM_KV: tl.constexpr,
-               BN_KV: tl.constexpr, HAS_ANCHOR: tl.constexpr):  # fmt: skip
+def bwd_kernel(
+    Q,
+    K,
+    V,
+    DO,
+    LSE,
+    DELTA,
+    DQ,
+    DK,
+    DV,
+    DOCS,
+    ANCHOR,
+    DK0,
+    DV0,
+    QFC,
+    QFI,
+    QPC,
+    QPI,
+    KFC,
+    KFI,
+    KPC,
+    KPI,
+    sqb,
+    sqh,
+    sqt,
+    skb,
+    skh,
+    skt,
+    svb,
+    svh,
+    svt,
+    sdb,
+    sdh,
+    sdt,
+    sdqb,
+    sdqh,
+    sdqt,
+    sdkb,
+    sdkh,
+    sdkt,
+    sdvb,
+    sdvh,
+    sdvt,
+    qlist_b,
+    klist_b,
+    T,
+    NQ,
+    W_DQ,
+    NK1,
+    W_KV,
+    N_DKDV,
+    qk_scale,
+    sm_scale,
+    H: tl.constexpr,
+    G: tl.constexpr,
+    D: tl.constexpr,
+    BM_DQ: tl.constexpr,
+    BN_DQ: tl.constexpr,
+    BM_KV: tl.constexpr,
+    BN_KV: tl.constexpr,
+    HAS_ANCHOR: tl.constexpr,
+):
     """The whole backward in one launch: programs [0, N_DKDV) compute dK/dV, the rest dQ.
 
     One launch instead of two lets the short programs at the end of one part overlap the
@@ -291,42 +627,285 @@ def bwd_kernel(Q, K, V, DO, LSE, DELTA, DQ, DK, DV, DOCS, ANCHOR, DK0, DV0,
     """
     pid = tl.program_id(0)
     if pid < N_DKDV:
-        dkdv_program(Q, K, V, DO, LSE, DELTA, DK, DV, DOCS, KFC, KFI, KPC, KPI,
-                     sqb, sqh, sqt, skb, skh, skt, svb, svh, svt, sdb, sdh, sdt,
-                     sdkb, sdkh, sdkt, sdvb, sdvh, sdvt,
-                     klist_b, T, W_KV, NK1, qk_scale, sm_scale, pid % NK1, pid // NK1,
-                     H, G, D, BM_KV, BN_KV)  # fmt: skip
+        dkdv_program(
+            Q,
+            K,
+            V,
+            DO,
+            LSE,
+            DELTA,
+            DK,
+            DV,
+            DOCS,
+            KFC,
+            KFI,
+            KPC,
+            KPI,
+            sqb,
+            sqh,
+            sqt,
+            skb,
+            skh,
+            skt,
+            svb,
+            svh,
+            svt,
+            sdb,
+            sdh,
+            sdt,
+            sdkb,
+            sdkh,
+            sdkt,
+            sdvb,
+            sdvh,
+            sdvt,
+            klist_b,
+            T,
+            W_KV,
+            NK1,
+            qk_scale,
+            sm_scale,
+            pid % NK1,
+            pid // NK1,
+            H,
+            G,
+            D,
+            BM_KV,
+            BN_KV,
+        )
     else:
         p = pid - N_DKDV
-        dq_program(Q, K, V, DO, LSE, DELTA, DQ, DOCS, ANCHOR, DK0, DV0, QFC, QFI, QPC, QPI,
-                   sqb, sqh, sqt, skb, skh, skt, svb, svh, svt, sdb, sdh, sdt, sdqb, sdqh, sdqt,
-                   qlist_b, T, NQ, W_DQ, qk_scale, sm_scale, NQ - 1 - p % NQ, p // NQ,
-                   H, G, D, BM_DQ, BN_DQ, HAS_ANCHOR)  # fmt: skip
+        dq_program(
+            Q,
+            K,
+            V,
+            DO,
+            LSE,
+            DELTA,
+            DQ,
+            DOCS,
+            ANCHOR,
+            DK0,
+            DV0,
+            QFC,
+            QFI,
+            QPC,
+            QPI,
+            sqb,
+            sqh,
+            sqt,
+            skb,
+            skh,
+            skt,
+            svb,
+            svh,
+            svt,
+            sdb,
+            sdh,
+            sdt,
+            sdqb,
+            sdqh,
+            sdqt,
+            qlist_b,
+            T,
+            NQ,
+            W_DQ,
+            qk_scale,
+            sm_scale,
+            NQ - 1 - p % NQ,
+            p // NQ,
+            H,
+            G,
+            D,
+            BM_DQ,
+            BN_DQ,
+            HAS_ANCHOR,
+        )
 
 
 @triton.jit
-def dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, DOCS, KFC, KFI, KPC, KPI,
-                sqb, sqh, sqt, skb, skh, skt, svb, svh, svt, sdb, sdh, sdt,
-                sdkb, sdkh, sdkt, sdvb, sdvh, sdvt,
-                klist_b, T, NK1, W_KV, qk_scale, sm_scale,
-                H: tl.constexpr, G: tl.constexpr, D: tl.constexpr,
-                BM_KV: tl.constexpr, BN_KV: tl.constexpr):  # fmt: skip
+def dkdv_kernel(
+    Q,
+    K,
+    V,
+    DO,
+    LSE,
+    DELTA,
+    DK,
+    DV,
+    DOCS,
+    KFC,
+    KFI,
+    KPC,
+    KPI,
+    sqb,
+    sqh,
+    sqt,
+    skb,
+    skh,
+    skt,
+    svb,
+    svh,
+    svt,
+    sdb,
+    sdh,
+    sdt,
+    sdkb,
+    sdkh,
+    sdkt,
+    sdvb,
+    sdvh,
+    sdvt,
+    klist_b,
+    T,
+    NK1,
+    W_KV,
+    qk_scale,
+    sm_scale,
+    H: tl.constexpr,
+    G: tl.constexpr,
+    D: tl.constexpr,
+    BM_KV: tl.constexpr,
+    BN_KV: tl.constexpr,
+):
     """The backward's dK/dV programs as a launch of their own (``Blocks.split_backward``)."""
-    dkdv_program(Q, K, V, DO, LSE, DELTA, DK, DV, DOCS, KFC, KFI, KPC, KPI,
-                 sqb, sqh, sqt, skb, skh, skt, svb, svh, svt, sdb, sdh, sdt,
-                 sdkb, sdkh, sdkt, sdvb, sdvh, sdvt,
-                 klist_b, T, W_KV, NK1, qk_scale, sm_scale, tl.program_id(0), tl.program_id(1),
-                 H, G, D, BM_KV, BN_KV)  # fmt: skip
+    dkdv_program(
+        Q,
+        K,
+        V,
+        DO,
+        LSE,
+        DELTA,
+        DK,
+        DV,
+        DOCS,
+        KFC,
+        KFI,
+        KPC,
+        KPI,
+        sqb,
+        sqh,
+        sqt,
+        skb,
+        skh,
+        skt,
+        svb,
+        svh,
+        svt,
+        sdb,
+        sdh,
+        sdt,
+        sdkb,
+        sdkh,
+        sdkt,
+        sdvb,
+        sdvh,
+        sdvt,
+        klist_b,
+        T,
+        W_KV,
+        NK1,
+        qk_scale,
+        sm_scale,
+        tl.program_id(0),
+        tl.program_id(1),
+        H,
+        G,
+        D,
+        BM_KV,
+        BN_KV,
+    )
 
 
 @triton.jit
-def dq_kernel(Q, K, V, DO, LSE, DELTA, DQ, DOCS, ANCHOR, DK0, DV0, QFC, QFI, QPC, QPI,
-              sqb, sqh, sqt, skb, skh, skt, svb, svh, svt, sdb, sdh, sdt, sdqb, sdqh, sdqt,
-              qlist_b, T, NQ, W_DQ, qk_scale, sm_scale,
-              H: tl.constexpr, G: tl.constexpr, D: tl.constexpr,
-              BM_DQ: tl.constexpr, BN_DQ: tl.constexpr, HAS_ANCHOR: tl.constexpr):  # fmt: skip
+def dq_kernel(
+    Q,
+    K,
+    V,
+    DO,
+    LSE,
+    DELTA,
+    DQ,
+    DOCS,
+    ANCHOR,
+    DK0,
+    DV0,
+    QFC,
+    QFI,
+    QPC,
+    QPI,
+    sqb,
+    sqh,
+    sqt,
+    skb,
+    skh,
+    skt,
+    svb,
+    svh,
+    svt,
+    sdb,
+    sdh,
+    sdt,
+    sdqb,
+    sdqh,
+    sdqt,
+    qlist_b,
+    T,
+    NQ,
+    W_DQ,
+    qk_scale,
+    sm_scale,
+    H: tl.constexpr,
+    G: tl.constexpr,
+    D: tl.constexpr,
+    BM_DQ: tl.constexpr,
+    BN_DQ: tl.constexpr,
+    HAS_ANCHOR: tl.constexpr,
+):
     """The backward's dQ programs as a launch of their own (``Blocks.split_backward``)."""
-    dq_program(Q, K, V, DO, LSE, DELTA, DQ, DOCS, ANCHOR, DK0, DV0, QFC, QFI, QPC, QPI,
-               sqb, sqh, sqt, skb, skh, skt, svb, svh, svt, sdb, sdh, sdt, sdqb, sdqh, sdqt,
-               qlist_b, T, NQ, W_DQ, qk_scale, sm_scale, NQ - 1 - tl.program_id(0),
-               tl.program_id(1), H, G, D, BM_DQ, BN_DQ, HAS_ANCHOR)  # fmt: skip
+    dq_program(
+        Q,
+        K,
+        V,
+        DO,
+        LSE,
+        DELTA,
+        DQ,
+        DOCS,
+        ANCHOR,
+        DK0,
+        DV0,
+        QFC,
+        QFI,
+        QPC,
+        QPI,
+        sqb,
+        sqh,
+        sqt,
+        skb,
+        skh,
+        skt,
+        svb,
+        svh,
+        svt,
+        sdb,
+        sdh,
+        sdt,
+        sdqb,
+        sdqh,
+        sdqt,
+        qlist_b,
+        T,
+        NQ,
+        W_DQ,
+        qk_scale,
+        sm_scale,
+        NQ - 1 - tl.program_id(0),
+        tl.program_id(1),
+        H,
+        G,
+        D,
+        BM_DQ,
+        BN_DQ,
+        HAS_ANCHOR,
+    )

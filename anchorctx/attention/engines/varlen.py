@@ -22,10 +22,22 @@ from dataclasses import dataclass
 
 import torch
 
-from anchorctx.attention.engines.base import AttentionCall, Capabilities, Engine
+from anchorctx.attention.engines.base import AttentionCall, AutoRanks, Capabilities, Engine
+from anchorctx.attention.engines.cost import TileCounts
 from anchorctx.attention.layout import Layout
 
 HALF = frozenset({torch.bfloat16, torch.float16})
+
+# Cost rule (engines/cost.py). varlen (anchor) over intra_doc flex - 1: 0.26 (x = 0.012), 0.36
+# (0.066), 0.51-0.53 (0.118), 0.73 (0.243).
+NU = 1.25
+LAMBDA = 2.3
+
+
+def varlen_cost(tiles: TileCounts) -> float:
+    """``ν·U``, anchor rows add ``λ·n_q`` (the anchor K/V gathered in front of every document,
+    its gradient scattered back); both varlen kernels."""
+    return NU * tiles.u + LAMBDA * tiles.n_q
 
 
 @dataclass(frozen=True)
@@ -135,6 +147,10 @@ class VarlenEngine(Engine):
         dtypes=HALF,
         max_head_dim=256,
     )
+    auto = AutoRanks(full=20, mixed=10, masked=40)
+
+    def cost(self, tiles: TileCounts) -> float:
+        return varlen_cost(tiles)
 
     def available(self) -> tuple[bool, str]:
         try:
@@ -177,6 +193,10 @@ class FlashAttnEngine(Engine):
         dtypes=HALF,
         max_head_dim=256,
     )
+    auto = AutoRanks(full=30, mixed=20, masked=50)
+
+    def cost(self, tiles: TileCounts) -> float:
+        return varlen_cost(tiles)
 
     def available(self) -> tuple[bool, str]:
         try:
@@ -193,7 +213,15 @@ class FlashAttnEngine(Engine):
         q, k, v = flatten(call, plan)
         # flash-attn >= 2.1 aligns the causal mask bottom-right, as the plan needs; GQA native.
         out = flash_attn_varlen_func(
-            q, k, v, plan.cu_seq_q, plan.cu_seq_k, plan.max_q, plan.max_k,
-            dropout_p=0.0, softmax_scale=call.scale, causal=True,
-        )  # fmt: skip
+            q,
+            k,
+            v,
+            plan.cu_seq_q,
+            plan.cu_seq_k,
+            plan.max_q,
+            plan.max_k,
+            dropout_p=0.0,
+            softmax_scale=call.scale,
+            causal=True,
+        )
         return unflatten(out, call)

@@ -38,7 +38,7 @@ from anchorctx.evaluation.longbench.tasks import (
 )
 
 if TYPE_CHECKING:
-    from anchorctx.config import ExperimentConfig
+    from anchorctx.experiment import ExperimentConfig
 
 OnSample = Callable[[dict[str, Any]], None]
 REQUIRED_FIELDS = ("input", "context", "answers")
@@ -182,11 +182,18 @@ def _run_dataset(
             produced.append(record)
 
     generate_greedy(
-        model, tokenizer, [f[0] for f in fitted], max_new_tokens=max_new,
-        batch_size=cfg.evaluation.batch_size, progress=progress, desc=f"longbench/{dataset}",
-        on_batch=on_batch, stop=decode_rules(tokenizer, dataset), engine=cfg.evaluation.engine,
+        model,
+        tokenizer,
+        [f[0] for f in fitted],
+        max_new_tokens=max_new,
+        batch_size=cfg.evaluation.batch_size,
+        progress=progress,
+        desc=f"longbench/{dataset}",
+        on_batch=on_batch,
+        stop=decode_rules(tokenizer, dataset),
+        engine=cfg.evaluation.engine,
         deterministic=cfg.evaluation.deterministic_decode,
-    )  # fmt: skip
+    )
     return produced
 
 

@@ -45,30 +45,58 @@ DATASET2PROMPT: dict[str, str] = {
     "passage_retrieval_zh": '以下是若干段落文字，以及其中一个段落的摘要。请确定给定的摘要出自哪一段。\n\n{context}\n\n下面是一个摘要\n\n{input}\n\n请输入摘要所属段落的编号。答案格式必须是"段落1"，"段落2"等格式\n\n答案是：',
     "lcc": "Please complete the code given below. \n{context}Next line of code:\n",
     "repobench-p": "Please complete the code given below. \n{context}{input}Next line of code:\n",
-}  # fmt: skip
+}
 
 # From THUDM/LongBench config/dataset2maxlen.json (v1 release).
 DATASET2MAXLEN: dict[str, int] = {
-    "narrativeqa": 128, "qasper": 128, "multifieldqa_en": 64, "multifieldqa_zh": 64,
-    "hotpotqa": 32, "2wikimqa": 32, "musique": 32, "dureader": 128,
-    "gov_report": 512, "qmsum": 512, "multi_news": 512, "vcsum": 512,
-    "trec": 64, "triviaqa": 32, "samsum": 128, "lsht": 64,
-    "passage_count": 32, "passage_retrieval_en": 32, "passage_retrieval_zh": 32,
-    "lcc": 64, "repobench-p": 64,
-}  # fmt: skip
+    "narrativeqa": 128,
+    "qasper": 128,
+    "multifieldqa_en": 64,
+    "multifieldqa_zh": 64,
+    "hotpotqa": 32,
+    "2wikimqa": 32,
+    "musique": 32,
+    "dureader": 128,
+    "gov_report": 512,
+    "qmsum": 512,
+    "multi_news": 512,
+    "vcsum": 512,
+    "trec": 64,
+    "triviaqa": 32,
+    "samsum": 128,
+    "lsht": 64,
+    "passage_count": 32,
+    "passage_retrieval_en": 32,
+    "passage_retrieval_zh": 32,
+    "lcc": 64,
+    "repobench-p": 64,
+}
 
 Metric = Callable[..., float]
 # From THUDM/LongBench LongBench/eval.py (dataset2metric).
 DATASET2METRIC: dict[str, Metric] = {
-    "narrativeqa": M.qa_f1_score, "qasper": M.qa_f1_score, "multifieldqa_en": M.qa_f1_score,
-    "multifieldqa_zh": M.qa_f1_zh_score, "hotpotqa": M.qa_f1_score, "2wikimqa": M.qa_f1_score,
-    "musique": M.qa_f1_score, "dureader": M.rouge_zh_score, "gov_report": M.rouge_score,
-    "qmsum": M.rouge_score, "multi_news": M.rouge_score, "vcsum": M.rouge_zh_score,
-    "trec": M.classification_score, "triviaqa": M.qa_f1_score, "samsum": M.rouge_score,
-    "lsht": M.classification_score, "passage_retrieval_en": M.retrieval_score,
-    "passage_count": M.count_score, "passage_retrieval_zh": M.retrieval_zh_score,
-    "lcc": M.code_sim_score, "repobench-p": M.code_sim_score,
-}  # fmt: skip
+    "narrativeqa": M.qa_f1_score,
+    "qasper": M.qa_f1_score,
+    "multifieldqa_en": M.qa_f1_score,
+    "multifieldqa_zh": M.qa_f1_zh_score,
+    "hotpotqa": M.qa_f1_score,
+    "2wikimqa": M.qa_f1_score,
+    "musique": M.qa_f1_score,
+    "dureader": M.rouge_zh_score,
+    "gov_report": M.rouge_score,
+    "qmsum": M.rouge_score,
+    "multi_news": M.rouge_score,
+    "vcsum": M.rouge_zh_score,
+    "trec": M.classification_score,
+    "triviaqa": M.qa_f1_score,
+    "samsum": M.rouge_score,
+    "lsht": M.classification_score,
+    "passage_retrieval_en": M.retrieval_score,
+    "passage_count": M.count_score,
+    "passage_retrieval_zh": M.retrieval_zh_score,
+    "lcc": M.code_sim_score,
+    "repobench-p": M.code_sim_score,
+}
 
 # eval.py cuts these predictions to their first line (few-shot tasks continue the pattern).
 FIRST_LINE_DATASETS = frozenset({"trec", "triviaqa", "samsum", "lsht"})

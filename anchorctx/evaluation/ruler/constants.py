@@ -113,8 +113,14 @@ class TaskSpec:
 
 
 def _niah(name: str, haystack: str, k: str, v: str, nk: int = 1, nv: int = 1, nq: int = 1):
-    args = dict(type_haystack=haystack, type_needle_k=k, type_needle_v=v,
-                num_needle_k=nk, num_needle_v=nv, num_needle_q=nq)  # fmt: skip
+    args = dict(
+        type_haystack=haystack,
+        type_needle_k=k,
+        type_needle_v=v,
+        num_needle_k=nk,
+        num_needle_v=nv,
+        num_needle_q=nq,
+    )
     return TaskSpec(name, "niah", args)
 
 

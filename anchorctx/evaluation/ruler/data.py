@@ -186,10 +186,14 @@ def read_squad(path: Path) -> QAData:
             for qa in p["qas"]:
                 if qa.get("is_impossible", False):
                     continue
-                items.append(QAItem(
-                    query=qa["question"], outputs=tuple(a["text"] for a in qa["answers"]),
-                    context=(gold,), more_context=tuple(i for i in article_docs if i != gold),
-                ))  # fmt: skip
+                items.append(
+                    QAItem(
+                        query=qa["question"],
+                        outputs=tuple(a["text"] for a in qa["answers"]),
+                        context=(gold,),
+                        more_context=tuple(i for i in article_docs if i != gold),
+                    )
+                )
     return _checked(QAData(tuple(items), tuple(docs)), path)
 
 
@@ -204,10 +208,13 @@ def read_hotpotqa(path: Path) -> QAData:
     docs = sorted({doc(t, p) for d in data for t, p in d["context"]})
     index = {c: i for i, c in enumerate(docs)}
     items = tuple(
-        QAItem(query=d["question"], outputs=(d["answer"],),
-               context=tuple(index[doc(t, p)] for t, p in d["context"]))
+        QAItem(
+            query=d["question"],
+            outputs=(d["answer"],),
+            context=tuple(index[doc(t, p)] for t, p in d["context"]),
+        )
         for d in data
-    )  # fmt: skip
+    )
     return _checked(QAData(items, tuple(docs)), path)
 
 

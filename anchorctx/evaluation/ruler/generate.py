@@ -65,8 +65,9 @@ def sample_rng(seed: int, task: str, length: int, index: int) -> random.Random:
 class _Fitter:
     """Builds samples of one (task, length) and keeps each inside the token budget."""
 
-    def __init__(self, task: str, length: int, tokenizer, seed: int, paths: dict,
-                 fit: Fit = "ruler"):  # fmt: skip
+    def __init__(
+        self, task: str, length: int, tokenizer, seed: int, paths: dict, fit: Fit = "ruler"
+    ):
         if fit not in FITS:
             raise ValueError(f"unknown RULER fit {fit!r}; expected one of {FITS}")
         self.task, self.length, self.seed, self.fit = task, length, seed, fit
@@ -74,8 +75,9 @@ class _Fitter:
         self.count = token_counter(tokenizer)
         self.budget = length - self.spec.max_new_tokens
         if self.budget <= 0:
-            raise ValueError(f"length {length} leaves no room for {task}'s "
-                             f"{self.spec.max_new_tokens} new tokens")  # fmt: skip
+            raise ValueError(
+                f"length {length} leaves no room for {task}'s {self.spec.max_new_tokens} new tokens"
+            )
         self.builder = make_builder(task, length, seed, paths, self.count)
         if self.spec.family == "fwe" and fit == "ruler":
             self.size = self._fwe_size(_SEARCH_INDEX)
@@ -93,8 +95,9 @@ class _Fitter:
         caps = [x for x in (cap, b.max_size) if x is not None]
         hi = min(caps) if caps else None
         guess = self._guess(index) if cap is None else cap - 1
-        size = T.largest_fitting(lambda n: self._tokens(n, index), self.budget, b.min_size,
-                                 guess, hi)  # fmt: skip
+        size = T.largest_fitting(
+            lambda n: self._tokens(n, index), self.budget, b.min_size, guess, hi
+        )
         if size is None:
             raise ValueError(
                 f"RULER {self.task}: even the smallest haystack ({b.min_size} units, with the "
@@ -141,18 +144,24 @@ class _Fitter:
                 )
             s = self._sample(size, index)
             n_tokens = self.count(s.prompt)
-        return {"index": index, "task": self.task, "input": s.input,
-                "answer_prefix": s.answer_prefix, "outputs": list(s.outputs),
-                "length": n_tokens + self.spec.max_new_tokens,
-                "max_new_tokens": self.spec.max_new_tokens}  # fmt: skip
+        return {
+            "index": index,
+            "task": self.task,
+            "input": s.input,
+            "answer_prefix": s.answer_prefix,
+            "outputs": list(s.outputs),
+            "length": n_tokens + self.spec.max_new_tokens,
+            "max_new_tokens": self.spec.max_new_tokens,
+        }
 
 
 def _check_paths(paths: dict) -> None:
     known = {*DATA_KEYS.values(), SPLITTER_KEY}
     unknown = set(paths) - known
     if unknown:
-        raise TypeError(f"unknown RULER data argument(s) {sorted(unknown)}; "
-                        f"expected {sorted(known)}")  # fmt: skip
+        raise TypeError(
+            f"unknown RULER data argument(s) {sorted(unknown)}; expected {sorted(known)}"
+        )
 
 
 def num_available(task: str, num_samples: int, **data_paths) -> int:

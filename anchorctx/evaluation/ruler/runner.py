@@ -29,7 +29,8 @@ from anchorctx.evaluation.ruler.scoring import sample_score
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-    from anchorctx.config import EvaluationConfig, ExperimentConfig
+    from anchorctx.evaluation.settings import EvaluationConfig
+    from anchorctx.experiment import ExperimentConfig
 
 Record = dict[str, Any]
 
@@ -74,8 +75,9 @@ class SampleCache:
             held = {i: self._samples[(ident, i)] for i in indices if (ident, i) in self._samples}
         missing = [i for i in indices if i not in held]
         if missing:
-            new = generate(task, length, tokenizer, num_samples, seed, indices=missing, fit=fit,
-                           **paths)  # fmt: skip
+            new = generate(
+                task, length, tokenizer, num_samples, seed, indices=missing, fit=fit, **paths
+            )
             with self._lock:
                 for sample in new:
                     self._put((ident, sample["index"]), sample)
@@ -165,12 +167,17 @@ def _predict(model, tokenizer, samples, evaluation: EvaluationConfig, bar, emit)
         bar.update(len(indices))
 
     generate_greedy(
-        model, tokenizer, [s["input"] + s["answer_prefix"] for s in samples],
-        max_new_tokens=samples[0]["max_new_tokens"], batch_size=evaluation.batch_size,
-        progress=False, on_batch=on_batch, engine=evaluation.engine,
+        model,
+        tokenizer,
+        [s["input"] + s["answer_prefix"] for s in samples],
+        max_new_tokens=samples[0]["max_new_tokens"],
+        batch_size=evaluation.batch_size,
+        progress=False,
+        on_batch=on_batch,
+        engine=evaluation.engine,
         deterministic=evaluation.deterministic_decode,
         encoded=[SampleCache.prompt_ids(s, tokenizer) for s in samples],
-    )  # fmt: skip
+    )
 
 
 def run_suite(
@@ -188,9 +195,16 @@ def run_suite(
     r = cfg.evaluation.ruler
     check_lengths(r.lengths, model)
     paths = data_paths(cfg)
-    plan, not_run = _plan(selected_tasks(r.tasks, r.exclude), r.lengths, r.num_samples, paths, done)
-    bar = tqdm(total=sum(len(p) for p in plan.values()), desc="ruler", unit="sample",
-               disable=not progress, dynamic_ncols=True)  # fmt: skip
+    plan, not_run = plan_samples(
+        selected_tasks(r.tasks, r.exclude), r.lengths, r.num_samples, paths, done
+    )
+    bar = tqdm(
+        total=sum(len(p) for p in plan.values()),
+        desc="ruler",
+        unit="sample",
+        disable=not progress,
+        dynamic_ncols=True,
+    )
     records: dict[str, Record] = {k: v for k, v in done.items()}
 
     for (task, length), pending in plan.items():
@@ -203,20 +217,27 @@ def run_suite(
             records[rec["key"]] = rec
             on_sample(rec)
 
-        samples = SAMPLES.samples(task, length, tokenizer, r.num_samples, r.seed, pending, r.fit,
-                                  paths)  # fmt: skip
+        samples = SAMPLES.samples(
+            task, length, tokenizer, r.num_samples, r.seed, pending, r.fit, paths
+        )
         # Samples of one (task, length) share their length to within a few tokens: batching
         # them wastes almost nothing on padding.
         _predict(model, tokenizer, samples, cfg.evaluation, bar, emit)
     bar.close()
     summary = _summarise(plan, records, not_run, r.num_samples, paths)
-    summary["reference"] = {"repository": C.RULER_REPOSITORY, "revision": C.RULER_REVISION,
-                            "fit": r.fit}  # fmt: skip
+    summary["reference"] = {
+        "repository": C.RULER_REPOSITORY,
+        "revision": C.RULER_REVISION,
+        "fit": r.fit,
+    }
     return summary
 
 
-def prefetch_samples(cfg: ExperimentConfig, tokenizer: PreTrainedTokenizerBase,
-                     should_stop: Callable[[], bool] = lambda: False) -> int:  # fmt: skip
+def prefetch_samples(
+    cfg: ExperimentConfig,
+    tokenizer: PreTrainedTokenizerBase,
+    should_stop: Callable[[], bool] = lambda: False,
+) -> int:
     """Generate and encode every sample :func:`run_suite` of ``cfg`` will ask for into this
     process' :data:`SAMPLES`, longest lengths first (they cost the most); returns how many
     are held. A flow calls it in a thread while the GPU trains, so the first evaluation finds
@@ -225,19 +246,20 @@ def prefetch_samples(cfg: ExperimentConfig, tokenizer: PreTrainedTokenizerBase,
     the evaluation reports them. ``should_stop`` is asked between (task, length) cells."""
     r = cfg.evaluation.ruler
     paths = data_paths(cfg)
-    plan, _ = _plan(selected_tasks(r.tasks, r.exclude), r.lengths, r.num_samples, paths, {})
+    plan, _ = plan_samples(selected_tasks(r.tasks, r.exclude), r.lengths, r.num_samples, paths, {})
     held = 0
     for (task, length), indices in sorted(plan.items(), key=lambda kv: -kv[0][1]):
         if should_stop():
             break
-        for sample in SAMPLES.samples(task, length, tokenizer, r.num_samples, r.seed, indices,
-                                      r.fit, paths):  # fmt: skip
+        for sample in SAMPLES.samples(
+            task, length, tokenizer, r.num_samples, r.seed, indices, r.fit, paths
+        ):
             SampleCache.prompt_ids(sample, tokenizer)
             held += 1
     return held
 
 
-def _plan(tasks, lengths, num_samples, paths, done):
+def plan_samples(tasks, lengths, num_samples, paths, done):
     """Pending sample indices per (task, length); tasks without their data go to not_run."""
     plan: dict[tuple[str, int], list[int]] = {}
     not_run: dict[str, str] = {}
@@ -268,20 +290,29 @@ def _probe_data(task: str, paths: dict) -> None:
 def _record(sample: dict, prediction: str, length: int) -> Record:
     task, index = sample["task"], sample["index"]
     return {
-        "key": record_key(task, length, index), "task": task, "length": length, "index": index,
-        "prediction": prediction, "references": sample["outputs"],
+        "key": record_key(task, length, index),
+        "task": task,
+        "length": length,
+        "index": index,
+        "prediction": prediction,
+        "references": sample["outputs"],
         "prompt_tokens": sample["length"] - sample["max_new_tokens"],
         "score": sample_score(task, prediction, sample["outputs"]),
-    }  # fmt: skip
+    }
 
 
 def _summarise(plan, records, not_run, num_samples, paths) -> dict[str, Any]:
     scores: dict[str, dict[str, float]] = {}
     counts: dict[str, dict[str, int]] = {}
     for task, length in plan:
-        recs = [records[k] for k in (record_key(task, length, i)
-                                     for i in range(num_available(task, num_samples, **paths)))
-                if k in records]  # fmt: skip
+        recs = [
+            records[k]
+            for k in (
+                record_key(task, length, i)
+                for i in range(num_available(task, num_samples, **paths))
+            )
+            if k in records
+        ]
         if recs:
             scores.setdefault(task, {})[str(length)] = sum(x["score"] for x in recs) / len(recs)
             counts.setdefault(task, {})[str(length)] = len(recs)

@@ -94,8 +94,10 @@ class NiahBuilder(Builder):
         for _ in range(a["num_needle_k"]):
             keys.append(self._random(a["type_needle_k"], rng))
             vals = [self._random(a["type_needle_v"], rng) for _ in range(a["num_needle_v"])]
-            needles += [C.NEEDLE.format(type_needle_v=a["type_needle_v"], key=keys[-1], value=v)
-                        for v in vals]  # fmt: skip
+            needles += [
+                C.NEEDLE.format(type_needle_v=a["type_needle_v"], key=keys[-1], value=v)
+                for v in vals
+            ]
             values.append(vals)
         random.Random(self.seed).shuffle(needles)  # niah.py: a fixed-seed shuffle
         return keys, values, needles
@@ -117,10 +119,14 @@ class NiahBuilder(Builder):
             lines = [C.NOISE_SENTENCE] * size
         else:  # "needle": distractor needles with random keys and values
             a = self.a
-            lines = [C.NEEDLE.format(type_needle_v=a["type_needle_v"],
-                                     key=self._random(a["type_needle_k"], rng),
-                                     value=self._random(a["type_needle_v"], rng))
-                     for _ in range(size)]  # fmt: skip
+            lines = [
+                C.NEEDLE.format(
+                    type_needle_v=a["type_needle_v"],
+                    key=self._random(a["type_needle_k"], rng),
+                    value=self._random(a["type_needle_v"], rng),
+                )
+                for _ in range(size)
+            ]
         for at, needle in zip(sorted(rng.sample(range(size), len(needles)), reverse=True), needles):
             lines.insert(at, needle)
         return "\n".join(lines)
@@ -165,7 +171,10 @@ class VTBuilder(Builder):
 
     def _chains(self, rng: random.Random, icl: bool) -> tuple[list[list[str]], list[list[str]]]:
         k, hops = (3, min(10, self.hops)) if icl else (5, self.hops)
-        names = ["".join(rng.choices(string.ascii_uppercase, k=k)) for _ in range((hops + 1) * self.chains)]  # fmt: skip
+        names = [
+            "".join(rng.choices(string.ascii_uppercase, k=k))
+            for _ in range((hops + 1) * self.chains)
+        ]
         while len(set(names)) < self.chains * (hops + 1):
             names.append("".join(rng.choices(string.ascii_uppercase, k=k)))
         var_sets, chains = [], []
@@ -174,8 +183,9 @@ class VTBuilder(Builder):
             var_sets.append(v)
             # np.random.randint(10000, 99999) in the original: the high end is exclusive.
             first = "12345" if icl else str(rng.randrange(10000, 99999))
-            chains.append([f"VAR {v[0]} = {first}"]
-                          + [f"VAR {v[j + 1]} = VAR {v[j]} " for j in range(hops)])  # fmt: skip
+            chains.append(
+                [f"VAR {v[0]} = {first}"] + [f"VAR {v[j + 1]} = VAR {v[j]} " for j in range(hops)]
+            )
         return var_sets, chains
 
     def _question(self, size: int, rng: random.Random, icl: bool) -> tuple[str, str, list[str]]:
@@ -189,8 +199,11 @@ class VTBuilder(Builder):
         value = chains[0][0].split("=")[-1].strip()
         hops = min(10, self.hops) if icl else self.hops
         fill = dict(query=value, num_v=hops + 1)
-        return (C.VT_TEMPLATE.format(context=context, **fill),
-                C.VT_ANSWER_PREFIX.format(**fill), var_sets[0])  # fmt: skip
+        return (
+            C.VT_TEMPLATE.format(context=context, **fill),
+            C.VT_ANSWER_PREFIX.format(**fill),
+            var_sets[0],
+        )
 
     def _icl_example(self, count: Callable[[str], int]) -> str:
         """The one-shot example: fitted to 500 tokens, built once, renamed for every sample."""
@@ -259,10 +272,15 @@ class CWEBuilder(Builder):
     def build(self, size: int, index: int, rng: random.Random) -> Sample:
         ex_context, ex_answer = self._example(*self.example_shape, rng)
         context, answer = self._example(size, *self.shape, rng)
-        shot = (C.CWE_TEMPLATE.format(context=ex_context) + C.CWE_ANSWER_PREFIX + " "
-                + " ".join(f"{i + 1}. {w}" for i, w in enumerate(ex_answer)))  # fmt: skip
-        return Sample(shot + "\n" + C.CWE_TEMPLATE.format(context=context),
-                      C.CWE_ANSWER_PREFIX, answer)  # fmt: skip
+        shot = (
+            C.CWE_TEMPLATE.format(context=ex_context)
+            + C.CWE_ANSWER_PREFIX
+            + " "
+            + " ".join(f"{i + 1}. {w}" for i, w in enumerate(ex_answer))
+        )
+        return Sample(
+            shot + "\n" + C.CWE_TEMPLATE.format(context=context), C.CWE_ANSWER_PREFIX, answer
+        )
 
 
 # ---------------------------------------------------------------------------------- FWE
@@ -304,8 +322,9 @@ class FWEBuilder(Builder):
         counts = (size * ranks**-self.alpha / self.zeta).astype(int)
         words = [w for w, c in zip(vocab, counts) for _ in range(c)]
         random.Random(self.seed).shuffle(words)
-        return Sample(C.FWE_TEMPLATE.format(context=" ".join(words)), C.FWE_ANSWER_PREFIX,
-                      vocab[1:4])  # fmt: skip
+        return Sample(
+            C.FWE_TEMPLATE.format(context=" ".join(words)), C.FWE_ANSWER_PREFIX, vocab[1:4]
+        )
 
 
 # ---------------------------------------------------------------------------------- QA
@@ -341,8 +360,11 @@ class QABuilder(Builder):
         item = self.qa.items[index]
         docs = self._documents(size, item, rng)
         context = "\n\n".join(C.QA_DOCUMENT.format(i=i + 1, document=d) for i, d in enumerate(docs))
-        return Sample(C.QA_TEMPLATE.format(context=context, query=item.query),
-                      C.QA_ANSWER_PREFIX, list(item.outputs))  # fmt: skip
+        return Sample(
+            C.QA_TEMPLATE.format(context=context, query=item.query),
+            C.QA_ANSWER_PREFIX,
+            list(item.outputs),
+        )
 
 
 # ---------------------------------------------------------------------------------- search

@@ -1,0 +1,67 @@
+"""The ``model`` section: which model an experiment trains (a Hugging Face directory or an
+in-config random model), its tokenizer, dtype and RoPE options. Read by
+:mod:`anchorctx.models.loading`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from anchorctx.config import Dtype, Strict
+
+
+class TinyModelConfig(Strict):
+    """A randomly initialised model defined in the config (demo, tests, benchmarks)."""
+
+    architecture: Literal["llama", "mistral", "qwen2"] = "llama"
+    hidden_size: int = Field(64, gt=0)
+    intermediate_size: int = Field(128, gt=0)
+    num_hidden_layers: int = Field(2, gt=0)
+    num_attention_heads: int = Field(4, gt=0)
+    num_key_value_heads: int = Field(2, gt=0)
+    head_dim: int | None = None
+    vocab_size: int | None = Field(None, description="Default: the tokenizer's length.")
+    init_seed: int = 0
+
+    @model_validator(mode="after")
+    def _heads_divide(self) -> TinyModelConfig:
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ValueError(
+                f"num_attention_heads={self.num_attention_heads} must be a multiple of "
+                f"num_key_value_heads={self.num_key_value_heads}"
+            )
+        if self.head_dim is None and self.hidden_size % self.num_attention_heads:
+            raise ValueError("hidden_size must be a multiple of num_attention_heads")
+        return self
+
+
+class ModelConfig(Strict):
+    path: Path | None = Field(None, description="Local Hugging Face model directory.")
+    tiny: TinyModelConfig | None = Field(None, description="In-config random model (demo/tests).")
+    tokenizer: Path | None = Field(
+        None, description="Tokenizer directory. Default: model.path. Required with model.tiny."
+    )
+    rope_theta: float | None = Field(None, gt=0, description="RoPE base override (Table 1).")
+    max_position_embeddings: int | None = Field(
+        None, gt=0, description="Default when rope_theta is overridden: data.seq_len."
+    )
+    dtype: Dtype = "bfloat16"
+    rope_fp32: bool = Field(
+        False,
+        description="Apply RoPE to q/k in float32 inside a bf16 model, rounding the rotated q/k "
+        "to bf16 once (anchorctx.models.rope.enable_fp32_rope). A no-op in float32.",
+    )
+
+    @model_validator(mode="after")
+    def _one_source(self) -> ModelConfig:
+        if (self.path is None) == (self.tiny is None):
+            raise ValueError("set exactly one of model.path or model.tiny")
+        if self.tiny is not None and self.tokenizer is None:
+            raise ValueError("model.tiny needs model.tokenizer (e.g. the demo corpus tokenizer)")
+        return self
+
+    @property
+    def tokenizer_path(self) -> Path:
+        return self.tokenizer if self.tokenizer is not None else self.path  # type: ignore[return-value]

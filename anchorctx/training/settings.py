@@ -1,0 +1,135 @@
+"""The ``training`` section: attention variant and engine, parallelism, optimiser, schedule,
+long-row memory options and checkpoint saving. Read by :mod:`anchorctx.training`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from anchorctx.attention.names import ENGINE_NAMES, VARIANTS
+from anchorctx.config import Device, Strict
+
+# Built from the one list of names (anchorctx.attention.names), which the layouts and the engine
+# registry are checked against, so a name valid here is one the attention layer runs.
+Variant = Literal[VARIANTS]
+Engine = Literal[ENGINE_NAMES]
+
+
+class SaveConfig(Strict):
+    every: int = Field(10, gt=0, description="Save every N steps ...")
+    last: int | None = Field(50, gt=0, description="... within the last N steps (None: whole run).")
+    keep: int | None = Field(None, gt=0, description="Keep only the newest N checkpoints.")
+    resume_every: int | None = Field(
+        50, gt=0, description="Write resume state every N steps (also at checkpoints and the end)."
+    )
+
+
+class MemoryConfig(Strict):
+    """Long-row memory options (DeepSpeed's ALST pieces; see anchorctx.training.tiling). Each is
+    off by default: they recompute work or move data, and change results by float rounding."""
+
+    tiled_mlp: bool = Field(
+        False,
+        description="Run each decoder MLP in sequence tiles of hidden_size tokens (DeepSpeed "
+        "TiledMLP): [T, intermediate] activations never exist whole; the MLP forward runs once "
+        "more in backward.",
+    )
+    tiled_loss: bool = Field(
+        False,
+        description="LM head and cross-entropy in sequence tiles of <= 1 GiB fp32 logits "
+        "(DeepSpeed sequence_tiled_compute): T x vocab logits never exist whole; the head runs "
+        "once more in backward.",
+    )
+    offload_optimizer: bool = Field(
+        False,
+        description="ZeRO optimizer state (fp32 weights, Adam moments, fp32 gradients) in CPU "
+        "memory, stepped there. Needs zero_stage >= 1.",
+    )
+    offload_checkpoints: bool = Field(
+        False,
+        description="Keep each checkpointed layer's input ([T, hidden]) in CPU memory until "
+        "backward (DeepSpeed cpu_checkpointing). Needs activation_checkpointing.",
+    )
+    keep_activations: int = Field(
+        0,
+        ge=0,
+        description="Selective checkpointing: with activation_checkpointing, the last N decoder "
+        "layers keep their forward activations for backward instead of recomputing them (each "
+        "kept layer costs about one layer's working set of memory and saves its forward's "
+        "recomputation).",
+    )
+    init_on_device: bool = Field(
+        False,
+        description="Build a model.tiny model directly on the training device (its random "
+        "weights then come from that device's generator) instead of on the CPU and copying it: "
+        "a 7B-shaped model reaches its first step in seconds instead of minutes.",
+    )
+
+
+class TrainingConfig(Strict):
+    attention: Variant = "anchor"
+    engine: Engine = "auto"
+    kernels: Literal["torch", "liger"] = Field(
+        "torch",
+        description="RMSNorm and SwiGLU: transformers' own modules (torch), or Liger-Kernel's "
+        "fused Triton kernels in their place (liger: CUDA, pip install liger-kernel; the same "
+        "arithmetic up to float rounding, docs/FIDELITY.md).",
+    )
+    device: Device = "auto"
+    nproc: int | None = Field(
+        None,
+        ge=1,
+        description="Processes per node. Default: visible GPUs; sequence_parallel on CPU.",
+    )
+    nnodes: int = Field(1, ge=1)
+    hostfile: Path | None = None
+    sequence_parallel: int = Field(1, ge=1)
+    zero_stage: int | None = Field(None, ge=0, le=3, description="Default: 3 on GPU, 0 on CPU.")
+    steps: int = Field(2000, gt=0)
+    global_batch_size: int = Field(8, gt=0, description="Sequences per optimiser step.")
+    micro_batch_size: int = Field(1, gt=0)
+    lr: float = Field(2e-5, gt=0)
+    warmup_steps: int = Field(0, ge=0)
+    schedule: Literal["constant", "cosine"] = Field(
+        "constant",
+        description="Learning rate after the warmup: 'constant' (AnchorContext's, the paper's "
+        "code) or 'cosine' (down to a tenth of lr at the last step, training.engine.COSINE_FLOOR; "
+        "for pretraining from scratch, where the anneal lowers the final loss).",
+    )
+    betas: tuple[float, float] = (0.9, 0.95)
+    weight_decay: float = Field(0.1, ge=0)
+    weight_decay_on: Literal["all", "matrices"] = Field(
+        "all",
+        description="Parameters weight_decay applies to: 'all' (AnchorContext's AdamW, the "
+        "paper's code) or 'matrices' (norms and biases undecayed).",
+    )
+    grad_clip: float = Field(1.0, ge=0)
+    precision: Literal["bf16", "fp32"] = "bf16"
+    activation_checkpointing: bool = True
+    memory: MemoryConfig = Field(default_factory=MemoryConfig)
+    save: SaveConfig = Field(default_factory=SaveConfig)
+    log_every: int = Field(1, gt=0)
+    peak_tflops: float | None = Field(
+        None, gt=0, description="Per-device peak for MFU. Default: known GPUs' dense bf16 peak."
+    )
+    master_port: int | None = Field(
+        None, gt=0, lt=65536, description="Rendezvous port of launched runs. Default: a free one."
+    )
+
+    @model_validator(mode="after")
+    def _memory_needs(self) -> TrainingConfig:
+        if self.memory.offload_checkpoints and not self.activation_checkpointing:
+            raise ValueError(
+                "memory.offload_checkpoints needs activation_checkpointing=true (it offloads the "
+                "checkpointed layer inputs)"
+            )
+        if self.memory.offload_optimizer and self.zero_stage == 0:
+            raise ValueError("memory.offload_optimizer needs ZeRO: set zero_stage to 1, 2 or 3")
+        if self.memory.keep_activations and not self.activation_checkpointing:
+            raise ValueError(
+                "memory.keep_activations needs activation_checkpointing=true (without it every "
+                "layer keeps its activations)"
+            )
+        return self

@@ -115,12 +115,12 @@ def time_replays(decoder, batch, width: int, lengths: list[int], steps: int) -> 
         b.mask[r, 0, 0, width - n : width] = True
     b.done.zero_()
     b.pos.copy_(torch.tensor(lengths, device=b.pos.device)[:, None])
-    b.cache.slot.fill_(width)
+    b.slot.fill_(width)
     b.step.fill_(1)
     if b.graph is None:
         decoder._capture(b)
     b.graph.replay()  # warm
-    b.cache.slot.fill_(width)
+    b.slot.fill_(width)
     b.step.fill_(1)
     _sync()
     start = time.perf_counter()

@@ -85,8 +85,9 @@ def _group_alive(pgid: int) -> bool:
 def _pump(stream, lines: queue.Queue) -> None:
     """Reader thread: the child's output lines into a queue (the logger lives in the main
     thread, where the Prefect run context is)."""
-    for line in iter(stream.readline, ""):
-        lines.put(line.rstrip("\n"))
+    with stream:  # closed at EOF: the child and its group are gone (a kill also ends here)
+        for line in iter(stream.readline, ""):
+            lines.put(line.rstrip("\n"))
     lines.put(None)
 
 

@@ -66,7 +66,11 @@ from anchorctx.training.kernels import use_kernels  # noqa: E402
 from anchorctx.training.loss import count_targets  # noqa: E402
 from anchorctx.training.plan import plan_parallelism  # noqa: E402
 from anchorctx.training.step import loss_function, train_step  # noqa: E402
-from anchorctx.training.tiling import apply_memory_options, init_context  # noqa: E402
+from anchorctx.training.tiling import (  # noqa: E402
+    apply_memory_options,
+    enable_activation_checkpointing,
+    init_context,
+)
 
 DEVICE = "cuda"
 
@@ -106,7 +110,7 @@ def load(cfg, device: str = "cpu"):
     with init_context(cfg, device):
         model = load_model(cfg.model, seq_len=cfg.data.seq_len, dtype="bfloat16", device=device)
     use_kernels(model, cfg.training.kernels)
-    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    enable_activation_checkpointing(model)
     apply_memory_options(model, cfg.training.memory)
     return model.train()
 

@@ -2,20 +2,29 @@
 # README command 2: set everything up and run every check (lint, format, the test suite).
 #   scripts/test.sh                # everything CI runs
 #   scripts/test.sh -k attention   # extra arguments go to pytest
+#   PYTEST_WORKERS=4 scripts/test.sh   # pytest workers (default 2; 0: no workers)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# The UI test drives Debian's Chromium; install it where we may (CI runs as root), meanwhile
+# setting up the environment.
+chromium=
+if [ ! -x /usr/bin/chromium ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+  echo "[test] installing chromium for the UI test (in the background)"
+  ( (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium) \
+      >/dev/null 2>&1 || echo "[test] chromium could not be installed: the UI test will be skipped"
+  ) &
+  chromium=$!
+fi
 scripts/setup.sh
 # shellcheck disable=SC1091
 . .venv/bin/activate
-# The UI test drives Debian's Chromium; install it where we may (CI runs as root).
-if [ ! -x /usr/bin/chromium ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-  echo "[test] installing chromium for the UI test"
-  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) \
-    || echo "[test] chromium could not be installed: the UI test will be skipped"
-fi
 export TORCH_EXTENSIONS_DIR=${TORCH_EXTENSIONS_DIR:-$PWD/.cache/torch_extensions}
 echo "[test] ruff"
 ruff check anchorctx tests bench
 ruff format --check anchorctx tests bench
+# Two workers by default (CI has two cores); PYTEST_WORKERS=0 runs in this process, `auto` one
+# per core. Tests that share one Prefect server stay on one worker (--dist loadgroup, set in
+# pyproject.toml). The 15 slowest tests are listed at the end.
+if [ -n "$chromium" ]; then wait "$chromium"; fi
 echo "[test] pytest"
-python -m pytest -q "$@"
+python -m pytest -q -n "${PYTEST_WORKERS:-2}" --durations=15 "$@"

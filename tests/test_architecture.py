@@ -34,6 +34,7 @@ STAGES = {"packing", "training", "evaluation", "analysis"}
 # anchorctx that allows that module and its submodules only (``attention.names``).
 ALLOWED = {
     "io": set(),
+    "lazy": set(),  # PEP 562 package exports; every part may use it (`from anchorctx import lazy`)
     "config": {"io"},
     "settings": {"config", "io", "attention.names"},
     "experiment": {"config", "io", "settings", "models.checkpoints"},
@@ -51,7 +52,7 @@ ALLOWED = {
     "demo": SHARED | STAGES,
     "tasks": SHARED | STAGES | {"demo", "tasks"},
     "flows": SHARED | STAGES | {"demo", "tasks"},
-    "cli": SHARED | STAGES | {"flows"},
+    "cli": SHARED | STAGES | {"flows", "demo"},
     "__main__": {"cli"},
     "__init__": set(),
 }  # fmt: skip

@@ -57,9 +57,10 @@ print("RESULT " + json.dumps({"results": out["results"], "where": where}))
 
 
 def _in(hosts, node: int, cmd: list[str], env: dict, log: Path) -> subprocess.Popen:
-    return subprocess.Popen(["ip", "netns", "exec", hosts[node][0], *cmd], env=env,
-                            stdout=log.open("w"), stderr=subprocess.STDOUT,
-                            start_new_session=True)  # fmt: skip
+    with log.open("w") as out:  # the process writes to its own copy of the file descriptor
+        return subprocess.Popen(["ip", "netns", "exec", hosts[node][0], *cmd], env=env,
+                                stdout=out, stderr=subprocess.STDOUT,
+                                start_new_session=True)  # fmt: skip
 
 
 def test_shards_run_on_both_hosts_and_equal_one_process(tmp_path, demo_corpus):

@@ -100,6 +100,7 @@ def holder(tmp_path):
     for proc in procs:
         proc.kill()
         proc.wait()
+        proc.stdout.close()
 
 
 def test_second_writer_fails_at_once_naming_the_holder(tmp_path, holder):
@@ -208,7 +209,8 @@ def test_resume_state_without_checkpoints_needs_resume_or_force(trained, tiny_co
     ]
     assert len(aside) == 1 and (aside[0] / "resume" / "trainer.json").is_file()
     assert (aside[0] / "metrics.jsonl").read_text() == metrics
-    assert [r["step"] for r in map(json.loads, (cfg.run_dir / "metrics.jsonl").open())] == [1, 2]
+    rows = (cfg.run_dir / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(r)["step"] for r in rows] == [1, 2]
 
 
 @pytest.mark.parametrize("leftover", [".resume.old", ".resume.partial"])

@@ -51,8 +51,9 @@ def _start_node(hosts, rank: int, config: Path, log: Path, *extra: str,
         cmd = ["unshare", "--mount", "--propagation", "private", "sh", "-c", mount, "sh", *cmd]
     env = {**os.environ, "GLOO_SOCKET_IFNAME": dev, "OMP_NUM_THREADS": "1",
            "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}  # fmt: skip
-    return subprocess.Popen(["ip", "netns", "exec", ns, *cmd], env=env, stdout=log.open("w"),
-                            stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+    with log.open("w") as out:  # the node writes to its own copy of the file descriptor
+        return subprocess.Popen(["ip", "netns", "exec", ns, *cmd], env=env, stdout=out,
+                                stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
 
 
 def _finish(procs: list[subprocess.Popen], timeout: float = 300) -> list[int]:

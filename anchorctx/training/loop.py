@@ -65,7 +65,11 @@ from anchorctx.training.plan import (
 )
 from anchorctx.training.settings import TrainingConfig
 from anchorctx.training.step import loss_function, train_step
-from anchorctx.training.tiling import apply_memory_options, init_context
+from anchorctx.training.tiling import (
+    apply_memory_options,
+    enable_activation_checkpointing,
+    init_context,
+)
 
 if TYPE_CHECKING:
     from deepspeed.runtime.engine import DeepSpeedEngine
@@ -248,7 +252,7 @@ def _build(run: RunContext) -> DeepSpeedEngine:
         )
     use_kernels(model, cfg.training.kernels)
     if cfg.training.activation_checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        enable_activation_checkpointing(model)
     apply_memory_options(model, cfg.training.memory)
     model.config.use_cache = False
     model.train()

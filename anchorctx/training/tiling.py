@@ -119,6 +119,20 @@ def enable_checkpoint_offload(model) -> int:
     return len(layers)
 
 
+def enable_activation_checkpointing(model: torch.nn.Module) -> None:
+    """Recompute each decoder layer in backward (non-reentrant checkpointing).
+
+    transformers renamed ``gradient_checkpointing_enable`` to ``activation_checkpointing_enable``
+    (the old name warns from 5.2x on and goes in 6); the GPU image's 5.17 has only the old one,
+    so the name is chosen by what the model has, not by catching the warning.
+    """
+    kwargs = {"use_reentrant": False}
+    if hasattr(model, "activation_checkpointing_enable"):
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+
+
 def apply_memory_options(model, memory: MemoryConfig) -> None:
     """The model-side options of ``training.memory`` (call after gradient checkpointing is on,
     before ``deepspeed.initialize``)."""

@@ -23,6 +23,7 @@ from typing import NamedTuple
 
 from anchorctx.analysis import commands as analysis_commands
 from anchorctx.config import ConfigError
+from anchorctx.demo import commands as demo_commands
 from anchorctx.evaluation import commands as evaluation_commands
 from anchorctx.experiment import load_config
 from anchorctx.flows import commands as flows_commands
@@ -59,6 +60,12 @@ COMMANDS: dict[str, Command] = {
         "Write the seeded synthetic corpus and its tokenizer.",
         False,
     ),
+    "demo-assets": Command(
+        demo_commands.demo_assets,
+        demo_commands.demo_assets_arguments,
+        "Write stand-ins, in the published formats, for every input the paper configs name.",
+        False,
+    ),
     "prepare-data": Command(
         packing_commands.prepare_data,
         packing_commands.prepare_data_arguments,
@@ -87,6 +94,13 @@ COMMANDS: dict[str, Command] = {
         evaluation_commands.report,
         evaluation_commands.report_arguments,
         "Average the last k checkpoints and write the experiment report.",
+        True,
+    ),
+    "plan": Command(
+        evaluation_commands.plan,
+        evaluation_commands.plan_arguments,
+        "Predict memory per GPU, step time and GPU-hours of training and evaluation before a "
+        "run; refuse a run that cannot fit, naming the fix.",
         True,
     ),
     "rope-precision": Command(

@@ -386,7 +386,7 @@ def write_demo_corpus(
     if docs_per_domain < 1:
         raise ValueError(f"docs_per_domain must be >= 1, got {docs_per_domain}")
     start = time.perf_counter()
-    docs = _generate(seed, docs_per_domain, progress, workers)
+    docs = generate_documents(seed, docs_per_domain, progress, workers)
     with atomic_directory(root) as tmp:
         _write_data(docs, tmp / "data", seed)
         text = _tokenizer_training_text(docs, tmp / "tokenizer-train.txt", chars=400_000)
@@ -399,7 +399,7 @@ def write_demo_corpus(
     return corpus
 
 
-def _generate(
+def generate_documents(
     seed: int, docs_per_domain: int, progress: bool, workers: int = 1
 ) -> dict[str, list[str]]:
     """Every domain's documents. Each domain has its own random stream ([seed, domain index]),

@@ -18,6 +18,10 @@ the CI suite exercise the exact same readers, this module writes small synthetic
 | ``hellaswag_dir``| ``hellaswag/validation.jsonl`` | ``Rowan/hellaswag`` records                    |
 | ``nltk_data``    | ``nltk_data/tokenizers/punkt_tab/english/`` | NLTK's ``punkt_tab`` model layout |
 
+:mod:`anchorctx.demo.paper_assets` (``anchorctx demo-assets --paper``) reuses these writers at
+the paper configs' sizes; :func:`paul_graham_json` writes the essay file the way RULER's
+``download_paulgraham_essay.py`` does (several essays concatenated, whitespace at both ends).
+
 The ``nltk_data`` stand-in is a Punkt model with no learnt parameters (no abbreviations): it lets
 the demo split its synthetic essays offline. Real evaluations point ``evaluation.ruler.nltk_data``
 at NLTK's pretrained model (``python -m nltk.downloader -d DIR punkt_tab``).
@@ -193,7 +197,7 @@ NAMES = [
 ]
 
 
-class _Writer:
+class FixtureWriter:
     """Seeded sentence and paragraph generator over the built-in lexicon."""
 
     def __init__(self, seed: int) -> None:
@@ -228,7 +232,7 @@ def _sid(*parts: Any) -> str:
 
 
 # ----------------------------------------------------------------------------- RULER inputs
-def essay_json(w: _Writer, words: int) -> dict[str, str]:
+def essay_json(w: FixtureWriter, words: int) -> dict[str, str]:
     """RULER reads ``json.load(f)["text"]`` and splits it on whitespace."""
     paragraphs = []
     total = 0
@@ -239,7 +243,27 @@ def essay_json(w: _Writer, words: int) -> dict[str, str]:
     return {"text": "\n\n".join(paragraphs)}
 
 
-def _fact(w: _Writer, place: str) -> tuple[str, str, str]:
+def paul_graham_json(w: FixtureWriter, words: int) -> dict[str, str]:
+    """``PaulGrahamEssays.json`` as RULER's ``download_paulgraham_essay.py`` writes it: the plain
+    concatenation of essays, some as plain-text files (a title line, paragraphs, a final
+    newline), most as html2text output (which starts and ends with blank lines). So the text has
+    whitespace at both ends, blank lines between paragraphs, and no separator between essays."""
+    essays, total, k = [], 0, 0
+    while total < words:
+        title = f"The {w.pick(ADJECTIVES).title()} {w.pick(NOUNS).title()}"
+        paragraphs = [w.paragraph(w.rng.randint(3, 8)) for _ in range(w.rng.randint(4, 12))]
+        total += sum(len(p.split()) for p in paragraphs) + len(title.split())
+        if k % 4 == 1:  # a .txt essay
+            essays.append(title + "\n\n" + "\n\n".join(paragraphs) + "\n")
+        else:  # html2text output: a blank line before the body, blank lines after it
+            essays.append("\n\n" + title + "\n\n" + "\n\n".join(paragraphs) + "\n\n")
+        k += 1
+    if k % 4 == 2:  # the last essay was a .txt one: the real file ends in html2text's "\n\n"
+        essays.append("\n\n" + w.paragraph(3) + "\n\n")
+    return {"text": "".join(essays)}
+
+
+def _fact(w: FixtureWriter, place: str) -> tuple[str, str, str]:
     """(sentence, question, answer) with the answer a span of the sentence."""
     adj, noun, name = w.pick(ADJECTIVES), w.pick(NOUNS), w.pick(NAMES)
     year = str(w.rng.randint(1400, 1999))
@@ -256,7 +280,7 @@ def _fact(w: _Writer, place: str) -> tuple[str, str, str]:
     )
 
 
-def squad_json(w: _Writer, titles: int, paragraphs: int) -> dict[str, Any]:
+def squad_json(w: FixtureWriter, titles: int, paragraphs: int) -> dict[str, Any]:
     """SQuAD v2.0 layout; RULER's qa_1 keeps the answerable questions only.
 
     Paragraph ``p`` of title ``t`` answers ``Harbor{t}{p}`` (and the alias ``the Harbor{t}{p}``,
@@ -297,13 +321,13 @@ def squad_json(w: _Writer, titles: int, paragraphs: int) -> dict[str, Any]:
     return {"version": "v2.0", "data": data}
 
 
-def _sentences(w: _Writer, n: int) -> list[str]:
+def _sentences(w: FixtureWriter, n: int) -> list[str]:
     # HotpotQA stores a paragraph as a list of sentences, later ones with a leading space,
     # so that "".join(sentences) (what RULER does) reproduces the paragraph text.
     return [(" " if i else "") + w.sentence() for i in range(n)]
 
 
-def hotpotqa_json(w: _Writer, questions: int, distractor_pool: int) -> list[dict[str, Any]]:
+def hotpotqa_json(w: FixtureWriter, questions: int, distractor_pool: int) -> list[dict[str, Any]]:
     """HotpotQA dev-distractor layout: 2 gold paragraphs and 8 distractors per question.
 
     Paragraphs are one or two sentences: RULER's qa_2 always keeps all ten paragraphs of a
@@ -365,14 +389,14 @@ def _lb_row(
     }
 
 
-def _lb_qa(w: _Writer, name: str, i: int, words: int) -> dict[str, Any]:
+def _lb_qa(w: FixtureWriter, name: str, i: int, words: int) -> dict[str, Any]:
     place = w.pick(PLACES)
     fact, question, answer = _fact(w, place)
     context = f"{w.words(words // 2)} {fact} {w.words(words // 2)}"
     return _lb_row(name, i, context, question, [answer])
 
 
-def _lb_multidoc(w: _Writer, name: str, i: int, passages: int) -> dict[str, Any]:
+def _lb_multidoc(w: FixtureWriter, name: str, i: int, passages: int) -> dict[str, Any]:
     place = w.pick(PLACES)
     fact, question, answer = _fact(w, place)
     gold = w.rng.randrange(passages)
@@ -383,7 +407,7 @@ def _lb_multidoc(w: _Writer, name: str, i: int, passages: int) -> dict[str, Any]
     return _lb_row(name, i, "\n".join(parts), question, [answer])
 
 
-def _lb_summary(w: _Writer, name: str, i: int, words: int) -> dict[str, Any]:
+def _lb_summary(w: FixtureWriter, name: str, i: int, words: int) -> dict[str, Any]:
     context = w.words(words)
     query = "What did the group decide about the harbor?" if name == "qmsum" else ""
     return _lb_row(name, i, context, query, [w.paragraph(3)])
@@ -401,7 +425,7 @@ TREC_CLASSES = [
 ]
 
 
-def _lb_trec(w: _Writer, name: str, i: int, shots: int) -> dict[str, Any]:
+def _lb_trec(w: FixtureWriter, name: str, i: int, shots: int) -> dict[str, Any]:
     lines = [
         f"Question: What is the {w.pick(NOUNS)} of {w.pick(PLACES)}?\nType: {w.pick(TREC_CLASSES)}"
         for _ in range(shots)
@@ -411,7 +435,7 @@ def _lb_trec(w: _Writer, name: str, i: int, shots: int) -> dict[str, Any]:
     return _lb_row(name, i, "\n".join(lines), inp, [gold], all_classes=TREC_CLASSES)
 
 
-def _lb_triviaqa(w: _Writer, name: str, i: int, shots: int) -> dict[str, Any]:
+def _lb_triviaqa(w: FixtureWriter, name: str, i: int, shots: int) -> dict[str, Any]:
     blocks = []
     for _ in range(shots + 1):
         place = w.pick(PLACES)
@@ -421,19 +445,19 @@ def _lb_triviaqa(w: _Writer, name: str, i: int, shots: int) -> dict[str, Any]:
     return _lb_row(name, i, context, blocks[-1][0], [blocks[-1][1], blocks[-1][1].lower()])
 
 
-def _dialogue(w: _Writer) -> str:
+def _dialogue(w: FixtureWriter) -> str:
     a, b = w.rng.sample(NAMES, 2)
     return "\n".join(f"{(a, b)[k % 2]}: {w.sentence()}" for k in range(4))
 
 
-def _lb_samsum(w: _Writer, name: str, i: int, shots: int) -> dict[str, Any]:
+def _lb_samsum(w: FixtureWriter, name: str, i: int, shots: int) -> dict[str, Any]:
     context = "\n\n".join(
         f"Dialogue: {_dialogue(w)}\nSummary: {w.sentence()}" for _ in range(shots)
     )
     return _lb_row(name, i, context, f"Dialogue: {_dialogue(w)}\nSummary: ", [w.sentence()])
 
 
-def _lb_passage_count(w: _Writer, name: str, i: int, unique: int) -> dict[str, Any]:
+def _lb_passage_count(w: FixtureWriter, name: str, i: int, unique: int) -> dict[str, Any]:
     paragraphs = [w.paragraph(3) for _ in range(unique)]
     shown = paragraphs + w.rng.sample(paragraphs, max(1, unique // 2))
     w.rng.shuffle(shown)
@@ -441,7 +465,7 @@ def _lb_passage_count(w: _Writer, name: str, i: int, unique: int) -> dict[str, A
     return _lb_row(name, i, context, "", [str(unique)])
 
 
-def _lb_passage_retrieval(w: _Writer, name: str, i: int, passages: int) -> dict[str, Any]:
+def _lb_passage_retrieval(w: FixtureWriter, name: str, i: int, passages: int) -> dict[str, Any]:
     paragraphs = [w.paragraph(4) for _ in range(passages)]
     gold = w.rng.randrange(passages)
     context = "\n\n".join(f"Paragraph {k + 1}: {p}" for k, p in enumerate(paragraphs))
@@ -449,7 +473,7 @@ def _lb_passage_retrieval(w: _Writer, name: str, i: int, passages: int) -> dict[
     return _lb_row(name, i, context, abstract, [f"Paragraph {gold + 1}"])
 
 
-def _code(w: _Writer, functions: int) -> list[str]:
+def _code(w: FixtureWriter, functions: int) -> list[str]:
     lines = []
     for f in range(functions):
         noun = w.pick(NOUNS)
@@ -464,13 +488,13 @@ def _code(w: _Writer, functions: int) -> list[str]:
     return lines
 
 
-def _lb_lcc(w: _Writer, name: str, i: int, functions: int) -> dict[str, Any]:
+def _lb_lcc(w: FixtureWriter, name: str, i: int, functions: int) -> dict[str, Any]:
     lines = _code(w, functions)
     cut = len(lines) - 3  # predict "        total_x += len(item)" of the last function
     return _lb_row(name, i, "\n".join(lines[:cut]) + "\n", "", [lines[cut]])
 
 
-def _lb_repobench(w: _Writer, name: str, i: int, functions: int) -> dict[str, Any]:
+def _lb_repobench(w: FixtureWriter, name: str, i: int, functions: int) -> dict[str, Any]:
     lines = _code(w, functions)
     cut = len(lines) - 3
     context = f"# Path: pkg/{w.pick(NOUNS)}.py\n" + "\n".join(lines[: cut - 4]) + "\n"
@@ -499,7 +523,7 @@ _LONGBENCH_BUILDERS: dict[str, tuple[Callable[..., dict[str, Any]], int]] = {
 }
 
 
-def longbench_rows(w: _Writer, samples: int) -> dict[str, list[dict[str, Any]]]:
+def longbench_rows(w: FixtureWriter, samples: int) -> dict[str, list[dict[str, Any]]]:
     return {
         name: [build(w, name, i, size) for i in range(samples)]
         for name, (build, size) in _LONGBENCH_BUILDERS.items()
@@ -507,7 +531,7 @@ def longbench_rows(w: _Writer, samples: int) -> dict[str, list[dict[str, Any]]]:
 
 
 # ------------------------------------------------------------------------- MMLU / HellaSwag
-def _mmlu_question(w: _Writer, subject: str) -> dict[str, Any]:
+def _mmlu_question(w: FixtureWriter, subject: str) -> dict[str, Any]:
     a, b = w.rng.randint(2, 40), w.rng.randint(2, 40)
     right = a + b
     wrong = w.rng.sample([v for v in range(right - 9, right + 10) if v != right], 3)
@@ -521,16 +545,18 @@ def _mmlu_question(w: _Writer, subject: str) -> dict[str, Any]:
     return {"question": question, "subject": subject, "choices": choices, "answer": answer}
 
 
-def mmlu_rows(w: _Writer, dev: int, test: int) -> dict[str, dict[str, list[dict[str, Any]]]]:
+def mmlu_rows(
+    w: FixtureWriter, dev: int, test: int, subjects: tuple[str, ...] = MMLU_FIXTURE_SUBJECTS
+) -> dict[str, dict[str, list[dict[str, Any]]]]:
     """split -> subject -> rows (``cais/mmlu`` fields: question, subject, choices, answer)."""
     out: dict[str, dict[str, list[dict[str, Any]]]] = {"dev": {}, "test": {}}
-    for subject in MMLU_FIXTURE_SUBJECTS:
+    for subject in subjects:
         out["dev"][subject] = [_mmlu_question(w, subject) for _ in range(dev)]
         out["test"][subject] = [_mmlu_question(w, subject) for _ in range(test)]
     return out
 
 
-def hellaswag_rows(w: _Writer, n: int) -> list[dict[str, Any]]:
+def hellaswag_rows(w: FixtureWriter, n: int) -> list[dict[str, Any]]:
     """``Rowan/hellaswag`` validation records (label is a string there)."""
     rows = []
     for i in range(n):
@@ -559,12 +585,12 @@ def hellaswag_rows(w: _Writer, n: int) -> list[dict[str, Any]]:
 
 
 # ------------------------------------------------------------------------------ writing
-def _dump_jsonl(path: Path, rows: list[dict[str, Any]]) -> None:
+def dump_jsonl(path: Path, rows: list[dict[str, Any]]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
 
 
-def _dump_json(path: Path, obj: Any) -> None:
+def dump_json(path: Path, obj: Any) -> None:
     path.write_text(json.dumps(obj, ensure_ascii=False, indent=1) + "\n")
 
 
@@ -573,20 +599,20 @@ def _write_key(tmp: Path, key: str, seed: int, essay_words: int, longbench_sampl
     # subset of the keys, never changes the bytes of another file.
     path = tmp / _RELATIVE[key]
     if key == "essay":
-        _dump_json(path, essay_json(_Writer(seed), essay_words))
+        dump_json(path, essay_json(FixtureWriter(seed), essay_words))
     elif key == "squad":
-        _dump_json(path, squad_json(_Writer(seed + 1), titles=8, paragraphs=5))
+        dump_json(path, squad_json(FixtureWriter(seed + 1), titles=8, paragraphs=5))
     elif key == "hotpotqa":
-        _dump_json(path, hotpotqa_json(_Writer(seed + 2), 16, 160))
+        dump_json(path, hotpotqa_json(FixtureWriter(seed + 2), 16, 160))
     elif key == "longbench_dir":
-        for name, rows in longbench_rows(_Writer(seed + 3), longbench_samples).items():
-            _dump_jsonl(path / f"{name}.jsonl", rows)
+        for name, rows in longbench_rows(FixtureWriter(seed + 3), longbench_samples).items():
+            dump_jsonl(path / f"{name}.jsonl", rows)
     elif key == "mmlu_dir":
-        for split, subjects in mmlu_rows(_Writer(seed + 4), dev=5, test=4).items():
+        for split, subjects in mmlu_rows(FixtureWriter(seed + 4), dev=5, test=4).items():
             for subject, rows in subjects.items():
-                _dump_jsonl(path / split / f"{subject}.jsonl", rows)
+                dump_jsonl(path / split / f"{subject}.jsonl", rows)
     elif key == "hellaswag_dir":
-        _dump_jsonl(path / "validation.jsonl", hellaswag_rows(_Writer(seed + 5), 8))
+        dump_jsonl(path / "validation.jsonl", hellaswag_rows(FixtureWriter(seed + 5), 8))
     else:  # "nltk_data"
         write_empty_punkt(path)
 
@@ -642,7 +668,7 @@ def write_eval_fixtures(
         tmp.chmod(0o755)  # mkdtemp makes it owner-only; the data is meant to be shared
         for key in keys:
             _write_key(tmp, key, seed, essay_words, longbench_samples)
-        _dump_json(tmp / "manifest.json", _manifest(keys, seed, essay_words, longbench_samples))
+        dump_json(tmp / "manifest.json", _manifest(keys, seed, essay_words, longbench_samples))
     paths = fixture_paths(out)
     return {key: paths[key] for key in keys}
 

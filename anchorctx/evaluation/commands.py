@@ -201,3 +201,70 @@ def average_weights(args: argparse.Namespace) -> int:
         return 2
     print(f"averaged {len(chosen)} checkpoints ({', '.join(c.name for c in chosen)}) -> {path}")
     return 0
+
+
+# ------------------------------------------------------------------------------ anchorctx plan
+def plan_arguments(parser: argparse.ArgumentParser) -> None:
+    # Imported here: the plan's module reads the RULER task table, which `anchorctx --help`
+    # skips.
+    from anchorctx.training.cost_plan import DEFAULT_HOST_GIB, GPUS, KNOWN_SHAPES
+
+    parser.add_argument(
+        "--gpu",
+        choices=sorted(GPUS),
+        default="h200",
+        help="GPU kind: h200 and h100 use the project's measured step, prefill and decode "
+        "times; a100-80g scales them by its peak compute and memory bandwidth (an estimate). "
+        "Default: h200.",
+    )
+    parser.add_argument(
+        "--gpus",
+        type=_positive,
+        default=None,
+        metavar="N",
+        help="GPUs per node. Default: training.nproc, else 1. The sequence-parallel degree is "
+        "training.sequence_parallel, or the largest divisor of the GPU count below it.",
+    )
+    parser.add_argument(
+        "--nodes",
+        type=_positive,
+        default=None,
+        metavar="M",
+        help="Nodes. Default: training.nnodes.",
+    )
+    parser.add_argument(
+        "--host-gib",
+        type=float,
+        default=DEFAULT_HOST_GIB,
+        metavar="GIB",
+        help=f"Host memory per GPU for offloaded state (default {DEFAULT_HOST_GIB:g}).",
+    )
+    parser.add_argument(
+        "--shape",
+        choices=sorted(KNOWN_SHAPES),
+        default=None,
+        help="The model's shape, where model.path's config.json is not on this machine "
+        "(default: read it, else recognise the directory's name).",
+    )
+    parser.add_argument("--json", action="store_true", help="Print the plan as one JSON object.")
+
+
+def plan(args: argparse.Namespace) -> int:
+    """Predicted memory, step time and GPU-hours of the experiment; a run that does not fit
+    is a one-line error naming the option or GPU count that would make it fit (exit 2)."""
+    # Imported here: the plan reads the RULER and LongBench tables, which `--help` skips.
+    import json
+
+    from anchorctx.evaluation.cost_plan import format_plan, plan_experiment
+
+    t = args.cfg.training
+    result = plan_experiment(
+        args.cfg,
+        gpu=args.gpu,
+        gpus=args.gpus or t.nproc or 1,
+        nodes=args.nodes or t.nnodes,
+        host_gib=args.host_gib,
+        shape_name=args.shape,
+    )
+    print(json.dumps(result.to_dict(), indent=2) if args.json else format_plan(result))
+    return 0

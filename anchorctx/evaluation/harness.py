@@ -178,6 +178,32 @@ def _csv_to_jsonl(src: Path, dst: Path) -> Path:
     return dst
 
 
+# The fields lm-eval's task files read from each record (mmlu/default, hellaswag/utils.py).
+MMLU_FIELDS = ("question", "choices", "answer")
+HELLASWAG_FIELDS = ("activity_label", "ctx_a", "ctx_b", "endings", "label")
+
+
+def check_jsonl_fields(path: Path, fields: tuple[str, ...], what: str) -> None:
+    """Every record of ``path`` is a JSON object with ``fields``; else one error naming the
+    file, line and field (lm-eval would fail later, deep inside its data loading)."""
+    with path.open(encoding="utf-8") as fh:
+        for lineno, line in enumerate(fh, 1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as err:
+                raise HarnessDataError(f"{path}:{lineno}: invalid JSON ({err.msg})") from None
+            if not isinstance(record, dict):
+                raise HarnessDataError(f"{path}:{lineno}: not a JSON object ({what} record)")
+            missing = [f for f in fields if f not in record]
+            if missing:
+                raise HarnessDataError(
+                    f"{path}:{lineno}: {what} record has no field {missing[0]!r} "
+                    f"(expected {', '.join(fields)})"
+                )
+
+
 def _count_lines(path: Path) -> int:
     with path.open(encoding="utf-8") as fh:
         return sum(1 for line in fh if line.strip())
@@ -207,6 +233,8 @@ def write_mmlu_yaml(task_dir: Path, subject: str, files: dict[str, Path]) -> str
         else p
         for split, p in files.items()
     }
+    for path in files.values():
+        check_jsonl_fields(path, MMLU_FIELDS, "MMLU (cais/mmlu)")
     name = f"{_TASK_PREFIX}_mmlu_{subject}"
     spec = {
         "include": str(base),
@@ -226,6 +254,7 @@ def write_hellaswag_yaml(task_dir: Path, path: Path) -> str:
         raise HarnessDataError(
             f"lm-eval has no HellaSwag task file {base}; check the lm-eval version"
         )
+    check_jsonl_fields(path, HELLASWAG_FIELDS, "HellaSwag (Rowan/hellaswag)")
     name = f"{_TASK_PREFIX}_hellaswag"
     spec = {
         "include": str(base),

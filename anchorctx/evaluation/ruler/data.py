@@ -59,14 +59,39 @@ def resolve_path(task: str, kind: str, paths: dict[str, str | Path | None]) -> P
 # ----------------------------------------------------------------------------- essays
 @lru_cache(maxsize=4)
 def essay_words(path: Path) -> tuple[str, ...]:
-    """The essay haystack as whitespace-separated words (niah.py: re.sub(r'\\s+', ' ', ...))."""
+    """The essay haystack as niah.py holds it: ``re.sub(r'\\s+', ' ', text).split(' ')``.
+
+    RULER's ``PaulGrahamEssays.json`` starts and ends with whitespace (html2text output ends in
+    blank lines), so the first and last entries are empty strings; they count as haystack words,
+    as they do in niah.py's ``haystack[:num_haystack]``.
+    """
     text = path.read_text(encoding="utf-8")
     if path.suffix == ".json":
-        text = json.loads(text)["text"]
+        text = _essay_text(path, text)
     words = tuple(re.sub(r"\s+", " ", text).split(" "))
-    if len(words) < 50:
-        raise ValueError(f"essay file {path} has only {len(words)} words: not a haystack")
+    if len(_core(words)) < 50:
+        raise ValueError(f"essay file {path} has only {len(_core(words))} words: not a haystack")
     return words
+
+
+def _essay_text(path: Path, raw: str) -> str:
+    try:
+        data = json.loads(raw)
+    except json.JSONDecodeError as err:
+        raise ValueError(f"essay file {path} is not valid JSON ({err.msg})") from None
+    if not isinstance(data, dict) or not isinstance(data.get("text"), str):
+        raise ValueError(
+            f"essay file {path} has no string field 'text' (RULER's PaulGrahamEssays.json "
+            'layout: {"text": "..."})'
+        )
+    return data["text"]
+
+
+def _core(words: tuple[str, ...]) -> tuple[str, ...]:
+    """The non-empty words: only the ends can be empty (whitespace runs are already collapsed)."""
+    lead = 1 if words and words[0] == "" else 0
+    trail = 1 if len(words) > lead and words[-1] == "" else 0
+    return words[lead : len(words) - trail]
 
 
 PUNKT_RESOURCE = "tokenizers/punkt_tab/english/"
@@ -108,25 +133,32 @@ def punkt_splitter(nltk_data: Path | None = None) -> Callable[[str], list[str]]:
 @lru_cache(maxsize=4)
 def _essay_split(path: Path, nltk_data: Path | None) -> tuple[tuple[str, ...], np.ndarray]:
     """Sentences of the whole essay text and the cumulative word count at each sentence end."""
-    words = essay_words(path)
-    sents = tuple(punkt_splitter(nltk_data)(" ".join(words).strip()))
+    core = _core(essay_words(path))
+    # niah.py splits ``" ".join(words).strip()``: the empty end words leave only the spaces that
+    # strip() removes, so this is the text of the non-empty words.
+    sents = tuple(punkt_splitter(nltk_data)(" ".join(core)))
     ends = np.cumsum([len(s.split(" ")) for s in sents])
-    if int(ends[-1]) != len(words):  # the splitter dropped or merged whitespace: no shortcut
+    if int(ends[-1]) != len(core):  # the splitter dropped or merged whitespace: no shortcut
         raise ValueError(f"{path}: sentence split does not preserve the essay's words")
     return sents, ends
 
 
 @lru_cache(maxsize=64)
 def essay_sentences(path: Path, num_words: int, nltk_data: Path | None = None) -> tuple[str, ...]:
-    """Sentences of the first ``num_words`` essay words (the essay repeats when it is shorter).
+    """Sentences of the first ``num_words`` haystack words (the haystack repeats when shorter).
 
-    niah.py sentence-splits ``" ".join(words[:num_words])``. Splitting the whole essay once and
-    cutting at ``num_words`` gives the same sentences (the cut one becomes the last, partial
-    sentence) without re-running the splitter for every candidate size of the length search.
+    niah.py sentence-splits ``" ".join((haystack * repeats)[:num_words]).strip()``. Splitting
+    the whole essay once and cutting at ``num_words`` gives the same sentences (the cut one
+    becomes the last, partial sentence) without re-running the splitter for every candidate
+    size of the length search. Empty end words (an essay file with whitespace at both ends)
+    take a place among the ``num_words`` but add no text, as in niah.py.
     """
+    words = essay_words(path)
+    lead = 1 if words[0] == "" else 0
     sents, ends = _essay_split(path, nltk_data)
     total = int(ends[-1])
-    full, rest = divmod(num_words, total)
+    full, rest = divmod(num_words, len(words))
+    rest = max(0, min(rest - lead, total))  # non-empty words among the first `rest`
     out = list(sents) * full
     if rest:
         k = int(np.searchsorted(ends, rest, side="left"))  # sentence holding word number `rest`
@@ -172,24 +204,63 @@ class QAData:
     docs: tuple[str, ...]
 
 
+class DataFormatError(ValueError):
+    """A RULER input file is not in its published layout; the message names the file and field."""
+
+
+def _load_json(path: Path, what: str) -> object:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as err:
+        raise DataFormatError(f"{what} file {path} is not valid JSON ({err.msg})") from None
+
+
+def _field(record: object, key: str, path: Path, where: str, kind: type | tuple[type, ...]):
+    """``record[key]`` checked for type; a missing or mistyped field names file and place."""
+    if not isinstance(record, dict) or key not in record:
+        raise DataFormatError(f"{path}: {where} has no field {key!r}")
+    value = record[key]
+    if not isinstance(value, kind):
+        names = kind.__name__ if isinstance(kind, type) else " or ".join(k.__name__ for k in kind)
+        raise DataFormatError(
+            f"{path}: field {key!r} of {where} is {type(value).__name__}, expected {names}"
+        )
+    return value
+
+
 @lru_cache(maxsize=2)
 def read_squad(path: Path) -> QAData:
     """SQuAD v2 dev, answerable questions only (qa.py: read_squad)."""
-    data = json.loads(path.read_text(encoding="utf-8"))["data"]
-    docs = sorted({p["context"] for d in data for p in d["paragraphs"]})
+    data = _field(_load_json(path, "SQuAD"), "data", path, "the top-level object", list)
+    articles = []  # (article's paragraph contexts, [(context, qas)])
+    for a, article in enumerate(data):
+        where = f"data[{a}]"
+        pars = []
+        for p, par in enumerate(_field(article, "paragraphs", path, where, list)):
+            pw = f"{where}.paragraphs[{p}]"
+            pars.append((_field(par, "context", path, pw, str), _field(par, "qas", path, pw, list)))
+        articles.append(pars)
+    docs = sorted({context for pars in articles for context, _ in pars})
     index = {c: i for i, c in enumerate(docs)}
     items = []
-    for article in data:
-        article_docs = [index[p["context"]] for p in article["paragraphs"]]
-        for p in article["paragraphs"]:
-            gold = index[p["context"]]
-            for qa in p["qas"]:
+    for a, pars in enumerate(articles):
+        article_docs = [index[context] for context, _ in pars]
+        for p, (context, qas) in enumerate(pars):
+            gold = index[context]
+            for q, qa in enumerate(qas):
+                where = f"data[{a}].paragraphs[{p}].qas[{q}]"
+                if not isinstance(qa, dict):
+                    raise DataFormatError(f"{path}: {where} is not an object")
                 if qa.get("is_impossible", False):
                     continue
+                answers = _field(qa, "answers", path, where, list)
                 items.append(
                     QAItem(
-                        query=qa["question"],
-                        outputs=tuple(a["text"] for a in qa["answers"]),
+                        query=_field(qa, "question", path, where, str),
+                        outputs=tuple(
+                            _field(ans, "text", path, f"{where}.answers[{i}]", str)
+                            for i, ans in enumerate(answers)
+                        ),
                         context=(gold,),
                         more_context=tuple(i for i in article_docs if i != gold),
                     )
@@ -200,20 +271,43 @@ def read_squad(path: Path) -> QAData:
 @lru_cache(maxsize=2)
 def read_hotpotqa(path: Path) -> QAData:
     """HotpotQA dev distractor: the question's ten paragraphs are its documents (qa.py)."""
-    data = json.loads(path.read_text(encoding="utf-8"))
+    data = _load_json(path, "HotpotQA")
+    if not isinstance(data, list):
+        raise DataFormatError(f"{path}: expected a JSON list of questions (HotpotQA dev layout)")
 
     def doc(title: str, sentences: list[str]) -> str:
         return f"{title}\n{''.join(sentences)}"
 
-    docs = sorted({doc(t, p) for d in data for t, p in d["context"]})
+    rows = []  # (question, answer, [document text])
+    for i, d in enumerate(data):
+        where = f"question {i}"
+        paragraphs = []
+        for c, par in enumerate(_field(d, "context", path, where, list)):
+            ok = (
+                isinstance(par, list)
+                and len(par) == 2
+                and isinstance(par[0], str)
+                and isinstance(par[1], list)
+                and all(isinstance(s, str) for s in par[1])
+            )
+            if not ok:
+                raise DataFormatError(
+                    f"{path}: field 'context' of {where}, paragraph {c}, is not "
+                    "[title, [sentences]]"
+                )
+            paragraphs.append(doc(par[0], par[1]))
+        rows.append(
+            (
+                _field(d, "question", path, where, str),
+                _field(d, "answer", path, where, str),
+                paragraphs,
+            )
+        )
+    docs = sorted({text for _, _, paragraphs in rows for text in paragraphs})
     index = {c: i for i, c in enumerate(docs)}
     items = tuple(
-        QAItem(
-            query=d["question"],
-            outputs=(d["answer"],),
-            context=tuple(index[doc(t, p)] for t, p in d["context"]),
-        )
-        for d in data
+        QAItem(query=q, outputs=(a,), context=tuple(index[t] for t in paragraphs))
+        for q, a, paragraphs in rows
     )
     return _checked(QAData(items, tuple(docs)), path)
 

@@ -1,0 +1,537 @@
+"""Seeded stand-ins, in the published file formats, for every input the paper configs name.
+
+``configs/paper/*.yaml`` point at a local Llama-2-7B, SlimPajama and the benchmark files, none of
+which can be shipped or downloaded here. :func:`write_paper_assets` writes, offline and from one
+seed, files shaped exactly like the published ones, at the same relative paths the configs use,
+so a config pointed at the directory (:data:`PAPER_FILES`, ``paper-assets.yaml``) runs every
+stage on them: packing, training, RULER, LongBench, MMLU and HellaSwag. The content is synthetic
+(random weights, pseudo-word text): the files rehearse the pipeline, never the paper's numbers.
+
+Layout of ``out`` (each path mirrors the config's default under ``configs/paper/``)::
+
+    models/Llama-2-7b-hf/             as Hugging Face publishes meta-llama/Llama-2-7b-hf:
+        config.json                   the real config's fields (LlamaForCausalLM, 4096 hidden,
+                                      11008 intermediate, 32 layers/heads/kv heads, 32000 vocab)
+        generation_config.json
+        model-0000K-of-0000N.safetensors  fp16, random (seeded), written tensor by tensor
+        model.safetensors.index.json  {"metadata": {"total_size"}, "weight_map"}
+        tokenizer.model               SentencePiece BPE trained on the demo corpus, byte
+                                      fallback, <unk>=0 <s>=1 </s>=2 (Llama's trainer options)
+        tokenizer.json                the same tokenizer in the fast format (Llama-2 ships both)
+        tokenizer_config.json, special_tokens_map.json
+    data/SlimPajama-627B/train/chunkN/example_train_K.jsonl.zst
+                                      {"text", "meta": {"redpajama_set_name"}}, all 7 sources,
+                                      heavy-tailed lengths (Book and ArXiv above 4096 tokens)
+    data/ruler/PaulGrahamEssays.json  {"text"}: essays concatenated as RULER's
+                                      download_paulgraham_essay.py does (whitespace at both ends)
+    data/ruler/squad_v2_dev.json      SQuAD v2.0 dev layout
+    data/ruler/hotpotqa_dev_distractor.json  HotpotQA dev distractor layout
+    data/nltk_data/                   a parameter-free Punkt model (the real run needs NLTK's)
+    data/LongBench/{dataset}.jsonl    THUDM LongBench v1 layout
+    data/mmlu/{dev,test}/{subject}.jsonl   cais/mmlu records, all 57 subjects
+    data/hellaswag/validation.jsonl   Rowan/hellaswag records
+    paper-assets.yaml                 the ``--set`` overrides that point a paper config here
+    assets.json                       parameters; written last (marks a complete set)
+
+``tiny=True`` keeps every file, name and field but shrinks the sizes (a 64-wide model, a 1000-piece
+tokenizer, a few documents per source): what the CPU tests use.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import shutil
+import struct
+import time
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import zstandard
+
+from anchorctx.demo.corpus import DOMAINS, generate_documents
+from anchorctx.demo.fixtures import (
+    FixtureWriter,
+    dump_json,
+    dump_jsonl,
+    hellaswag_rows,
+    hotpotqa_json,
+    longbench_rows,
+    mmlu_rows,
+    paul_graham_json,
+    squad_json,
+    write_empty_punkt,
+)
+from anchorctx.io import atomic_directory, atomic_write_json, atomic_write_text
+
+ASSETS_VERSION = 1
+MODEL_DIR = "models/Llama-2-7b-hf"
+# config key -> path under the assets directory; the paths are the paper configs' own defaults.
+PAPER_FILES: dict[str, str] = {
+    "model.path": MODEL_DIR,
+    "data.sources.0.path": "data/SlimPajama-627B/train",
+    "evaluation.ruler.essay_path": "data/ruler/PaulGrahamEssays.json",
+    "evaluation.ruler.squad_path": "data/ruler/squad_v2_dev.json",
+    "evaluation.ruler.hotpotqa_path": "data/ruler/hotpotqa_dev_distractor.json",
+    "evaluation.ruler.nltk_data": "data/nltk_data",
+    "evaluation.longbench.data_dir": "data/LongBench",
+    "evaluation.harness.mmlu_dir": "data/mmlu",
+    "evaluation.harness.hellaswag_dir": "data/hellaswag",
+}
+SPECIALS = ("<unk>", "<s>", "</s>")  # ids 0, 1, 2, as in Llama's tokenizer.model
+# Top-level entries of an assets directory (anything else there belongs to someone else).
+OWN = frozenset({"models", "data", "paper-assets.yaml", "assets.json"})
+# transformers' VERY_LARGE_INTEGER, int(1e30): the value Llama-2's tokenizer_config.json holds.
+MODEL_MAX_LENGTH = int(1e30)
+
+
+@dataclass(frozen=True)
+class AssetSizes:
+    """How big each stand-in is; the file layout and field names never depend on it."""
+
+    hidden_size: int = 4096
+    intermediate_size: int = 11008
+    num_attention_heads: int = 32
+    num_key_value_heads: int = 32
+    num_hidden_layers: int = 32
+    vocab_size: int = 32000  # model and tokenizer (the tokenizer may get fewer: see below)
+    shards: int = 2  # Llama-2-7b-hf is published in two safetensors files
+    docs_per_domain: int = 40
+    chunks: int = 2
+    files_per_chunk: int = 4
+    essay_words: int = 160_000  # more than a 128K-token haystack needs
+    squad_titles: int = 120
+    squad_paragraphs: int = 10
+    hotpotqa_questions: int = 300
+    hotpotqa_pool: int = 8000
+    longbench_samples: int = 5
+    mmlu_subjects: int = 57
+    mmlu_dev: int = 5
+    mmlu_test: int = 10
+    hellaswag: int = 200
+
+
+TINY = AssetSizes(
+    hidden_size=64,
+    intermediate_size=172,
+    num_attention_heads=4,
+    num_key_value_heads=4,
+    num_hidden_layers=2,
+    vocab_size=1000,
+    docs_per_domain=2,
+    chunks=2,
+    files_per_chunk=2,
+    essay_words=4000,
+    squad_titles=6,
+    squad_paragraphs=5,
+    hotpotqa_questions=16,
+    hotpotqa_pool=160,
+    longbench_samples=2,
+    mmlu_subjects=3,
+    mmlu_dev=5,
+    mmlu_test=2,
+    hellaswag=8,
+)
+
+
+def asset_paths(out: str | Path) -> dict[str, Path]:
+    """Config key -> path of its stand-in under ``out``."""
+    return {key: Path(out) / rel for key, rel in PAPER_FILES.items()}
+
+
+def paper_overrides(out: str | Path) -> list[str]:
+    """``--set`` overrides that point ``configs/paper/*.yaml`` at the assets in ``out``."""
+    root = Path(out).resolve()
+    return [f"{key}={root / rel}" for key, rel in PAPER_FILES.items()]
+
+
+# ------------------------------------------------------------------------------ checkpoint
+def llama2_config(sizes: AssetSizes) -> dict[str, Any]:
+    """``config.json`` of meta-llama/Llama-2-7b-hf, with the sizes of ``sizes``."""
+    return {
+        "_name_or_path": "meta-llama/Llama-2-7b-hf",
+        "architectures": ["LlamaForCausalLM"],
+        "attention_bias": False,
+        "bos_token_id": 1,
+        "eos_token_id": 2,
+        "hidden_act": "silu",
+        "hidden_size": sizes.hidden_size,
+        "initializer_range": 0.02,
+        "intermediate_size": sizes.intermediate_size,
+        "max_position_embeddings": 4096,
+        "model_type": "llama",
+        "num_attention_heads": sizes.num_attention_heads,
+        "num_hidden_layers": sizes.num_hidden_layers,
+        "num_key_value_heads": sizes.num_key_value_heads,
+        "pretraining_tp": 1,
+        "rms_norm_eps": 1e-05,
+        "rope_scaling": None,
+        "rope_theta": 10000.0,
+        "tie_word_embeddings": False,
+        "torch_dtype": "float16",
+        "transformers_version": "4.31.0.dev0",
+        "use_cache": True,
+        "vocab_size": sizes.vocab_size,
+    }
+
+
+GENERATION_CONFIG = {
+    "bos_token_id": 1,
+    "do_sample": True,
+    "eos_token_id": 2,
+    "max_length": 4096,
+    "pad_token_id": 0,
+    "temperature": 0.6,
+    "top_p": 0.9,
+    "transformers_version": "4.31.0.dev0",
+}
+
+
+def llama_tensors(sizes: AssetSizes) -> list[tuple[str, tuple[int, ...]]]:
+    """(name, shape) of every weight, in the order transformers' state dict lists them."""
+    h, f, v = sizes.hidden_size, sizes.intermediate_size, sizes.vocab_size
+    head = h // sizes.num_attention_heads
+    kv = head * sizes.num_key_value_heads
+    out: list[tuple[str, tuple[int, ...]]] = [("model.embed_tokens.weight", (v, h))]
+    for i in range(sizes.num_hidden_layers):
+        p = f"model.layers.{i}"
+        out += [
+            (f"{p}.self_attn.q_proj.weight", (h, h)),
+            (f"{p}.self_attn.k_proj.weight", (kv, h)),
+            (f"{p}.self_attn.v_proj.weight", (kv, h)),
+            (f"{p}.self_attn.o_proj.weight", (h, h)),
+            (f"{p}.mlp.gate_proj.weight", (f, h)),
+            (f"{p}.mlp.up_proj.weight", (f, h)),
+            (f"{p}.mlp.down_proj.weight", (h, f)),
+            (f"{p}.input_layernorm.weight", (h,)),
+            (f"{p}.post_attention_layernorm.weight", (h,)),
+        ]
+    return [*out, ("model.norm.weight", (h,)), ("lm_head.weight", (v, h))]
+
+
+# Elements generated at a time: bounds memory (64 MiB of float32) whatever the tensor's size.
+_CHUNK = 1 << 24
+# Uniform on [-a, a] has standard deviation a / sqrt(3): 0.02, Llama's initializer_range. A
+# uniform draw is about 4x cheaper than a normal one, which matters for 6.7B weights.
+_HALF_WIDTH = 0.02 * 3**0.5
+
+
+def _tensor_chunks(seed: int, index: int, name: str, shape: tuple[int, ...]) -> Iterator[bytes]:
+    """The fp16 bytes of one random weight, a chunk at a time. One stream per tensor: the
+    weights do not depend on the shard layout."""
+    n = int(np.prod(shape))
+    if name.endswith("norm.weight"):
+        yield np.ones(n, dtype=np.float16).tobytes()
+        return
+    rng = np.random.default_rng([seed, index])
+    for start in range(0, n, _CHUNK):
+        x = rng.random(min(_CHUNK, n - start), dtype=np.float32)
+        x -= 0.5
+        x *= 2 * _HALF_WIDTH
+        yield x.astype(np.float16).tobytes()
+
+
+def _shard_plan(tensors: list[tuple[str, tuple[int, ...]]], shards: int) -> list[list[int]]:
+    """Tensor indices per shard, in order, cut where the running size passes k/shards."""
+    sizes = [2 * int(np.prod(shape)) for _, shape in tensors]
+    total, plan, acc = sum(sizes), [[] for _ in range(shards)], 0
+    for i, size in enumerate(sizes):
+        k = min(shards - 1, acc * shards // total)
+        plan[k].append(i)
+        acc += size
+    return [p for p in plan if p]
+
+
+def _write_safetensors(path: Path, tensors: list[tuple[str, tuple[int, ...]]], data) -> int:
+    """Stream tensors into a safetensors file whose header (names, shapes) is known up front;
+    ``data`` yields each tensor's bytes in pieces. Returns the data bytes written."""
+    header: dict[str, Any] = {"__metadata__": {"format": "pt"}}
+    offset = 0
+    for name, shape in tensors:
+        size = 2 * int(np.prod(shape))
+        header[name] = {
+            "dtype": "F16",
+            "shape": list(shape),
+            "data_offsets": [offset, offset + size],
+        }
+        offset += size
+    raw = json.dumps(header, separators=(",", ":")).encode()
+    raw += b" " * (-len(raw) % 8)  # the format aligns the data start to 8 bytes
+    written = 0
+    with path.open("wb") as fh:
+        fh.write(struct.pack("<Q", len(raw)))
+        fh.write(raw)
+        for piece in data:
+            fh.write(piece)
+            written += len(piece)
+    if written != offset:  # a shape and its bytes disagree: never leave such a file behind
+        raise RuntimeError(f"{path}: wrote {written} data bytes, the header says {offset}")
+    return offset
+
+
+def write_checkpoint_weights(model_dir: Path, sizes: AssetSizes, seed: int) -> dict[str, Any]:
+    """Sharded fp16 safetensors and their index; returns the index."""
+    tensors = llama_tensors(sizes)
+    plan = _shard_plan(tensors, sizes.shards)
+    weight_map: dict[str, str] = {}
+    total = 0
+    for k, indices in enumerate(plan, 1):
+        name = f"model-{k:05d}-of-{len(plan):05d}.safetensors"
+        meta = [tensors[i] for i in indices]
+        data = (piece for i in indices for piece in _tensor_chunks(seed, i, *tensors[i]))
+        total += _write_safetensors(model_dir / name, meta, data)
+        weight_map.update({tensors[i][0]: name for i in indices})
+    index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
+    dump_json(model_dir / "model.safetensors.index.json", index)
+    return index
+
+
+# ------------------------------------------------------------------------------- tokenizer
+def _added_token(content: str) -> dict[str, Any]:
+    return {
+        "__type": "AddedToken",
+        "content": content,
+        "lstrip": False,
+        "normalized": False,
+        "rstrip": False,
+        "single_word": False,
+    }
+
+
+def tokenizer_config() -> dict[str, Any]:
+    """``tokenizer_config.json`` with the fields Llama-2-7b-hf ships."""
+    return {
+        "add_bos_token": True,
+        "add_eos_token": False,
+        "bos_token": _added_token("<s>"),
+        "clean_up_tokenization_spaces": False,
+        "eos_token": _added_token("</s>"),
+        "legacy": False,
+        "model_max_length": MODEL_MAX_LENGTH,
+        "pad_token": None,
+        "padding_side": "right",
+        "sp_model_kwargs": {},
+        "tokenizer_class": "LlamaTokenizer",
+        "unk_token": _added_token("<unk>"),
+    }
+
+
+def special_tokens_map() -> dict[str, Any]:
+    def token(content: str) -> dict[str, Any]:
+        return {k: v for k, v in _added_token(content).items() if k != "__type"}
+
+    return {"bos_token": token("<s>"), "eos_token": token("</s>"), "unk_token": token("<unk>")}
+
+
+def _training_lines(texts: list[str], limit: int = 4000) -> Iterator[str]:
+    # SentencePiece skips sentences over max_sentence_length (4192 bytes by default): feed lines,
+    # cut to fit, as Llama's tokenizer was trained on text lines.
+    for text in texts:
+        for line in text.split("\n"):
+            if line.strip():
+                yield line[:limit]
+
+
+def train_sentencepiece(texts: list[str], vocab_size: int) -> tuple[bytes, int]:
+    """A Llama-style SentencePiece BPE model trained on ``texts``: (model bytes, pieces).
+
+    The trainer options are those recorded in Llama-2's ``tokenizer.model`` (its trainer_spec):
+    BPE, byte fallback, digits split, a dummy prefix, no normalisation, ``<unk>``/``<s>``/``</s>``
+    at 0/1/2 and no pad piece. ``vocab_size`` is a soft limit: a small corpus yields fewer pieces
+    (the second value says how many), never an error.
+    """
+    try:
+        # Imported here: sentencepiece is needed only to write a new tokenizer.model.
+        import sentencepiece as spm
+    except ImportError:  # pragma: no cover - depends on the environment
+        raise RuntimeError(
+            "writing the Llama-style tokenizer.model needs the sentencepiece package "
+            "(pip install sentencepiece)"
+        ) from None
+    model = io.BytesIO()
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=_training_lines(texts),
+        model_writer=model,
+        model_type="bpe",
+        vocab_size=vocab_size,
+        hard_vocab_limit=False,
+        byte_fallback=True,
+        split_digits=True,
+        add_dummy_prefix=True,
+        remove_extra_whitespaces=False,
+        allow_whitespace_only_pieces=True,
+        normalization_rule_name="identity",
+        character_coverage=0.99995,
+        unk_id=0,
+        bos_id=1,
+        eos_id=2,
+        pad_id=-1,
+        num_threads=2,
+        minloglevel=2,
+    )
+    data = model.getvalue()
+    processor = spm.SentencePieceProcessor(model_proto=data)
+    pieces = processor.get_piece_size()
+    if [processor.id_to_piece(i) for i in range(3)] != list(SPECIALS):
+        raise RuntimeError("sentencepiece did not put <unk>, <s>, </s> at ids 0, 1, 2")
+    return data, pieces
+
+
+def write_tokenizer(model_dir: Path, texts: list[str], vocab_size: int) -> int:
+    """tokenizer.model, tokenizer.json and the two JSON configs; returns the vocabulary size."""
+    model, pieces = train_sentencepiece(texts, vocab_size)
+    (model_dir / "tokenizer.model").write_bytes(model)
+    dump_json(model_dir / "tokenizer_config.json", tokenizer_config())
+    dump_json(model_dir / "special_tokens_map.json", special_tokens_map())
+    # Imported here: transformers costs seconds to import; only a new tokenizer needs it. Its own
+    # conversion of tokenizer.model gives the tokenizer.json that Llama-2 ships beside it.
+    from transformers import AutoTokenizer
+
+    fast = AutoTokenizer.from_pretrained(str(model_dir))
+    fast.backend_tokenizer.save(str(model_dir / "tokenizer.json"))
+    return pieces
+
+
+# ----------------------------------------------------------------------------- SlimPajama
+def write_slimpajama(
+    train_dir: Path, docs: dict[str, list[str]], sizes: AssetSizes, seed: int
+) -> dict[str, int]:
+    """``chunkN/example_train_K.jsonl.zst`` files, the sources shuffled together as in the
+    release; returns documents per source."""
+    records = [(d, t) for d in DOMAINS for t in docs[d]]
+    order = np.random.default_rng([seed, 7]).permutation(len(records))
+    slots = [(c, k) for c in range(1, sizes.chunks + 1) for k in range(sizes.files_per_chunk)]
+    lines: dict[tuple[int, int], list[bytes]] = {s: [] for s in slots}
+    for pos, i in enumerate(order):
+        domain, text = records[i]
+        rec = {"text": text, "meta": {"redpajama_set_name": domain}}
+        lines[slots[pos % len(slots)]].append(json.dumps(rec).encode() + b"\n")
+    compressor = zstandard.ZstdCompressor(level=3)
+    for (c, k), body in lines.items():
+        path = train_dir / f"chunk{c}" / f"example_train_{k}.jsonl.zst"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(compressor.compress(b"".join(body)))
+    return {d: len(docs[d]) for d in DOMAINS}
+
+
+# --------------------------------------------------------------------------- benchmarks
+def write_benchmarks(data_dir: Path, sizes: AssetSizes, seed: int) -> None:
+    """RULER's three files, LongBench, MMLU and HellaSwag under ``data_dir`` (each its own
+    seeded writer, as in :mod:`anchorctx.demo.fixtures`)."""
+    # Imported here: the harness module is evaluation code; the list is the one place the 57
+    # subjects are written down.
+    from anchorctx.evaluation.harness import MMLU_SUBJECTS
+
+    ruler = data_dir / "ruler"
+    ruler.mkdir(parents=True, exist_ok=True)
+    dump_json(
+        ruler / "PaulGrahamEssays.json", paul_graham_json(FixtureWriter(seed), sizes.essay_words)
+    )
+    squad = squad_json(FixtureWriter(seed + 1), sizes.squad_titles, sizes.squad_paragraphs)
+    dump_json(ruler / "squad_v2_dev.json", squad)
+    hotpot = hotpotqa_json(FixtureWriter(seed + 2), sizes.hotpotqa_questions, sizes.hotpotqa_pool)
+    dump_json(ruler / "hotpotqa_dev_distractor.json", hotpot)
+    write_empty_punkt(data_dir / "nltk_data")
+    for name, rows in longbench_rows(FixtureWriter(seed + 3), sizes.longbench_samples).items():
+        dump_jsonl(data_dir / "LongBench" / f"{name}.jsonl", rows)
+    subjects = MMLU_SUBJECTS[: sizes.mmlu_subjects]
+    mmlu = mmlu_rows(FixtureWriter(seed + 4), sizes.mmlu_dev, sizes.mmlu_test, subjects=subjects)
+    for split, by_subject in mmlu.items():
+        for subject, rows in by_subject.items():
+            dump_jsonl(data_dir / "mmlu" / split / f"{subject}.jsonl", rows)
+    rows = hellaswag_rows(FixtureWriter(seed + 5), sizes.hellaswag)
+    dump_jsonl(data_dir / "hellaswag" / "validation.jsonl", rows)
+
+
+# ---------------------------------------------------------------------------------- all
+def _params(seed: int, sizes: AssetSizes) -> dict[str, Any]:
+    return {"version": ASSETS_VERSION, "seed": seed, "sizes": asdict(sizes)}
+
+
+def _is_complete(out: Path, params: dict[str, Any]) -> bool:
+    marker = out / "assets.json"
+    try:
+        return json.loads(marker.read_text()).get("params") == params
+    except (OSError, json.JSONDecodeError):
+        return False
+
+
+def overrides_yaml(out: Path) -> str:
+    lines = [
+        "# Overrides that point configs/paper/*.yaml at the stand-ins in this directory:",
+        "#   anchorctx config configs/paper/llama2-7b-64k.yaml \\",
+        *(f"#     --set {o} \\" for o in paper_overrides(out)),
+        "# The files are synthetic (random weights, pseudo-word text): they rehearse the",
+        "# pipeline and cannot reproduce the paper's numbers. Replace each with the real file.",
+    ]
+    body = [f"{key}: {json.dumps(str(path))}" for key, path in asset_paths(out.resolve()).items()]
+    return "\n".join(lines + body) + "\n"
+
+
+def write_paper_assets(
+    out: str | Path,
+    *,
+    seed: int = 0,
+    tiny: bool = False,
+    layers: int | None = None,
+    force: bool = False,
+    progress: bool = True,
+) -> dict[str, Path]:
+    """Write (or reuse, when complete with the same parameters) the stand-ins under ``out``;
+    returns their paths by config key. ``layers`` overrides the number of decoder layers."""
+    root = Path(out)
+    sizes = TINY if tiny else AssetSizes()
+    if layers is not None:
+        if layers < 1:
+            raise ValueError(f"layers must be >= 1, got {layers}")
+        sizes = replace(sizes, num_hidden_layers=layers)
+    params = _params(seed, sizes)
+    if not force and _is_complete(root, params):
+        return asset_paths(root)
+    marker = root / "assets.json"
+    foreign = sorted(p.name for p in root.iterdir() if p.name not in OWN) if root.exists() else []
+    if foreign:  # an interrupted run leaves only our own entries: those are rewritten
+        raise FileExistsError(
+            f"{root} holds entries that are not paper assets ({', '.join(foreign[:5])}): "
+            "choose an empty or new directory"
+        )
+    if marker.exists():
+        marker.unlink()  # the set is incomplete from here until the new marker is written
+    start = time.perf_counter()
+
+    def say(text: str) -> None:
+        if progress:
+            print(f"[{time.perf_counter() - start:6.1f} s] {text}", flush=True)
+
+    say("demo corpus documents (the SlimPajama stand-in and the tokenizer's training text)")
+    docs = generate_documents(seed, sizes.docs_per_domain, progress=False)
+    paths = asset_paths(root)
+    with atomic_directory(paths["data.sources.0.path"]) as tmp:
+        counts = write_slimpajama(tmp, docs, sizes, seed)
+    say(f"SlimPajama chunks: {sum(counts.values())} documents")
+    data_dir = root / "data"
+    for key in ("ruler", "nltk_data", "LongBench", "mmlu", "hellaswag"):
+        shutil.rmtree(data_dir / key, ignore_errors=True)
+    with atomic_directory(data_dir / ".benchmarks") as tmp:
+        write_benchmarks(tmp, sizes, seed)
+    for entry in (data_dir / ".benchmarks").iterdir():
+        entry.rename(data_dir / entry.name)
+    (data_dir / ".benchmarks").rmdir()
+    say("RULER, LongBench, MMLU and HellaSwag files")
+    texts = [t for d in DOMAINS for t in docs[d]]
+    texts.append(json.loads(paths["evaluation.ruler.essay_path"].read_text())["text"])
+    with atomic_directory(paths["model.path"]) as tmp:
+        pieces = write_tokenizer(tmp, texts, sizes.vocab_size)
+        say(f"tokenizer: {pieces} pieces (asked for {sizes.vocab_size})")
+        dump_json(tmp / "config.json", llama2_config(sizes))
+        dump_json(tmp / "generation_config.json", GENERATION_CONFIG)
+        index = write_checkpoint_weights(tmp, sizes, seed)
+    files = sorted(set(index["weight_map"].values()))
+    say(f"checkpoint: {len(files)} shards, {index['metadata']['total_size'] / 2**30:.2f} GiB")
+    atomic_write_text(root / "paper-assets.yaml", overrides_yaml(root))
+    summary = {"tokenizer_pieces": pieces, "documents": counts, "shards": files}
+    atomic_write_json(marker, {"params": params, "summary": summary})
+    return paths

@@ -1,0 +1,568 @@
+"""What a training run will cost before it starts: memory per GPU, step time, GPU-hours.
+
+Memory is :func:`anchorctx.training.memory.predict` for the config's model shape, row length,
+sequence-parallel degree and ``training.memory`` options. Step time is a FLOP-rate model fitted
+to the project's own measured training steps (docs/PERFORMANCE.md, section 2; "Plan model"
+there lists every constant):
+
+- matmul work ``W`` per GPU and row: ``6·N·t`` (forward and backward of every parameter that
+  multiplies, ``N`` = decoder layers + LM head, ``t = T / SP`` tokens per GPU) plus ``2·N_dec·t``
+  for the layers activation checkpointing recomputes, plus one more MLP forward with the tiled
+  MLP and one more LM-head forward with the tiled loss; it runs at ``R_mm``, the rate the
+  measured steps achieved outside attention (:func:`matmul_rate`, one per ``training.kernels``);
+- attention, per layer and head, ``F = 4·d·pairs`` useful forward FLOPs (``pairs = T²/2`` for
+  ``full``, ``T·D/2`` for the document masks, ``D`` the token-weighted mean document length of
+  the measured rows, :func:`doc_tokens`), forward and backward ``3.5·F`` at the kernel's measured
+  forward+backward rate plus ``F`` recomputed at its forward rate (section 1); Ulysses gives each
+  GPU ``1/SP`` of the heads;
+- Ulysses' all-to-alls: the row time is divided by the measured tokens/s per GPU of SP against
+  one GPU (section 3);
+- optimizer offload: torch's AdamW over the rank's ``P/N`` fp32 parameters on the host CPU.
+
+The fit is on one H200; another GPU kind scales it by a measured (H100) or estimated (A100,
+from its dense bf16 peak) factor, see :data:`GPUS`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from anchorctx.training import memory
+from anchorctx.training.memory import GIB, RESERVED_FRACTION, Options, Shape
+
+if TYPE_CHECKING:
+    from anchorctx.experiment import ExperimentConfig
+
+
+class PlanError(ValueError):
+    """A plan that cannot be made or a run that cannot fit; the message names the fix."""
+
+    exit_code = 2  # a config or command-line mistake (anchorctx.cli)
+
+
+# ------------------------------------------------------------------------------ GPU kinds
+@dataclass(frozen=True)
+class GpuKind:
+    name: str
+    memory_gib: float  # what the device reports
+    peak_tflops: float  # dense bf16
+    train: float  # training step time relative to the H200 fit
+    prefill: float  # evaluation prefill time relative to the H200 fit (evaluation.sharding)
+    decode: float  # evaluation decode time per token relative to the H200 fit
+    estimate: bool  # True where the factors are not measured on this kind
+    source: str
+
+
+GPUS: dict[str, GpuKind] = {
+    "h200": GpuKind(
+        "H200",
+        139.8,
+        989.4,
+        1.0,
+        1.0,
+        1.0,
+        False,
+        "fitted on one H200 (docs/PERFORMANCE.md sections 1, 2, 4; 2026-11-22..24)",
+    ),
+    # Measured on both kinds: the 128K 4-layer step with liger, H100 2.09 / 6.47 s (anchor /
+    # full) against H200 2.026 / 6.436 s (../REFERENCE.md and docs/PERFORMANCE.md section 2,
+    # 2026-11-24): 1.018; static-engine prefill at 32K 1.398 s (H100, section 4 "The owned
+    # decoder", 2026-11-24) against 1.351 s (H200): 1.035; fused decode at 32K, batch 1,
+    # 11.53 ms against 8.32 ms: 1.386.
+    "h100": GpuKind(
+        "H100",
+        79.2,
+        989.4,
+        1.018,
+        1.035,
+        1.386,
+        False,
+        "H200 fit scaled by H100/H200 step, prefill and decode times measured 2026-11-24",
+    ),
+    # Not measured: compute-bound parts (training, prefill) scale by the dense bf16 peak,
+    # 989.4 / 312 TFLOP/s; decode by memory bandwidth, the H200's measured 4.25 TB/s copy
+    # bandwidth (section 4) against the A100-80G's 2.039 TB/s spec times the fraction of its spec
+    # the H100 reached (3.00 of 3.35 TB/s, 2026-11-24): 4.25 / 1.83 = 2.33.
+    "a100-80g": GpuKind(
+        "A100-80G",
+        79.2,
+        312.0,
+        989.4 / 312.0,
+        989.4 / 312.0,
+        4.25 / (2.039 * 3.00 / 3.35),
+        True,
+        "estimate: H200 fit scaled by dense bf16 peak (compute) and memory bandwidth (decode)",
+    ),
+}
+
+# Host memory per GPU of the machines the memory model was checked on (128 GiB per GPU).
+DEFAULT_HOST_GIB = 128.0
+
+
+# ------------------------------------------------------------------------------ model shape
+# Shapes known by name, for a config whose model.path is not on this machine.
+KNOWN_SHAPES = {"llama2-7b": memory.LLAMA2_7B, "llama3-8b": memory.LLAMA3_8B}
+_NAME_KEYS = {"llama27b": "llama2-7b", "llama38b": "llama3-8b"}
+
+
+def _shape_from_json(data: dict[str, Any]) -> Shape:
+    c = data.get("text_config") or data
+    heads = c["num_attention_heads"]
+    return Shape(
+        layers=c["num_hidden_layers"],
+        hidden=c["hidden_size"],
+        intermediate=c["intermediate_size"],
+        heads=heads,
+        kv_heads=c.get("num_key_value_heads") or heads,
+        vocab=c["vocab_size"],
+        head_dim=c.get("head_dim"),
+    )
+
+
+def model_shape(cfg: ExperimentConfig, name: str | None = None) -> tuple[Shape, str]:
+    """The model's shape and where it came from: ``name`` (a key of :data:`KNOWN_SHAPES`), the
+    model directory's ``config.json``, ``model.tiny``, or the directory's name."""
+    if name is not None:
+        if name not in KNOWN_SHAPES:
+            raise PlanError(f"unknown --shape {name}; known: {', '.join(KNOWN_SHAPES)}")
+        return KNOWN_SHAPES[name], f"--shape {name}"
+    m = cfg.model
+    if m.tiny is not None:
+        t = m.tiny
+        vocab = t.vocab_size
+        if vocab is None:
+            # Imported here: transformers costs seconds; only a tiny model without vocab_size
+            # needs its tokenizer.
+            from anchorctx.models.loading import load_tokenizer
+
+            try:
+                vocab = len(load_tokenizer(m))
+            except (OSError, ValueError) as err:  # ModelLoadError: not written yet
+                raise PlanError(
+                    f"model.tiny has no vocab_size and its tokenizer cannot be read ({err}); "
+                    "set model.tiny.vocab_size or write the tokenizer first (prepare-data)"
+                ) from err
+        shape = Shape(
+            t.num_hidden_layers,
+            t.hidden_size,
+            t.intermediate_size,
+            t.num_attention_heads,
+            t.num_key_value_heads,
+            vocab,
+            t.head_dim,
+        )
+        return shape, "model.tiny"
+    path = Path(m.path)
+    if (path / "config.json").is_file():
+        return _shape_from_json(json.loads((path / "config.json").read_text())), str(
+            path / "config.json"
+        )
+    key = "".join(ch for ch in path.name.lower() if ch.isalnum()).removeprefix("meta")
+    for part, known in _NAME_KEYS.items():
+        if key.startswith(part):
+            return KNOWN_SHAPES[known], f"{known} (named by model.path; its config.json is absent)"
+    raise PlanError(
+        f"model.path {path} has no config.json to read the model's shape from; pass --shape "
+        f"{' or '.join(KNOWN_SHAPES)}"
+    )
+
+
+# ------------------------------------------------------------------------------ layout
+def choose_sp(want: int, shape: Shape, world: int) -> int:
+    """The sequence-parallel degree on ``world`` GPUs: ``want`` (the config's), or the largest
+    divisor of ``world`` below it that the model's heads allow (Ulysses splits q heads; KV heads are split
+    or replicated), so a config written for 8 GPUs plans on fewer."""
+    for sp in range(min(want, world), 0, -1):
+        heads_ok = shape.heads % sp == 0
+        kv_ok = shape.kv_heads % sp == 0 or sp % shape.kv_heads == 0
+        if world % sp == 0 and heads_ok and kv_ok:
+            return sp
+    return 1
+
+
+def layout(cfg: ExperimentConfig, shape: Shape, gpus: int, nodes: int):
+    """:func:`~anchorctx.training.plan.plan_parallelism`'s layout on ``gpus × nodes`` GPUs."""
+    # Imported here: plan.py resolves devices through torch, which only a plan that gets this
+    # far needs.
+    from anchorctx.training.plan import TrainingError, plan_parallelism
+
+    world = gpus * nodes
+    sp = choose_sp(cfg.training.sequence_parallel, shape, world)
+    t = cfg.training
+    # Planned as on CUDA, on this (perhaps GPU-less) machine: the device and engine only select
+    # CPU defaults in plan_parallelism; the layout rules are what is used.
+    planned = cfg.model_copy(
+        update={
+            "training": t.model_copy(
+                update={
+                    "device": "cpu",
+                    "engine": "sdpa",
+                    "nproc": gpus,
+                    "nnodes": nodes,
+                    "sequence_parallel": sp,
+                }
+            )
+        }
+    )
+    try:
+        par = plan_parallelism(planned, world)
+    except TrainingError as err:
+        raise PlanError(str(err)) from err
+    zero = t.zero_stage if t.zero_stage is not None else 3
+    return dataclasses.replace(par, device="cuda", engine=t.engine, zero_stage=zero)
+
+
+def memory_options(cfg: ExperimentConfig, shape: Shape, world: int, sp: int) -> Options:
+    """The memory model's options of the run: ``training.memory`` on ``world`` ranks; a run
+    without activation checkpointing keeps every layer's activations."""
+    opt = Options.of_run(cfg.training, gpus=world, sp=sp)
+    if not cfg.training.activation_checkpointing:
+        opt = dataclasses.replace(opt, keep_activations=shape.layers)
+    return opt
+
+
+def row_tokens(cfg: ExperimentConfig, sp: int) -> int:
+    """Tokens of one training row (padded to a multiple of SP, as training pads it)."""
+    return math.ceil(cfg.data.seq_len / sp) * sp
+
+
+# ------------------------------------------------------------------------------ step time
+# Useful attention TFLOP/s of the kernels `auto` picks (one H200, docs/PERFORMANCE.md section 1,
+# heavy-tailed rows, 2026-11-22 and 2026-11-24): by T in tokens, (forward, forward+backward).
+# Dense causal cuDNN for `full`; document masks: intra_doc flex forward, anchor triton /
+# intra_doc flex forward+backward (equal within 1% on these rows).
+DENSE_RATES = {32768: (594.0, 552.0), 65536: (595.0, 552.0), 131072: (559.0, 538.0)}
+DOC_RATES = {32768: (340.0, 316.0), 65536: (364.0, 336.0), 131072: (405.0, 387.0)}
+
+
+def _interpolate(table: dict[int, Any], length: int) -> Any:
+    """Linear in log length between the measured lengths, clamped outside them."""
+    keys = sorted(table)
+    if length <= keys[0]:
+        return table[keys[0]]
+    if length >= keys[-1]:
+        return table[keys[-1]]
+    hi = next(k for k in keys if k >= length)
+    lo = keys[keys.index(hi) - 1]
+    w = math.log(length / lo) / math.log(hi / lo)
+    a, b = table[lo], table[hi]
+    if isinstance(a, tuple):
+        return tuple(x + w * (y - x) for x, y in zip(a, b, strict=True))
+    return a + w * (b - a)
+
+
+@dataclass(frozen=True)
+class StepRow:
+    """One measured training step (docs/PERFORMANCE.md section 2, one H200, 4 layers of the
+    Llama-2-7B width, heavy-tailed documents, one row per step)."""
+
+    tokens: int
+    variant: str
+    kernels: str
+    keep: int  # layers kept (not recomputed)
+    tiled_loss: bool
+    step_s: float
+    tflops: float  # the bench's model TFLOP/s (6·N·t + 3·attention forward) = MFU × 989.4
+
+
+BENCH_SHAPE = Shape(layers=4, hidden=4096, intermediate=11008, heads=32, kv_heads=32, vocab=32000)
+STEP_ROWS = (
+    # Section 2's first table (2026-11-22).
+    StepRow(32768, "full", "torch", 0, False, 0.798, 364.0),
+    StepRow(32768, "anchor", "torch", 0, False, 0.575, 337.0),
+    StepRow(65536, "full", "torch", 0, False, 2.110, 375.0),
+    StepRow(65536, "anchor", "torch", 0, False, 1.123, 347.0),
+    # Section 2, "Re-run with auto choosing triton" and "Selective checkpointing" (2026-11-24).
+    StepRow(131072, "full", "torch", 0, False, 6.601, 368.0),
+    StepRow(131072, "anchor", "torch", 0, False, 2.230, 358.0),
+    StepRow(131072, "full", "torch", 2, False, 5.895, 0.416 * 989.4),
+    StepRow(131072, "anchor", "torch", 2, False, 1.990, 0.405 * 989.4),
+    StepRow(131072, "full", "torch", 3, True, 5.599, 0.438 * 989.4),
+    StepRow(131072, "anchor", "torch", 3, True, 1.942, 0.415 * 989.4),
+    StepRow(131072, "full", "torch", 4, True, 5.234, 0.469 * 989.4),
+    StepRow(131072, "anchor", "torch", 4, True, 1.817, 0.444 * 989.4),
+    StepRow(131072, "full", "liger", 0, False, 6.436, 0.381 * 989.4),
+    StepRow(131072, "anchor", "liger", 0, False, 2.026, 0.398 * 989.4),
+    StepRow(131072, "full", "liger", 4, True, 5.093, 0.471 * 989.4),
+    StepRow(131072, "anchor", "liger", 4, True, 1.660, 0.486 * 989.4),
+)
+
+# Tokens/s per GPU of SP against one GPU at the same tokens per GPU, anchor attention (section 3,
+# 2× and 4× H200, 2026-11-22); SP 8 and more were not measured and take SP 4's.
+SP_EFFICIENCY = {1: 1.0, 2: 0.87, 4: 0.83}
+# torch's AdamW (foreach) over 1e9 fp32 parameters on the GPU host's CPU, 16 cores
+# (../REFERENCE.md, "Measured 2026-11-24"): the offloaded optimizer's step.
+CPU_ADAM_S_PER_GPARAM = 1.36
+
+
+def sp_efficiency(sp: int) -> float:
+    return SP_EFFICIENCY.get(sp, SP_EFFICIENCY[max(k for k in SP_EFFICIENCY if k <= sp)])
+
+
+def _decoder_params(shape: Shape) -> int:
+    return shape.layers * shape.layer_params
+
+
+def _head_params(shape: Shape) -> int:
+    return shape.vocab * shape.hidden
+
+
+def _mlp_params(shape: Shape) -> int:
+    return shape.layers * 3 * shape.hidden * shape.intermediate
+
+
+def matmul_flops(shape: Shape, t: float, keep: int, tiled_mlp: bool, tiled_loss: bool) -> float:
+    """Matmul FLOPs of one row on one GPU (``t`` tokens there); ``keep`` layers not recomputed."""
+    dec, head = _decoder_params(shape), _head_params(shape)
+    recomputed = dec * (shape.layers - min(keep, shape.layers)) / shape.layers
+    flops = 6 * (dec + head) * t + 2 * recomputed * t
+    if tiled_mlp:
+        flops += 2 * _mlp_params(shape) * t
+    if tiled_loss:
+        flops += 2 * head * t
+    return flops
+
+
+def full_attention_forward(shape: Shape, tokens: int) -> float:
+    """Useful forward FLOPs of causal attention over ``tokens``, all layers and heads."""
+    q_width = shape.heads * (shape.head_dim or shape.hidden // shape.heads)
+    return 4 * q_width * shape.layers * tokens * tokens / 2
+
+
+def measured_doc_tokens() -> dict[int, float]:
+    """The token-weighted mean document length ``D`` of the measured rows, by T: the bench's
+    attention FLOPs of the anchor row over the full row's at the same T (``D / T``)."""
+    out = {}
+    for row in STEP_ROWS:
+        if row.variant != "anchor" or row.keep or row.kernels != "torch":
+            continue
+        t = row.tokens
+        linear = 6 * (_decoder_params(BENCH_SHAPE) + _head_params(BENCH_SHAPE)) * t
+        attn_fwd = (row.tflops * 1e12 * row.step_s - linear) / 3
+        out[t] = t * attn_fwd / full_attention_forward(BENCH_SHAPE, t)
+    return out
+
+
+def doc_tokens(tokens: int) -> float:
+    """``D`` at a row of ``tokens`` (interpolated in log T between the measured rows)."""
+    return min(float(tokens), _interpolate(measured_doc_tokens(), tokens))
+
+
+def attention_seconds(
+    shape: Shape, tokens: int, variant: str, sp: int, keep: int, peak_scale: float = 1.0
+) -> float:
+    """Attention time of one row on one GPU (1/SP of the heads) at the H200's kernel rates."""
+    full = full_attention_forward(shape, tokens)
+    if variant == "full":
+        fwd = full
+        rate_f, rate_fb = _interpolate(DENSE_RATES, tokens)
+    else:
+        fwd = full * doc_tokens(tokens) / tokens
+        rate_f, rate_fb = _interpolate(DOC_RATES, tokens)
+    fwd /= sp
+    recomputed = fwd * (shape.layers - min(keep, shape.layers)) / shape.layers
+    return (3.5 * fwd / rate_fb + recomputed / rate_f) / 1e12
+
+
+def matmul_rate(kernels: str) -> float:
+    """FLOP/s the measured steps achieved outside attention, fitted over :data:`STEP_ROWS` of
+    ``kernels`` (their matmul FLOPs over their time less the attention model's)."""
+    work = spent = 0.0
+    for row in STEP_ROWS:
+        if row.kernels != kernels:
+            continue
+        work += matmul_flops(BENCH_SHAPE, row.tokens, row.keep, False, row.tiled_loss)
+        spent += row.step_s - attention_seconds(BENCH_SHAPE, row.tokens, row.variant, 1, row.keep)
+    return work / spent
+
+
+def row_seconds(
+    shape: Shape,
+    tokens: int,
+    variant: str,
+    opt: Options,
+    gpu: GpuKind,
+    checkpointing: bool = True,
+) -> float:
+    """Seconds of one row's forward and backward on each of its SP GPUs."""
+    keep = opt.keep_activations if checkpointing else shape.layers
+    t = tokens / opt.sp
+    mm = matmul_flops(shape, t, keep, opt.tiled_mlp, opt.tiled_loss) / matmul_rate(opt.kernels)
+    attn = attention_seconds(shape, tokens, variant, opt.sp, keep)
+    return (mm + attn) / sp_efficiency(opt.sp) * gpu.train
+
+
+def optimizer_seconds(shape: Shape, opt: Options) -> float:
+    """The host's AdamW step over one rank's partition when the optimizer is offloaded (the
+    GPU's own AdamW step is part of the fitted rate)."""
+    if not opt.offload_optimizer:
+        return 0.0
+    return CPU_ADAM_S_PER_GPARAM * shape.params / opt.gpus / 1e9
+
+
+# ------------------------------------------------------------------------------ the plan
+@dataclass(frozen=True)
+class ArmPlan:
+    name: str
+    variant: str
+    steps: int
+    step_s: float
+    gpu_hours: float
+
+
+@dataclass(frozen=True)
+class TrainingPlan:
+    gpu: str
+    gpu_estimate: bool
+    gpus: int
+    nodes: int
+    shape: Shape
+    shape_source: str
+    seq_len: int
+    sp: int
+    dp: int
+    micro: int
+    accum: int
+    zero_stage: int
+    options: Options
+    memory_gib: dict[str, float]
+    usable_gib: float
+    host_gib: float
+    arms: tuple[ArmPlan, ...]
+
+    @property
+    def gpu_hours(self) -> float:
+        return sum(a.gpu_hours for a in self.arms)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["gpu_hours"] = self.gpu_hours
+        d["shape"]["params"] = self.shape.params
+        return d
+
+
+def _fits(est: dict[str, float], usable_gib: float, host_gib: float) -> bool:
+    return est["peak"] <= usable_gib * GIB and est["cpu"] <= host_gib * GIB
+
+
+def usable_gib(gpu: GpuKind) -> float:
+    """GPU memory a run can use (memory.RESERVED_FRACTION kept for context and fragmentation)."""
+    return gpu.memory_gib * (1 - RESERVED_FRACTION)
+
+
+# Single options tried, in order, when a run does not fit: cheapest in time first (the tiled loss
+# and the fused kernels cost little, the tiled MLP one MLP forward, offloads host memory and
+# copies).
+_FIXES = (
+    ("training.memory.tiled_loss=true", {"tiled_loss": True}),
+    ("training.kernels=liger", {"kernels": "liger"}),
+    ("training.memory.keep_activations=0", {"keep_activations": 0}),
+    ("training.memory.tiled_mlp=true", {"tiled_mlp": True}),
+    ("training.memory.offload_optimizer=true", {"offload_optimizer": True}),
+    ("training.memory.offload_checkpoints=true", {"offload_checkpoints": True}),
+)
+MAX_GPUS = 1024
+
+
+def _fix_hint(
+    cfg: ExperimentConfig, shape: Shape, tokens: int, opt: Options, gpu: GpuKind, host: float
+) -> str:
+    """What would make the run fit: one option (else the fewest options, in :data:`_FIXES`
+    order) on these GPUs, or the fewest GPUs with the config's options."""
+    use = usable_gib(gpu)
+    applicable = [
+        (text, change)
+        for text, change in _FIXES
+        if any(getattr(opt, k) != v for k, v in change.items())
+        and (cfg.training.activation_checkpointing or "keep_activations" not in change)
+        and (cfg.training.activation_checkpointing or "offload_checkpoints" not in change)
+    ]
+    options = None
+    for text, change in applicable:
+        if _fits(memory.predict(shape, tokens, dataclasses.replace(opt, **change)), use, host):
+            options = text
+            break
+    if options is None:
+        chosen, trial = [], opt
+        for text, change in applicable:
+            trial = dataclasses.replace(trial, **change)
+            chosen.append(text)
+            if _fits(memory.predict(shape, tokens, trial), use, host):
+                options = " ".join(chosen)
+                break
+    more = None
+    for gpus in range(opt.gpus + 1, MAX_GPUS + 1):
+        # More GPUs help a row's memory through SP: up to one SP group over all of them.
+        sp = choose_sp(max(cfg.training.sequence_parallel, gpus), shape, gpus)
+        trial = dataclasses.replace(opt, gpus=gpus, sp=sp)
+        if _fits(memory.predict(shape, math.ceil(tokens / sp) * sp, trial), use, host):
+            # The plan picks SP itself up to the config's; beyond it the config must say so.
+            planned = choose_sp(cfg.training.sequence_parallel, shape, gpus)
+            extra = "" if sp == planned else f" and training.sequence_parallel={sp}"
+            more = f"--gpus {gpus}{extra}"
+            break
+    hints = [h for h in (options, more) if h]
+    return " or ".join(hints) if hints else "a larger GPU or a shorter data.seq_len"
+
+
+def plan_training(
+    cfg: ExperimentConfig,
+    gpu: str = "h200",
+    gpus: int = 1,
+    nodes: int = 1,
+    host_gib: float = DEFAULT_HOST_GIB,
+    shape_name: str | None = None,
+) -> TrainingPlan:
+    """Memory, step time and GPU-hours of every arm of ``cfg`` on ``gpus × nodes`` GPUs of kind
+    ``gpu``. A run whose predicted peak does not fit is a :class:`PlanError` naming the fix."""
+    if gpu not in GPUS:
+        raise PlanError(f"unknown --gpu {gpu}; known: {', '.join(GPUS)}")
+    kind = GPUS[gpu]
+    shape, source = model_shape(cfg, shape_name)
+    par = layout(cfg, shape, gpus, nodes)
+    tokens = row_tokens(cfg, par.sp)
+    opt = memory_options(cfg, shape, par.world, par.sp)
+    est = memory.predict(shape, tokens, opt)
+    use = usable_gib(kind)
+    if not _fits(est, use, host_gib):
+        where = "GPU" if est["peak"] > use * GIB else "host"
+        have = f"{est['peak'] / GIB:.1f} GiB per GPU predicted, {use:.1f} usable"
+        if where == "host":
+            have = f"{est['cpu'] / GIB:.1f} GiB of host memory per GPU predicted, {host_gib:g}"
+        raise PlanError(
+            f"{cfg.data.seq_len}-token rows do not fit {par.world}×{kind.name} (SP {par.sp}; "
+            f"{have}): needs {_fix_hint(cfg, shape, tokens, opt, kind, host_gib)}"
+        )
+    arms = []
+    rows_per_rank = par.micro * par.accum
+    for arm in cfg.arms():
+        t = arm.training
+        arm_opt = memory_options(arm, shape, par.world, par.sp)
+        row = row_seconds(shape, tokens, t.attention, arm_opt, kind, t.activation_checkpointing)
+        step = rows_per_rank * row + optimizer_seconds(shape, arm_opt)
+        hours = t.steps * step * par.world / 3600
+        arms.append(ArmPlan(arm.variant_name, t.attention, t.steps, step, hours))
+    return TrainingPlan(
+        gpu=gpu,
+        gpu_estimate=kind.estimate,
+        gpus=gpus,
+        nodes=nodes,
+        shape=shape,
+        shape_source=source,
+        seq_len=tokens,
+        sp=par.sp,
+        dp=par.dp,
+        micro=par.micro,
+        accum=par.accum,
+        zero_stage=par.zero_stage,
+        options=opt,
+        memory_gib=memory.summary(est),
+        usable_gib=round(use, 2),
+        host_gib=host_gib,
+        arms=tuple(arms),
+    )

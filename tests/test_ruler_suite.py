@@ -26,9 +26,10 @@ def model(tiny_config, tokenizer):
 
 def _cfg(tiny_config, **ruler):
     raw = tiny_config.model_dump(mode="json")
-    raw["evaluation"]["ruler"].update(
-        {"tasks": ["niah_single_1", "fwe", "qa_2"], "lengths": [512], "num_samples": 2, **ruler}
-    )
+    # fit tight: at 512 tokens RULER's smallest haystacks (its incremental) overflow the demo
+    # tokenizer's budget; these tests are about the runner, the fit rules have their own tests.
+    base = {"tasks": ["niah_single_1", "fwe", "qa_2"], "lengths": [512], "num_samples": 2}
+    raw["evaluation"]["ruler"].update({**base, "fit": "tight", **ruler})
     raw["evaluation"]["batch_size"] = 1  # one record per batch: the crash lands mid-task
     return config_from_dict(raw)
 
@@ -60,7 +61,7 @@ def test_resume_after_interruption(tiny_config, model, tokenizer):
         mine = sorted((r for r in records if r["task"] == task), key=lambda r: r["index"])
         assert [r["index"] for r in mine] == [0, 1]
         expect = score(task, [r["prediction"] for r in mine], [r["references"] for r in mine])
-        assert result["scores"][task] == {"512": pytest.approx(expect)}
+        assert result["scores"][task] == {"512": round(expect, 2)}  # RULER rounds
         assert result["counts"][task] == {"512": 2}
         assert all(r["prompt_tokens"] + new_tokens <= 512 for r in mine)
     assert set(result["not_run"]) == {"qa_2"}
@@ -75,8 +76,8 @@ def test_resume_after_interruption(tiny_config, model, tokenizer):
 
 def test_qa_runs_with_its_file(tiny_config, model, tokenizer, tmp_path):
     paths = write_ruler_fixtures(tmp_path)
-    # A HotpotQA question's ten paragraphs alone are ~0.6K demo-tokenizer tokens (over the 512
-    # of _cfg): run it at 2K.
+    # RULER's smallest QA haystack is ten paragraphs (its incremental), ~0.6K demo-tokenizer
+    # tokens: run it at 2K.
     cfg = _cfg(tiny_config, tasks=["qa_2"], hotpotqa_path=str(paths["hotpotqa_path"]),
                lengths=[2048], num_samples=1)  # fmt: skip
     recs: list[dict] = []
@@ -114,13 +115,13 @@ def test_engine_settings_reach_generation(tiny_config, model, tokenizer, monkeyp
     monkeypatch.setattr(generation, "generate_greedy", spy)
     predictions = {}
     for engine, deterministic in (("hf", False), ("static", True)):
-        cfg = _cfg(tiny_config, tasks=["niah_single_1"], num_samples=2)
+        cfg = _cfg(tiny_config, tasks=["niah_single_1"], num_samples=1)
         cfg.evaluation.engine, cfg.evaluation.deterministic_decode = engine, deterministic
         recs: list[dict] = []
         run_suite(model, tokenizer, cfg, done={}, on_sample=recs.append, progress=False)
         predictions[engine] = {r["key"]: r["prediction"] for r in recs}
     assert seen == [("hf", False), ("static", True)]
-    assert predictions["hf"] == predictions["static"] and len(predictions["hf"]) == 2
+    assert predictions["hf"] == predictions["static"] and len(predictions["hf"]) == 1
 
 
 def test_samples_are_generated_once_per_process(tiny_config, model, tokenizer, monkeypatch):
@@ -146,23 +147,23 @@ def test_samples_are_generated_once_per_process(tiny_config, model, tokenizer, m
 
     monkeypatch.setattr(runner, "generate", spy)
     monkeypatch.setattr(generation, "encode_prompt", encode_spy)
-    cfg = _cfg(tiny_config, tasks=["niah_single_1", "fwe"], num_samples=3)
+    cfg = _cfg(tiny_config, tasks=["niah_single_1", "fwe"], num_samples=2)
     first: list[dict] = []
     run_suite(model, tokenizer, cfg, done={}, on_sample=first.append, progress=False)
-    assert sorted(calls) == [("fwe", 512, (0, 1, 2)), ("niah_single_1", 512, (0, 1, 2))]
-    assert len(encoded) == 6
+    assert sorted(calls) == [("fwe", 512, (0, 1)), ("niah_single_1", 512, (0, 1))]
+    assert len(encoded) == 4
     second: list[dict] = []
     run_suite(model, tokenizer, cfg, done={}, on_sample=second.append, progress=False)
     assert len(calls) == 2
-    assert len(encoded) == 6  # the cached samples keep their token ids
+    assert len(encoded) == 4  # the cached samples keep their token ids
     assert sorted((r["key"], r["prediction"]) for r in second) == sorted(
         (r["key"], r["prediction"]) for r in first
     )
     # A subset (a resumed run) comes from the cache too; a new index is generated alone.
-    more = _cfg(tiny_config, tasks=["fwe"], num_samples=4)
-    done = {r["key"]: r for r in first if r["task"] == "fwe" and r["index"] < 2}
+    more = _cfg(tiny_config, tasks=["fwe"], num_samples=3)
+    done = {r["key"]: r for r in first if r["task"] == "fwe" and r["index"] < 1}
     run_suite(model, tokenizer, more, done=done, on_sample=lambda r: None, progress=False)
-    assert calls[2:] == [("fwe", 512, (3,))]
+    assert calls[2:] == [("fwe", 512, (2,))]
     # Another seed: other samples.
     run_suite(model, tokenizer, _cfg(tiny_config, tasks=["fwe"], num_samples=1, seed=43),
               done={}, on_sample=lambda r: None, progress=False)  # fmt: skip
@@ -188,7 +189,7 @@ def test_prefetched_samples_are_not_generated_again(tiny_config, model, tokenize
     from anchorctx.evaluation import generation
     from anchorctx.evaluation.ruler import runner
 
-    cfg = _cfg(tiny_config, tasks=["niah_single_1", "fwe"], lengths=[512, 768], num_samples=2)
+    cfg = _cfg(tiny_config, tasks=["niah_single_1", "fwe"], lengths=[512, 768], num_samples=1)
     runner.SAMPLES.clear()
     cold: list[dict] = []
     run_suite(model, tokenizer, cfg, done={}, on_sample=cold.append, progress=False)
@@ -201,12 +202,12 @@ def test_prefetched_samples_are_not_generated_again(tiny_config, model, tokenize
         (task, length)) or real(task, length, *a, **k))  # fmt: skip
     monkeypatch.setattr(generation, "encode_prompt",
                         lambda tok, text: encoded.append(text) or real_encode(tok, text))  # fmt: skip
-    assert runner.prefetch_samples(cfg, tokenizer) == 8
+    assert runner.prefetch_samples(cfg, tokenizer) == 4
     assert [length for _, length in calls] == [768, 768, 512, 512]  # longest first
-    assert len(encoded) == 8
+    assert len(encoded) == 4
     warm: list[dict] = []
     run_suite(model, tokenizer, cfg, done={}, on_sample=warm.append, progress=False)
-    assert len(calls) == 4 and len(encoded) == 8
+    assert len(calls) == 4 and len(encoded) == 4
     assert sorted((r["key"], r["prediction"]) for r in warm) == sorted(
         (r["key"], r["prediction"]) for r in cold
     )

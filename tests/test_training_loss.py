@@ -20,8 +20,8 @@ MASK = torch.tensor([0, 1, 1, 1, 0, 1, 1, 1, 1])  # anchor and the domain tag ar
 SEG_LENS, SEG_DOC = [4, 3, 2], [0, 1, 0]
 
 
-def _kept(variant: str) -> list[int]:
-    targets = shifted_targets(IDS, MASK, SEG_LENS, SEG_DOC, variant)
+def _kept(variant: str, boundary: str = "all") -> list[int]:
+    targets = shifted_targets(IDS, MASK, SEG_LENS, SEG_DOC, variant, boundary)
     return [t for t in targets.tolist() if t != IGNORE_INDEX]
 
 
@@ -31,13 +31,20 @@ def test_full_keeps_cross_document_targets():
 
 
 @pytest.mark.parametrize("variant", ["intra_doc", "intra_doc_reset", "anchor"])
-def test_document_masked_variants_drop_cross_document_targets(variant):
+def test_document_masked_variants_keep_every_target_by_default(variant):
+    # AnchorContext: every next token is a target for every variant (no ignore index).
+    assert _kept(variant) == _kept("full") == [10, 11, 12, 20, 21, 13, 14]
+
+
+@pytest.mark.parametrize("variant", ["intra_doc", "intra_doc_reset", "anchor"])
+def test_within_document_option_drops_cross_document_targets(variant):
     # 90 is masked anyway; 13 follows doc B's last token (another document): masked.
-    assert _kept(variant) == [10, 11, 12, 20, 21, 14]
+    assert _kept(variant, "within_document") == [10, 11, 12, 20, 21, 14]
+    assert _kept("full", "within_document") == [10, 11, 12, 20, 21, 13, 14]
 
 
 def test_adjacent_chunks_of_one_document_keep_their_target():
-    targets = shifted_targets(IDS, MASK, [4, 3, 2], [0, 1, 1], "anchor")
+    targets = shifted_targets(IDS, MASK, [4, 3, 2], [0, 1, 1], "anchor", "within_document")
     assert targets[6].item() == 13  # doc 1 continues into the next segment
 
 
@@ -60,10 +67,12 @@ def test_summed_cross_entropy_matches_dense_reference():
 def test_row_is_truncated_and_padded_to_a_multiple_of_sp():
     record = {"input_ids": IDS.numpy(), "loss_mask": MASK.numpy(), "seg_lens": SEG_LENS,
               "seg_doc": SEG_DOC}  # fmt: skip
+    # seq_len 6 reads 7 tokens: 6 inputs, each with a target (the 7th token is a target only).
     row = make_row(record, seq_len=6, sp=4, variant="anchor", pad_id=1)
     assert row.input_ids.shape[0] == 8 and row.real_tokens == 6
     assert row.seg_lens == (4, 2, 2) and row.seg_doc == (0, 1, 2)  # padding: its own document
-    assert row.targets[5:].tolist() == [IGNORE_INDEX] * 3
+    assert row.targets[:6].tolist() == [10, 11, 12, IGNORE_INDEX, 20, 21]
+    assert row.targets[6:].tolist() == [IGNORE_INDEX] * 2
 
 
 def _fake_dataset(rows: int, t: int) -> datasets.Dataset:
@@ -90,8 +99,9 @@ def test_batch_plan_shards_each_global_batch_exactly_once():
                 full = torch.cat([d.micro_batches[slot].input_ids for d in per_rank], dim=1)
                 seen.append(int(full[0, 1]) // 100)
         assert sorted(seen) == sorted(rows)
-        # every rank counts the same global targets: 4 rows × (7 - 1 boundary) targets
-        assert {p.step_data(step, "cpu").global_targets for p in plans} == {4 * 6}
+        # every rank counts the same global targets: rows of 8 tokens give 7 inputs (padded to
+        # 8 for SP 2), 7 targets each, the one across the document boundary included
+        assert {p.step_data(step, "cpu").global_targets for p in plans} == {4 * 7}
     assert sorted([*plans[0].row_indices(0), plans[0].row_indices(1)[0]]) == list(range(5))
 
 

@@ -114,7 +114,7 @@ def test_checkpoint_offload_switches_every_layer_to_deepspeed_checkpointing():
     try:
         with pytest.raises(ValueError, match="activation_checkpointing"):
             tiling.enable_checkpoint_offload(model)  # nothing is checkpointed yet
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        tiling.enable_activation_checkpointing(model)
         assert tiling.enable_checkpoint_offload(model) == 2
         funcs = {layer._gradient_checkpointing_func for layer in model.model.layers}
         assert funcs == {deepspeed.checkpointing.checkpoint}
@@ -154,7 +154,7 @@ def test_kept_layers_are_not_recomputed_and_give_the_same_gradients(plain):
     fp32 arithmetic on the CPU: exact)."""
     mb, ref = plain
     model = _model()
-    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    tiling.enable_activation_checkpointing(model)
     with pytest.raises(TrainingError, match="keep_activations=3 exceeds the model's 2"):
         tiling.keep_activations(model, 3)
     tiling.apply_memory_options(model, MemoryConfig(keep_activations=1))
@@ -216,12 +216,10 @@ def test_every_model_option_on_a_gpu_gives_the_plain_loss_and_gradients(monkeypa
     try:
         mb = _micro_batch("cuda")
         plain_model = _model(device="cuda")
-        plain_model.gradient_checkpointing_enable(
-            gradient_checkpointing_kwargs={"use_reentrant": False}
-        )
+        tiling.enable_activation_checkpointing(plain_model)
         ref = _loss_and_grads(plain_model, mb, tiled_loss=False)
         model = _model(device="cuda")
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        tiling.enable_activation_checkpointing(model)
         every = MemoryConfig(tiled_mlp=True, tiled_loss=True, offload_checkpoints=True)
         tiling.apply_memory_options(model, every)
         _assert_same(_loss_and_grads(model, mb, tiled_loss=True), ref, GPU_RTOL, GPU_ATOL)

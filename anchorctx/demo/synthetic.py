@@ -36,10 +36,11 @@ def synthetic_row(
     median_doc: int = 1024,
 ) -> Row:
     rng = np.random.default_rng(seed)
-    lens = doc_lengths(seq_len, rng, median_doc)
-    ids = rng.integers(2, vocab, size=seq_len)
+    total = seq_len + 1  # a packed row: seq_len inputs and seq_len targets (docs/ARCHITECTURE.md)
+    lens = doc_lengths(total, rng, median_doc)
+    ids = rng.integers(2, vocab, size=total)
     ids[0] = anchor_id
-    mask = np.ones(seq_len, dtype=np.uint8)
+    mask = np.ones(total, dtype=np.uint8)
     mask[0] = 0
     record = {
         "input_ids": ids,

@@ -16,7 +16,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from anchorctx.evaluation.longbench.tasks import DATASET2MAXLEN, ENGLISH_DATASETS
+from anchorctx.evaluation.longbench.tasks import ALL_DATASETS, DATASET2MAXLEN
 from anchorctx.evaluation.ruler.constants import task_spec
 from anchorctx.evaluation.ruler.runner import selected_tasks
 from anchorctx.evaluation.sharding import (
@@ -103,7 +103,7 @@ def suite_plans(cfg: ExperimentConfig, shape: Shape) -> list[SuitePlan]:
         out.append(_suite("ruler", items, size, detail))
     if "longbench" in e.suites:
         lb = e.longbench
-        names = lb.datasets or list(ENGLISH_DATASETS)
+        names = lb.datasets or list(ALL_DATASETS)
         positions = cfg.model.max_position_embeddings or cfg.data.seq_len
         limit = lb.max_length or (1000 * (positions // 1024) - 500)
         length = min(LONGBENCH_MEAN_TOKENS, limit)

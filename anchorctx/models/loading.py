@@ -162,6 +162,10 @@ def load_model(
 
     ``attn_implementation=None`` keeps the model's stock attention (used as the reference in
     tests); ``"anchorctx"`` registers and selects the project's implementation.
+
+    The vocabulary is the checkpoint's own: AnchorContext's ``[PAD]`` token and resize to 32001
+    rows for Llama-2 is not applied (the row is never an input or a target; docs/FIDELITY.md,
+    "Model: Llama-2 vocabulary"), and checkpoints that carry it load with their 32001 rows.
     """
     # Imported here: torch and transformers cost seconds, and the tokenizer rule, device and
     # directory checks in this module serve light callers (the CLI, packing, pre-flight checks).

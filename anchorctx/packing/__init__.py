@@ -3,7 +3,7 @@ anchor token, domain tags, interleaved chunks and statistics (the synthetic demo
 :mod:`anchorctx.demo`).
 
 The packed dataset format is the contract in docs/ARCHITECTURE.md: ``datasets.save_to_disk``
-rows of exactly ``seq_len`` tokens (``input_ids``, ``seg_lens``, ``seg_doc``, ``seg_domain``,
+rows of exactly ``seq_len + 1`` tokens (``seq_len`` inputs, ``seq_len`` targets) (``input_ids``, ``seg_lens``, ``seg_doc``, ``seg_domain``,
 ``loss_mask``) with ``manifest.json`` beside them.
 
 The names below load on first use (PEP 562): the config reads :mod:`anchorctx.packing.settings`,

@@ -5,13 +5,19 @@ Mixtures (``data.mixture``):
 - ``{domain: ratio}``: explicit shares (normalised); documents of other domains are bad input.
 - ``upsampled``: Fu et al. 2024 per-source length upsampling, the paper's data recipe
   (FranxYao/Long-Context-Data-Engineering ``data_engineering/slimpajama_packing.py
-  --down_sample_mode per_source --down_sample_ratio 0.1``). Documents stream in one seeded random
-  order; each source (domain) has a token budget ``token_budget x share`` (``share``: SlimPajama's
-  original mix, ``SLIMPAJAMA_ORIGINAL_MIX``, for SlimPajama sources; see ``upsample.shares``). A
-  document of a source whose kept tokens already exceed its budget is skipped; otherwise a
-  document shorter than ``upsample.threshold`` (4096) tokens is kept with probability
-  ``upsample.keep_short`` (0.1) and a longer one always. Nothing is repeated or cut, so a
-  source may end one document over its budget, or under it when its documents run out.
+  --down_sample_mode per_source --down_sample_ratio 0.1``). Documents stream in the reference's
+  order (``upsample.order: buffered``): ``datasets``' streaming ``shuffle(seed)``, i.e. the input
+  files in an order permuted by the seed, read through a 1000-document shuffle buffer (see
+  :func:`buffered_stream`). Each source (domain) has a token budget ``token_budget x share``
+  (``share``: SlimPajama's original mix, ``SLIMPAJAMA_ORIGINAL_MIX``, for SlimPajama sources;
+  see ``upsample.shares``). A document of a source whose kept tokens already exceed its budget
+  is skipped; otherwise a document shorter than ``upsample.threshold`` (4096) tokens is kept
+  with probability ``upsample.keep_short`` (0.1) and a longer one always. The coin is the
+  reference's ``np.random.random()`` (the legacy global generator seeded 15213 at import),
+  drawn only for the short documents of sources still open; the stream stops once every source
+  has met its budget. Nothing is repeated or cut, so a source may end one document over its
+  budget, or under it when its documents run out. ``upsample.order: permutation`` (an option)
+  streams a full seeded permutation of all documents with one coin per document instead.
 - ``long_share``: an earlier project rule (not the paper's): per domain, documents of at least
   ``upsample.threshold`` tokens supply ``max(upsample.long_share, their natural share)`` of the
   domain's tokens, repeating long documents when a domain has too few.
@@ -138,12 +144,18 @@ def _long_share(docs, lengths, quota, rng, cfg: DataConfig):
     )
 
 
-def plan_documents(cfg: DataConfig, index: DocIndex, seed: int, bad: BadInput) -> Plan:
-    """Which documents (and how many of their tokens) go into the packed dataset, in order."""
+def plan_documents(
+    cfg: DataConfig, index: DocIndex, seed: int, bad: BadInput, n_files: int | None = None
+) -> Plan:
+    """Which documents (and how many of their tokens) go into the packed dataset, in order.
+
+    ``n_files``: the number of resolved input files (``upsampled`` streams them as shards; files
+    without a valid document still take part in the shard shuffle). Default: the index's files.
+    """
     if len(index) == 0:
         raise DataError("no valid documents in data.sources (see the skipped-input counts)")
     if cfg.mixture == "upsampled":
-        return plan_per_source(cfg, index, seed)
+        return plan_per_source(cfg, index, seed, n_files)
     shares = target_shares(cfg, index)
     tokens = domain_tokens(index)
     budget = _budget(cfg, shares, tokens)
@@ -250,7 +262,56 @@ def source_shares(cfg: DataConfig, index: DocIndex) -> tuple[dict[str, float], s
     return {d: tokens[d] / total for d in sorted(tokens)}, "corpus"
 
 
-def plan_per_source(cfg: DataConfig, index: DocIndex, seed: int) -> Plan:
+# slimpajama_packing.py seeds numpy's legacy global generator at import
+# (``np.random.seed(15213)``) and draws every coin from it with ``np.random.random()``.
+REFERENCE_COIN_SEED = 15213
+# ``IterableDataset.shuffle``'s default buffer, which the reference's ``dataset.shuffle(42)`` uses.
+SHUFFLE_BUFFER = 1000
+# datasets draws the buffer's random slots in batches of this many (``random_batch_size``).
+_SLOT_BATCH = 1000
+
+
+def buffered_stream(
+    index: DocIndex, n_files: int, seed: int, buffer_size: int = SHUFFLE_BUFFER
+) -> np.ndarray:
+    """Document order of ``datasets``' streaming ``IterableDataset.shuffle(seed, buffer_size)``
+    (the 2.x releases the reference ran), reproduced without streaming. int64 [N], DocIndex rows.
+
+    Shards (here: the resolved input files, in their sorted order) are reordered by
+    ``default_rng(seed).shuffle`` of their indices; documents stream shard by shard in file
+    order into a buffer of ``buffer_size``. Once it is full, each new document replaces the one
+    at a random slot, which is emitted; slots come from a second ``default_rng(seed)`` in batches
+    of 1000 ``integers(0, buffer_size)``. At the end the buffer is shuffled by that second
+    generator and emitted. Both generators start from the seed (datasets copies one generator).
+    """
+    if n_files <= int(index.file.max(initial=-1)):
+        raise ValueError(f"n_files={n_files} but the index names file {int(index.file.max())}")
+    shards = list(range(n_files))
+    np.random.default_rng(seed).shuffle(shards)
+    rank = np.empty(n_files, dtype=np.int64)
+    rank[shards] = np.arange(n_files)
+    source = np.argsort(rank[index.file], kind="stable").tolist()  # file order kept within a file
+    rng = np.random.default_rng(seed)
+    out: list[int] = []
+    buffer: list[int] = []
+    slots: list[int] = []
+    for doc in source:
+        if len(buffer) < buffer_size:
+            buffer.append(doc)
+            continue
+        if not slots:
+            slots = rng.integers(0, buffer_size, size=_SLOT_BATCH).tolist()[::-1]
+        slot = slots.pop()
+        out.append(buffer[slot])
+        buffer[slot] = doc
+    rng.shuffle(buffer)
+    out.extend(buffer)
+    return np.asarray(out, dtype=np.int64)
+
+
+def plan_per_source(
+    cfg: DataConfig, index: DocIndex, seed: int, n_files: int | None = None
+) -> Plan:
     """Fu et al.'s ``per_source`` down-sampling of short documents (see the module docstring)."""
     shares, origin = source_shares(cfg, index)
     total = int(index.length.sum())
@@ -258,44 +319,41 @@ def plan_per_source(cfg: DataConfig, index: DocIndex, seed: int) -> Plan:
     # source then simply runs out (``budget_met`` false in the statistics).
     budget = int(cfg.token_budget) if cfg.token_budget is not None else total
     up = cfg.upsample
-    rng = np.random.default_rng([seed, 3])
-    order = rng.permutation(len(index))  # the one document stream
-    coins = rng.random(len(index))  # the stream's np.random.random() draw per document
-    picked: list[np.ndarray] = []
+    budgets = [budget * shares.get(d, 0.0) for d in index.domains]
+    if up.order == "buffered":
+        files = int(index.file.max(initial=-1)) + 1 if n_files is None else n_files
+        order = buffered_stream(index, files, seed)
+        # Sources of the mix with no document here never meet their budget: as in the reference
+        # (which checks every SlimPajama source), the stream then runs to its end.
+        absent = any(d not in index.domains for d in shares)
+        keep, dropped = _stream_select(order, index, budgets, up, stop=not absent)
+    else:
+        order, keep, dropped = _permuted_select(index, seed, budgets, up)
+    dom = index.domain[order]
+    lengths_all = index.length[order]
+    short_all = lengths_all < up.threshold
     by_source: dict[str, Any] = {}
     for code, domain in enumerate(index.domains):
-        stream = order[index.domain[order] == code]
-        lengths = index.length[stream]
-        short = lengths < up.threshold
-        # kept unless short and its coin is above keep_short (``random() > ratio: continue``)
-        passes = ~short | (coins[stream] <= up.keep_short)
-        source_budget = budget * shares.get(domain, 0.0)
-        kept_len = np.where(passes, lengths, 0)
-        before = np.cumsum(kept_len) - kept_len  # tokens kept before each document
-        open_ = before <= source_budget  # the source is closed once it exceeds its budget
-        keep = passes & open_
-        picked.append(stream[keep])
+        mine = dom == code
+        lengths = lengths_all[mine]
+        k, short, drop = keep[mine], short_all[mine], dropped[mine]
         by_source[domain] = {
             "share": round(shares.get(domain, 0.0), 8),
-            "budget": round(source_budget),
-            "tokens": int(lengths[keep].sum()),
-            "budget_met": bool(lengths[keep].sum() >= source_budget),
-            "documents_kept": {
-                "short": int((keep & short).sum()),
-                "long": int((keep & ~short).sum()),
-            },
-            "documents_dropped_short": int((open_ & ~passes).sum()),
-            "documents_unused": int((~open_).sum()),
+            "budget": round(budgets[code]),
+            "tokens": int(lengths[k].sum()),
+            "budget_met": bool(lengths[k].sum() >= budgets[code]),
+            "documents_kept": {"short": int((k & short).sum()), "long": int((k & ~short).sum())},
+            "documents_dropped_short": int(drop.sum()),
+            "documents_unused": int((~k & ~drop).sum()),
             "input_tokens_by_length": bucket_tokens(lengths),
-            "tokens_by_length": bucket_tokens(lengths[keep]),
+            "tokens_by_length": bucket_tokens(lengths[k]),
         }
-    doc = np.concatenate(picked) if picked else np.zeros(0, dtype=np.int64)
+    doc = order[keep].astype(np.int64)  # packed in stream order
     if doc.size == 0:
         raise DataError("data.mixture=upsampled kept no documents: raise data.token_budget")
-    position = np.argsort(order)  # the inverse permutation: stream position of each document
-    doc = doc[np.argsort(position[doc], kind="stable")].astype(np.int64)  # packed in stream order
     stats = {
         "rule": "fu2024_per_source",
+        "order": up.order,
         "threshold": up.threshold,
         "keep_short": up.keep_short,
         "shares_from": origin,
@@ -309,3 +367,55 @@ def plan_per_source(cfg: DataConfig, index: DocIndex, seed: int) -> Plan:
         budget,
         stats,
     )
+
+
+def _stream_select(
+    order: np.ndarray, index: DocIndex, budgets: list[float], up: Any, stop: bool
+) -> tuple[np.ndarray, np.ndarray]:
+    """slimpajama_packing.py's loop over the stream: (kept, dropped short) flags per position.
+
+    A source is closed once its kept tokens exceed its budget; an open source's short document
+    costs one coin (kept when ``random() <= keep_short``); after each kept document the stream
+    stops when every source has at least its budget (``stop``). Sequential by nature: which
+    documents get a coin depends on every earlier decision.
+    """
+    coins = np.random.RandomState(REFERENCE_COIN_SEED)
+    doms = index.domain[order].tolist()
+    lengths = index.length[order].tolist()
+    kept_tokens = [0] * len(budgets)
+    keep = np.zeros(order.size, dtype=bool)
+    dropped = np.zeros(order.size, dtype=bool)
+    for pos, (d, n) in enumerate(zip(doms, lengths)):
+        if kept_tokens[d] > budgets[d]:
+            continue
+        if n < up.threshold and coins.random_sample() > up.keep_short:
+            dropped[pos] = True
+            continue
+        keep[pos] = True
+        kept_tokens[d] += n
+        if stop and all(t >= b for t, b in zip(kept_tokens, budgets)):
+            break
+    return keep, dropped
+
+
+def _permuted_select(
+    index: DocIndex, seed: int, budgets: list[float], up: Any
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``upsample.order: permutation``: a full seeded permutation and one coin per document,
+    drawn up front (the same rules for closing a source and keeping a short document)."""
+    rng = np.random.default_rng([seed, 3])
+    order = rng.permutation(len(index))
+    coins = rng.random(len(index))[order]  # coin of each stream position's document
+    dom = index.domain[order]
+    lengths = index.length[order]
+    keep = np.zeros(order.size, dtype=bool)
+    dropped = np.zeros(order.size, dtype=bool)
+    for code in range(len(index.domains)):
+        at = np.flatnonzero(dom == code)
+        passes = (lengths[at] >= up.threshold) | (coins[at] <= up.keep_short)
+        kept_len = np.where(passes, lengths[at], 0)
+        before = np.cumsum(kept_len) - kept_len  # tokens kept before each document
+        open_ = before <= budgets[code]  # closed once the source exceeds its budget
+        keep[at] = passes & open_
+        dropped[at] = open_ & ~passes
+    return order, keep, dropped

@@ -1,6 +1,9 @@
-"""Packing planned documents into rows of exactly ``seq_len`` tokens (docs/ARCHITECTURE.md, packed dataset).
+"""Packing planned documents into rows of exactly ``seq_len + 1`` tokens (docs/ARCHITECTURE.md,
+packed dataset).
 
-A row is ``[anchor] + segments``: index 0 holds the anchor token and belongs to segment 0. Each
+A row is ``[anchor] + segments``: index 0 holds the anchor token and belongs to segment 0. Its
+``seq_len + 1`` tokens give the model ``seq_len`` inputs (``row[:-1]``) and ``seq_len`` targets
+(``row[1:]``), as AnchorContext's ``train.py`` cuts a row of ``seq_length + 1`` tokens. Each
 document is ``[tag] + tokens + [separator]``; tag tokens are masked out of the loss. A document
 that does not fit continues in the next row as a new segment with the same ``seg_doc``, so no
 token is lost except those of the final partial row (counted). With interleaved chunks a
@@ -96,10 +99,12 @@ class PackStats:
 
 
 class RowPacker:
-    """Accumulates segments into one row and emits it when it holds ``seq_len`` tokens."""
+    """Accumulates segments into one row and emits it when it holds ``seq_len + 1`` tokens
+    (``row_len``): the anchor, then ``seq_len`` tokens of documents."""
 
     def __init__(self, seq_len: int, anchor: int, n_docs: int) -> None:
         self.seq_len, self.anchor = seq_len, anchor
+        self.row_len = seq_len + 1
         self.stats = PackStats()
         self.emitted = np.zeros(n_docs, dtype=bool)  # documents with a token in an emitted row
         self._reset()
@@ -114,14 +119,14 @@ class RowPacker:
         """Append one document piece; yield every row it completes."""
         pos = 0
         while pos < ids.size:
-            n = min(self.seq_len - self.fill, ids.size - pos)
+            n = min(self.row_len - self.fill, ids.size - pos)
             self.ids.append(ids[pos : pos + n])
             self.kinds.append(kinds[pos : pos + n])
             # The anchor at index 0 belongs to the row's first segment.
             self.segs.append((n + (1 if not self.segs else 0), doc, domain))
             self.fill += n
             pos += n
-            if self.fill == self.seq_len:
+            if self.fill == self.row_len:
                 yield self._emit()
 
     def _emit(self) -> dict:

@@ -45,7 +45,9 @@ if TYPE_CHECKING:
 
     from anchorctx.experiment import ExperimentConfig
 
-SCHEMA_VERSION = 1
+# 2: rows hold seq_len + 1 tokens (seq_len inputs and seq_len targets per row, the reference's
+# row); datasets of schema 1 (rows of seq_len tokens) are rebuilt, never read.
+SCHEMA_VERSION = 2
 MANIFEST = "manifest.json"
 # Settings that change how fast the data is produced, never what is produced.
 NON_SEMANTIC = ("output_dir", "num_workers", "tokenize_batch_size", "demo_corpus")
@@ -187,7 +189,11 @@ def _tokenize_all(
         batch_size=data.tokenize_batch_size,
         num_workers=data.num_workers,
     )
-    index = scan(encoded, store, bad, [p for _, p in files], progress)
+    try:
+        index = scan(encoded, store, bad, [p for _, p in files], progress)
+    except BaseException:
+        store.close()  # a bad input raises mid-scan: leave no open file behind
+        raise
     return index, store
 
 
@@ -209,15 +215,16 @@ def _pack(
         units = pack.whole_documents(plan)
     packer = pack.RowPacker(data.seq_len, anchor, len(plan))
     rows = pack.pack_rows(units, plan, index, store.view(), packer, tags, sep)
-    expected = int((plan.take.sum() + len(plan) * (1 + sep.size)) // data.seq_len)
+    row_len = packer.row_len
+    expected = int((plan.take.sum() + len(plan) * (1 + sep.size)) // row_len)
     bar = tqdm(
         desc="pack",
         unit="tok",
         unit_scale=True,
-        total=expected * data.seq_len,
+        total=expected * row_len,
         disable=not progress,
     )
-    n = pack.write_arrow(_counted(rows, bar, data.seq_len), arrow)
+    n = pack.write_arrow(_counted(rows, bar, row_len), arrow)
     bar.close()
     if n == 0:
         raise DataError(
@@ -266,7 +273,7 @@ def _manifest(cfg, tok_info, anchor, fingerprint, inputs, plan, packer, index, b
         seed=cfg.seed,
         counts={
             "rows": st.rows,
-            "tokens": st.rows * cfg.data.seq_len,
+            "tokens": st.rows * packer.row_len,
             "documents": int(packer.emitted.sum()),
             "text_tokens": int(sum(st.text_tokens.values())),
             "tag_tokens": st.tag_tokens,
@@ -342,7 +349,7 @@ def _build(cfg, tok, tok_info, files, inputs, fingerprint, bad, work, out, progr
     index, store = _tokenize_all(cfg, tok, files, bad, work, progress)
     tags, sep = _special_tokens(cfg.data, tok, index.domains)
     _check_seq_len(cfg.data.seq_len, tags, sep)
-    plan = mixture.plan_documents(cfg.data, index, cfg.seed, bad)
+    plan = mixture.plan_documents(cfg.data, index, cfg.seed, bad, n_files=len(files))
     check_anchor_free(index, store.view(), plan, anchor, files)
     packer = _pack(cfg, index, store, plan, tags, sep, anchor, work / "rows.arrow", progress)
     manifest = _manifest(cfg, tok_info, anchor, fingerprint, inputs, plan, packer, index, bad, sep)
@@ -379,7 +386,7 @@ def _print_summary(out: Path, manifest: dict, table: str, seconds: float) -> Non
     c = manifest["counts"]
     print(f"packed dataset: {out} ({seconds:.1f} s)")
     print(
-        f"  rows {c['rows']} x {manifest['seq_len']} tokens; documents {c['documents']}; "
+        f"  rows {c['rows']} x {manifest['seq_len'] + 1} tokens; documents {c['documents']}; "
         f"text tokens {c['text_tokens']}; dropped final-row tokens {c['dropped_final_row_tokens']}"
     )
     if manifest["skipped"]["counts"]:

@@ -41,6 +41,15 @@ class UpsampleConfig(Strict):
         "SLIMPAJAMA_ORIGINAL_MIX; 'corpus': this corpus' own token shares; 'auto': slimpajama "
         "when every domain is a SlimPajama source name, else corpus; or explicit shares.",
     )
+    order: Literal["buffered", "permutation"] = Field(
+        "buffered",
+        description="upsampled: document stream order. 'buffered': the reference's (datasets' "
+        "streaming shuffle(seed): input files in a seeded order through a 1000-document "
+        "buffer; coins from numpy's legacy generator seeded 15213, drawn only for short "
+        "documents of open sources). 'permutation': a full seeded permutation of all documents, "
+        "one coin each (mixes documents across files, which matters when each source is one "
+        "file; docs/FIDELITY.md).",
+    )
     long_share: float = Field(
         0.7,
         gt=0,

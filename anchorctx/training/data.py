@@ -5,6 +5,11 @@ concatenation of epochs and step ``s`` takes samples ``[s·G, (s+1)·G)``. The d
 run is therefore just its step: ``--resume`` continues the identical sequence of batches, and
 every rank derives its own share without communication.
 
+Rows. A packed row holds ``seq_len + 1`` tokens (docs/ARCHITECTURE.md, packed dataset): the
+model sees ``row[:-1]`` (``seq_len`` tokens, the length that must divide by the SP degree) and
+every input position has a target in ``row[1:]``, as AnchorContext's ``train.py`` cuts its rows
+(``seq_length + 1`` tokens, ``seq_length`` targets).
+
 Sharding. Sample ``i`` of a step goes to accumulation slot ``i // (DP·micro)``, DP rank
 ``(i // micro) % DP``; within a replica the row is cut into SP contiguous shards of
 ``T / SP`` tokens (rows are padded to a multiple of SP first). Every rank also counts the
@@ -74,22 +79,33 @@ def truncate_segments(seg_lens: Sequence[int], seg_doc: Sequence[int], t: int):
     return lens, docs
 
 
-def make_row(record: dict[str, Any], seq_len: int, sp: int, variant: str, pad_id: int) -> Row:
-    """Truncate to ``seq_len``, build targets, pad to a multiple of ``sp``.
+def make_row(
+    record: dict[str, Any],
+    seq_len: int,
+    sp: int,
+    variant: str,
+    pad_id: int,
+    boundary_targets: str = "all",
+) -> Row:
+    """The model input of one packed row: its first ``seq_len`` tokens, each with the target
+    that follows it (``seq_len + 1`` tokens of the row are read), padded to a multiple of ``sp``.
 
     Padding is one extra segment with its own document id at the end: causal masking means no
     real token ever attends to it, and its targets are ignored.
     """
-    ids = torch.as_tensor(np.asarray(record["input_ids"][:seq_len]), dtype=torch.long)
-    mask = torch.as_tensor(np.asarray(record["loss_mask"][:seq_len]), dtype=torch.long)
+    ids = torch.as_tensor(np.asarray(record["input_ids"][: seq_len + 1]), dtype=torch.long)
+    mask = torch.as_tensor(np.asarray(record["loss_mask"][: seq_len + 1]), dtype=torch.long)
     lens, docs = truncate_segments(record["seg_lens"], record["seg_doc"], ids.shape[0])
-    targets = shifted_targets(ids, mask, lens, docs, variant)
+    # Targets over the whole read span, then the last token leaves the input: it is a target only.
+    targets = shifted_targets(ids, mask, lens, docs, variant, boundary_targets)[:-1]
+    ids = ids[:-1]
+    lens, docs = truncate_segments(lens, docs, ids.shape[0])
     pad = padded_length(ids.shape[0], sp) - ids.shape[0]
     if pad:
         ids = torch.cat([ids, torch.full((pad,), pad_id, dtype=torch.long)])
         targets = torch.cat([targets, torch.full((pad,), -100, dtype=torch.long)])
         lens, docs = [*lens, pad], [*docs, max(docs) + 1]
-    return Row(ids, targets, tuple(lens), tuple(docs), real_tokens=len(mask))
+    return Row(ids, targets, tuple(lens), tuple(docs), real_tokens=len(mask) - 1)
 
 
 class BatchPlan:
@@ -105,6 +121,7 @@ class BatchPlan:
         variant: str,
         pad_id: int,
         rank: int,
+        boundary_targets: str = "all",
     ) -> None:
         self.dataset = dataset.select_columns(list(COLUMNS)).with_format("numpy")
         self.num_rows = len(self.dataset)
@@ -112,6 +129,7 @@ class BatchPlan:
             raise ValueError("the packed dataset has no rows")
         self.seed, self.par, self.seq_len = seed, par, seq_len
         self.variant, self.pad_id = variant, pad_id
+        self.boundary_targets = boundary_targets
         self.sp_rank, self.dp_rank = rank % par.sp, rank // par.sp
         self._perm_cache: dict[int, np.ndarray] = {}
 
@@ -150,7 +168,9 @@ class BatchPlan:
 
     def _row(self, index: int) -> Row:
         record = self.dataset[index]
-        return make_row(record, self.seq_len, self.par.sp, self.variant, self.pad_id)
+        return make_row(
+            record, self.seq_len, self.par.sp, self.variant, self.pad_id, self.boundary_targets
+        )
 
     def _micro_batch(self, rows: list[Row], device: torch.device | str) -> MicroBatch:
         return shard_rows(rows, self.variant, self.par.sp, self.sp_rank, device)

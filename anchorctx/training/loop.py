@@ -219,6 +219,7 @@ def _train(run: RunContext) -> dict[str, Any]:
         seq_len=cfg.data.seq_len,
         variant=cfg.training.attention,
         pad_id=int(run.pre.manifest["anchor_token_id"]),
+        boundary_targets=cfg.training.boundary_targets,
         rank=run.rank,
     )
     return _loop(run, ds_engine, plan)

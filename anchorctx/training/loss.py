@@ -1,21 +1,28 @@
 """Next-token targets of a packed row and the loss summed over them.
 
 Targets. Position ``t`` predicts token ``t + 1`` when ``loss_mask[t + 1] == 1`` (the packed
-dataset sets 0 for the anchor and for domain-tag tokens). One more rule depends on the
-attention variant, for the target that crosses a document boundary (position ``t`` is the last
-token of one document, ``t + 1`` the first token of the next one):
+dataset sets 0 for the anchor and for domain-tag tokens). A packed row holds ``seq_len + 1``
+tokens; the model sees the first ``seq_len`` and each of them has a target (see
+:func:`anchorctx.training.data.make_row`), as in AnchorContext's ``train.py``
+(``input_ids[..., :-1]`` against ``input_ids[..., 1:]``).
 
-- ``full``: kept. Position ``t`` attends to the whole preceding row, so predicting the next
-  document's first token after the separator is ordinary packed language modelling.
-- ``intra_doc``, ``intra_doc_reset``, ``anchor``: masked. Position ``t`` cannot see any token of
-  the next document (under ``anchor`` only the shared anchor, which carries no information
-  about which document follows), so that target would train the model to guess a document's
-  opening from an unrelated one — noise the document mask exists to remove. The rule is
-  evaluated on document ids, so interleaved chunks of one document that happen to be adjacent
-  keep their target, and the anchor's own document (segment 0) keeps all of its targets.
+Document boundaries (``training.boundary_targets``), for the target that crosses one (position
+``t`` is the last token of one document, ``t + 1`` the first token of the next):
 
-The rule removes at most one target per document; the loss is normalised by the number of
-targets actually kept over the whole global batch (see :mod:`anchorctx.training.step`).
+- ``all`` (default, the reference's): kept for every attention variant. AnchorContext trains
+  every next token with no ignore index, so the ``full`` and document-masked arms train on the
+  same target set and their losses compare directly.
+- ``within_document`` (an option): dropped for the document-masked variants (``intra_doc``,
+  ``intra_doc_reset``, ``anchor``), kept for ``full``. Under a document mask position ``t``
+  cannot see any token of the next document (under ``anchor`` only the shared anchor, which
+  carries no information about which document follows), so that target asks the model to guess
+  a document's opening from an unrelated one. The rule is evaluated on document ids, so
+  interleaved chunks of one document that happen to be adjacent keep their target, and the
+  anchor's own document (segment 0) keeps all of its targets. It removes at most one target
+  per document.
+
+The loss is normalised by the number of targets actually kept over the whole global batch (see
+:mod:`anchorctx.training.step`).
 """
 
 from __future__ import annotations
@@ -27,6 +34,7 @@ import torch.nn.functional as F
 
 IGNORE_INDEX = -100
 DOCUMENT_MASKED = frozenset({"intra_doc", "intra_doc_reset", "anchor"})
+BOUNDARY_TARGETS: tuple[str, ...] = ("all", "within_document")
 
 
 def segment_doc_ids(seg_lens: Sequence[int], seg_doc: Sequence[int] | None) -> torch.Tensor:
@@ -42,11 +50,17 @@ def shifted_targets(
     seg_lens: Sequence[int],
     seg_doc: Sequence[int] | None,
     variant: str,
+    boundary_targets: str = "all",
 ) -> torch.Tensor:
     """Targets of one row, LongTensor [T]: ``input_ids[t+1]`` or ``IGNORE_INDEX``.
 
     ``input_ids`` and ``loss_mask`` are [T]; the last position has no target.
+    ``boundary_targets``: ``all`` or ``within_document`` (see the module docstring).
     """
+    if boundary_targets not in BOUNDARY_TARGETS:
+        raise ValueError(
+            f"unknown boundary_targets {boundary_targets!r}; expected one of {BOUNDARY_TARGETS}"
+        )
     t = input_ids.shape[0]
     if sum(seg_lens) != t or loss_mask.shape[0] != t:
         raise ValueError(
@@ -54,7 +68,7 @@ def shifted_targets(
             f"{sum(seg_lens)}: the packed dataset is inconsistent"
         )
     keep = loss_mask[1:].bool()
-    if variant in DOCUMENT_MASKED:
+    if boundary_targets == "within_document" and variant in DOCUMENT_MASKED:
         doc = segment_doc_ids(seg_lens, seg_doc)
         keep = keep & (doc[1:] == doc[:-1])
     targets = torch.full((t,), IGNORE_INDEX, dtype=torch.long)

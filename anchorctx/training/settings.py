@@ -77,6 +77,12 @@ class TrainingConfig(Strict):
         "fused Triton kernels in their place (liger: CUDA, pip install liger-kernel; the same "
         "arithmetic up to float rounding, docs/FIDELITY.md).",
     )
+    boundary_targets: Literal["all", "within_document"] = Field(
+        "all",
+        description="Targets that cross a document boundary: 'all' (AnchorContext: every next "
+        "token is a target, for every variant) or 'within_document' (dropped for the "
+        "document-masked variants, whose mask makes them unpredictable; docs/FIDELITY.md).",
+    )
     device: Device = "auto"
     nproc: int | None = Field(
         None,

@@ -96,12 +96,10 @@ def rouge_zh_score(prediction: str, ground_truth: str, **kwargs: Any) -> float:
 def classification_score(prediction: str, ground_truth: str, **kwargs: Any) -> float:
     """1/len(matches) when the gold class is among the class names found in the prediction.
 
-    Faithful to LongBench, two quirks included on purpose (they change scores):
-    - class names that are substrings of the gold class are dropped while iterating over the
-      same list, so the element after a dropped one is not examined;
-    - LongBench's fallback to the most similar class (``difflib``) sits behind
-      ``if em_match_list != 0`` (a list compared with 0: always true), so it never runs and a
-      prediction naming no class scores 0.
+    As LongBench's ``metrics.py`` at the pinned revision, whose function has no fallback: a
+    prediction naming no class scores 0. One quirk is kept on purpose (it changes scores):
+    class names that are substrings of the gold class are dropped while iterating over the same
+    list, so the element after a dropped one is not examined.
     """
     all_classes: Sequence[str] = kwargs["all_classes"]
     matches = [name for name in all_classes if name in prediction]

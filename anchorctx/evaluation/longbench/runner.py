@@ -12,19 +12,23 @@ model, ``evaluation.longbench.max_length``), its first and last ``int(max_length
 decoded back to text (special tokens dropped) and that text is encoded again with the anchor.
 samsum forbids EOS and "\n" as the first token and stops at "\n" (``StopRules``).
 
-A dataset whose file is absent is reported under ``not_run`` and never replaced.
+The datasets default to pred.py's: all 21, the five Chinese ones included (their word-level
+metrics need ``jieba``, checked before any generation). A dataset whose file is absent is
+reported under ``not_run`` and never replaced.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from anchorctx.evaluation.longbench.tasks import (
+    ALL_DATASETS,
     DATASET2MAXLEN,
-    ENGLISH_DATASETS,
+    JIEBA_DATASETS,
     LONGBENCH_REPOSITORY,
     LONGBENCH_REVISION,
     SAMSUM_RULE_DATASETS,
@@ -197,6 +201,16 @@ def _run_dataset(
     return produced
 
 
+def _check_jieba(names: list[str], data_dir: Path) -> None:
+    """Fail before generating anything when a Chinese dataset to score needs jieba."""
+    need = [n for n in names if n in JIEBA_DATASETS and (data_dir / f"{n}.jsonl").is_file()]
+    if need and importlib.util.find_spec("jieba") is None:
+        raise LongBenchDataError(
+            f"LongBench {', '.join(need)} are scored on jieba word segmentation, which is not "
+            "installed: pip install jieba, or leave them out of evaluation.longbench.datasets"
+        )
+
+
 def run_suite(
     model: Any,
     tokenizer: Any,
@@ -210,7 +224,8 @@ def run_suite(
     lcfg = cfg.evaluation.longbench
     if lcfg.data_dir is None:
         raise LongBenchDataError("evaluation.longbench.data_dir is not set")
-    names = check_datasets(lcfg.datasets or ENGLISH_DATASETS)
+    names = check_datasets(lcfg.datasets or ALL_DATASETS)
+    _check_jieba(names, Path(lcfg.data_dir))
     scores: dict[str, float] = {}
     counts: dict[str, int] = {}
     not_run: dict[str, str] = {}

@@ -112,7 +112,10 @@ CATEGORIES: dict[str, tuple[str, ...]] = {
 }
 ENGLISH_DATASETS: tuple[str, ...] = tuple(d for names in CATEGORIES.values() for d in names)
 CHINESE_DATASETS = ("multifieldqa_zh", "dureader", "vcsum", "lsht", "passage_retrieval_zh")
+# pred.py's default list (all 21, in its order; dataset2prompt.json lists them the same way).
 ALL_DATASETS: tuple[str, ...] = tuple(DATASET2PROMPT)
+# The Chinese datasets whose metrics segment words with jieba (qa_f1_zh, rouge_zh).
+JIEBA_DATASETS = frozenset({"multifieldqa_zh", "dureader", "vcsum"})
 
 
 def check_datasets(names: Sequence[str]) -> list[str]:

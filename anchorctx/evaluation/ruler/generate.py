@@ -4,9 +4,13 @@ The length budget is RULER's: the prompt (task input plus answer prefix) plus th
 maximum new tokens fits in the target length, counting tokens without BOS.
 
 Default (``fit="ruler"``), as NVIDIA/RULER does it: the haystack size is the largest that fits
-on one probe sample (RULER bisects; here an interpolating search finds the same largest fitting
-size with fewer tokenisations), and a sample that then overflows drops a *whole step* of
-haystack (500 essay words, 25 noise lines, 10 documents, ...) until it fits. So samples at 4K
+on one probe sample, searched from the task's ``incremental`` upwards (RULER bisects; here an
+interpolating search finds the same largest fitting size with fewer tokenisations); when not
+even ``incremental`` fits, the size is ``incremental`` anyway. A sample that overflows is drawn
+again with fresh randomness, each time one *whole step* of haystack smaller (500 essay words,
+25 noise lines, 10 documents, ...) while the size is above ``incremental``, and at that size
+otherwise (RULER retries forever; here ``MAX_REDRAWS`` draws, then an error). A size that is not
+a multiple of the step can so end below ``incremental``, as in RULER. So samples at 4K
 are 2.3K-4.1K tokens long. FWE has its own rule (freq_words_extraction.py): its word count grows
 from ``max_len // 6`` in steps of ``max_len // 32`` while the prompt stays below ``max_len``,
 then steps back once; overflowing samples drop whole steps.
@@ -32,6 +36,9 @@ if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
 _SEARCH_INDEX = 0  # RULER sizes the haystack on sample 0 (qa.py: generate_input_output(0, ...))
+# Draws of one sample at the smallest size (``incremental``) before giving up: RULER's loop
+# retries there without end; a sample that overflows this often at that size cannot fit.
+MAX_REDRAWS = 100
 Fit = Literal["ruler", "tight"]
 FITS: tuple[str, ...] = ("ruler", "tight")
 
@@ -57,9 +64,12 @@ def make_builder(task: str, length: int, seed: int, paths: dict, count) -> T.Bui
     return T.QABuilder(task, spec.args, length, seed, paths)
 
 
-def sample_rng(seed: int, task: str, length: int, index: int) -> random.Random:
+def sample_rng(seed: int, task: str, length: int, index: int, attempt: int = 0) -> random.Random:
+    """The generator of draw ``attempt`` of one sample: each redraw of an overflowing sample
+    is fresh randomness, as RULER's retry loop draws from its running global stream."""
     # str seeds hash with SHA-512 in CPython: stable across processes and platforms.
-    return random.Random(f"ruler/{seed}/{task}/{length}/{index}")
+    key = f"ruler/{seed}/{task}/{length}/{index}"
+    return random.Random(key if attempt == 0 else f"{key}/{attempt}")
 
 
 class _Fitter:
@@ -84,27 +94,34 @@ class _Fitter:
         else:
             self.size = self._search(_SEARCH_INDEX)
 
-    def _sample(self, size: int, index: int) -> T.Sample:
-        return self.builder.build(size, index, sample_rng(self.seed, self.task, self.length, index))
+    def _sample(self, size: int, index: int, attempt: int = 0) -> T.Sample:
+        rng = sample_rng(self.seed, self.task, self.length, index, attempt)
+        return self.builder.build(size, index, rng)
 
     def _tokens(self, size: int, index: int) -> int:
         return self.count(self._sample(size, index).prompt)
 
     def _search(self, index: int, cap: int | None = None) -> int:
+        """Largest fitting size. RULER's search (``cap`` None) runs from the task's
+        ``incremental`` (``builder.step``) and falls back to it when nothing fits; the tight
+        shrink (``cap`` set) searches down to ``min_size`` and fails when nothing fits."""
         b = self.builder
         caps = [x for x in (cap, b.max_size) if x is not None]
         hi = min(caps) if caps else None
+        lo = b.min_size if cap is not None else max(b.step, b.min_size)
+        if hi is not None:
+            lo = min(lo, hi)
         guess = self._guess(index) if cap is None else cap - 1
-        size = T.largest_fitting(
-            lambda n: self._tokens(n, index), self.budget, b.min_size, guess, hi
+        size = T.largest_fitting(lambda n: self._tokens(n, index), self.budget, lo, guess, hi)
+        if size is not None:
+            return size
+        if cap is None:
+            return lo
+        raise ValueError(
+            f"RULER {self.task}: even the smallest haystack ({b.min_size} units, with the "
+            f"task's fixed template and one-shot example) needs more than {self.budget} "
+            f"prompt tokens with this tokenizer; evaluate {self.task} at a longer length"
         )
-        if size is None:
-            raise ValueError(
-                f"RULER {self.task}: even the smallest haystack ({b.min_size} units, with the "
-                f"task's fixed template and one-shot example) needs more than {self.budget} "
-                f"prompt tokens with this tokenizer; evaluate {self.task} at a longer length"
-            )
-        return size
 
     def _fwe_size(self, index: int) -> int:
         """freq_words_extraction.py: from ``max_len // 6`` words, add a step while the prompt is
@@ -133,16 +150,22 @@ class _Fitter:
         if n_tokens > self.budget and self.fit == "tight":  # shrink to the largest that fits
             s = self._sample(self._search(index, cap=self.size), index)
             n_tokens = self.count(s.prompt)
-        size = self.size
-        while n_tokens > self.budget:  # RULER: drop whole steps until the sample fits
-            size -= self.builder.step
-            if size < self.builder.min_size:
-                raise ValueError(
-                    f"RULER {self.task} sample {index} does not fit {self.budget} prompt tokens "
-                    f"even after dropping its haystack in steps of {self.builder.step}; "
-                    f"evaluate {self.task} at a longer length"
-                )
-            s = self._sample(size, index)
+        size, attempt, stuck, step = self.size, 0, 0, self.builder.step
+        while n_tokens > self.budget:  # RULER: draw again, a whole step smaller while possible
+            attempt += 1
+            # prepare's rule: ``if used > incremental: used -= incremental`` (a size below the
+            # builder's minimum, where RULER's draw itself fails, is not taken).
+            if size > step and size - step >= self.builder.min_size:
+                size -= step
+            else:
+                stuck += 1
+                if stuck > MAX_REDRAWS:
+                    raise ValueError(
+                        f"RULER {self.task} sample {index} does not fit {self.budget} prompt "
+                        f"tokens even at its smallest haystack ({size} units) after "
+                        f"{MAX_REDRAWS} draws; evaluate {self.task} at a longer length"
+                    )
+            s = self._sample(size, index, attempt)
             n_tokens = self.count(s.prompt)
         return {
             "index": index,

@@ -314,6 +314,8 @@ def _summarise(plan, records, not_run, num_samples, paths) -> dict[str, Any]:
             if k in records
         ]
         if recs:
-            scores.setdefault(task, {})[str(length)] = sum(x["score"] for x in recs) / len(recs)
+            # RULER's metric functions return round(score, 2) (scripts/eval/synthetic/constants.py).
+            mean = sum(x["score"] for x in recs) / len(recs)
+            scores.setdefault(task, {})[str(length)] = round(mean, 2)
             counts.setdefault(task, {})[str(length)] = len(recs)
     return {"scores": scores, "counts": counts, "not_run": not_run}

@@ -41,8 +41,9 @@ class Builder:
     min_size: int = 1
     max_size: int | None = None
     max_samples: int | None = None  # QA: the number of questions in the file
-    # RULER's ``incremental``: the first size tried when estimating tokens per unit, and the
-    # step by which a sample that overflows the budget is shrunk (a whole step at a time).
+    # RULER's ``incremental``: the first size tried when estimating tokens per unit, the
+    # smallest size the search considers (and its fallback), and the step by which a sample
+    # that overflows the budget is shrunk (a whole step at a time).
     probe: int = 10
 
     @property
@@ -157,6 +158,12 @@ def _singular(text: str) -> str:
 
 
 # ---------------------------------------------------------------------------------- VT
+# variable_tracking.py main(): the one-shot example is a sample of max_seq_length=500 whose
+# haystack search uses incremental 5 (the noise haystack without an example).
+VT_ICL_TOKENS = 500
+VT_ICL_INCREMENTAL = 5
+
+
 class VTBuilder(Builder):
     """scripts/data/synthetic/variable_tracking.py: chains ``VAR A = 12345``, ``VAR B = VAR A``
     hidden in the noise haystack, after a one-shot example with 3-letter names."""
@@ -206,16 +213,22 @@ class VTBuilder(Builder):
         )
 
     def _icl_example(self, count: Callable[[str], int]) -> str:
-        """The one-shot example: fitted to 500 tokens, built once, renamed for every sample."""
+        """The one-shot example, built once and renamed for every sample. variable_tracking.py
+        sizes it as a sample of 500 tokens with no new tokens: only its question (template and
+        answer prefix) must fit; the answer and a newline are appended afterwards. Its size
+        search starts at the example's ``incremental`` (5 noise lines) and falls back to it."""
 
-        def text(size: int) -> str:
-            q, prefix, answer = self._question(size, random.Random(self.seed), icl=True)
-            return q + prefix + " " + " ".join(answer) + "\n"
+        def question(size: int) -> tuple[str, str, list[str]]:
+            return self._question(size, random.Random(self.seed), icl=True)
 
-        size = largest_fitting(lambda n: count(text(n)), 500, self.hops + 1, 10)
-        if size is None:
-            raise ValueError("variable tracking: the one-shot example does not fit 500 tokens")
-        return text(size)
+        def tokens(size: int) -> int:
+            q, prefix, _ = question(size)
+            return count(q + prefix)
+
+        floor = max(VT_ICL_INCREMENTAL, self.hops + 1)
+        size = largest_fitting(tokens, VT_ICL_TOKENS, floor, 2 * floor) or floor
+        q, prefix, answer = question(size)
+        return q + prefix + " " + " ".join(answer) + "\n"
 
     def _randomized_icl(self, rng: random.Random) -> str:
         icl = self.icl
@@ -337,13 +350,16 @@ class QABuilder(Builder):
         path: Path = D.resolve_path(task, kind, paths)
         self.qa = D.read_squad(path) if kind == "squad" else D.read_hotpotqa(path)
         self.seed = seed
-        self.min_size, self.max_size, self.probe = 1, len(self.qa.docs), 10
+        # No upper size: beyond the pool qa.py repeats the documents (see _documents).
+        self.min_size, self.probe = 1, 10
         self.max_samples = len(self.qa.items)
 
     def _documents(self, size: int, item: D.QAItem, rng: random.Random) -> list[str]:
         docs = self.qa.docs
         if size >= len(docs):
-            chosen = list(range(len(docs)))
+            # qa.py: the whole pool, repeated as many times as needed and cut to ``size``.
+            repeats = -(-size // len(docs))
+            chosen = (list(range(len(docs))) * repeats)[:size]
         elif size - len(item.context) > len(item.more_context):
             taken = set(item.context) | set(item.more_context)
             extra = [i for i in range(len(docs)) if i not in taken]

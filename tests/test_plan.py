@@ -136,3 +136,136 @@ def test_shape_comes_from_config_json(tmp_path):
     assert shape == memory.Shape(2, 256, 512, 8, 2, 1000) and source.endswith("config.json")
     with pytest.raises(cost_plan.PlanError, match="--shape"):
         cost_plan.model_shape(_cfg(f"model.path={tmp_path / 'unknown'}"))
+
+
+# ------------------------------------------------------------------------------ document lengths
+ARMS = [
+    {"name": "full", "attention": "full"},
+    {"name": "intra_doc", "attention": "intra_doc"},
+    {"name": "anchor", "attention": "anchor"},
+]
+
+
+def _arms_of(cfg, *overrides: str, **top):
+    from anchorctx.experiment import config_from_dict
+
+    raw = {**cfg.model_dump(mode="json"), "variants": ARMS, **top}
+    return config_from_dict(raw, list(overrides))
+
+
+def _run_pairs(arm, dataset, manifest, par) -> float:
+    """The mean of build_layout(...).attended_pairs over the rows the run reads (the rows and
+    layouts training builds: BatchPlan's order, make_row's cut and padding)."""
+    from anchorctx.attention import build_layout
+    from anchorctx.training.data import BatchPlan
+
+    t = arm.training
+    plan = BatchPlan(
+        dataset,
+        seed=arm.seed,
+        par=par,
+        seq_len=arm.data.seq_len,
+        variant=t.attention,
+        pad_id=int(manifest["anchor_token_id"]),
+        rank=0,
+    )
+    pairs = [
+        build_layout(row.seg_lens, t.attention, row.seg_doc).attended_pairs
+        for step in range(t.steps)
+        for row in (plan._row(i) for i in plan.row_indices(step))
+    ]
+    return sum(pairs) / len(pairs)
+
+
+@pytest.mark.parametrize("steps", [4, 100])  # 8 rows of the dataset's 117; more than an epoch
+def test_attention_pairs_come_from_the_packed_dataset(tiny_config, packed_demo, steps):
+    from anchorctx.packing import load_packed
+
+    cfg = _arms_of(tiny_config, f"training.steps={steps}")
+    plan = eval_plan.plan_experiment(cfg, "h200", gpus=1)
+    t = plan.training
+    dataset, manifest = load_packed(packed_demo)
+    par = cost_plan.layout(cfg, t.shape, 1, 1)
+    h200 = cost_plan.GPUS["h200"]
+    for arm, got in zip(cfg.arms(), t.arms, strict=True):
+        if arm.training.attention == "full":
+            assert got.document_lengths is None
+            continue
+        lengths = got.document_lengths
+        assert lengths.source == "packed dataset" and lengths.dataset == str(packed_demo)
+        assert lengths.rows == steps * arm.training.global_batch_size
+        assert lengths.pairs == pytest.approx(_run_pairs(arm, dataset, manifest, par), rel=1e-12)
+        assert lengths.detail.startswith(f"packed dataset {packed_demo}, {lengths.rows} rows")
+        # The step uses those pairs in place of T·D/2.
+        opt = cost_plan.memory_options(arm, t.shape, 1, 1)
+        ck = arm.training.activation_checkpointing
+        row = cost_plan.row_seconds(
+            t.shape, t.seq_len, arm.training.attention, opt, h200, ck, pairs=lengths.pairs
+        )
+        assert got.step_s == pytest.approx(t.micro * t.accum * row)
+    out = eval_plan.format_plan(plan)
+    assert f"\n  document lengths: packed dataset {packed_demo}, {steps * 2} rows (D=" in out
+    data = json.loads(json.dumps(plan.to_dict()))
+    arms = data["training"]["arms"]
+    assert arms[0]["document_lengths"] is None
+    assert arms[2]["document_lengths"]["source"] == "packed dataset"
+    assert arms[2]["document_lengths"]["pairs"] == t.arms[2].document_lengths.pairs
+
+
+def test_pairs_follow_the_rows_training_builds(packed_demo):
+    """Cut to seq_len and padded to a multiple of SP as make_row does, every row's pairs equal
+    build_layout's for each document mask."""
+    from anchorctx.attention import build_layout
+    from anchorctx.packing import load_packed
+    from anchorctx.training.data import make_row
+
+    dataset, _ = load_packed(packed_demo)
+    segments = cost_plan.read_segments(packed_demo)
+    for seq_len, sp in ((512, 1), (512, 3), (300, 8)):
+        doc, anchor = cost_plan.row_pairs(*segments, seq_len, sp)
+        assert len(doc) == len(dataset)
+        for i in range(0, len(dataset), 7):
+            row = make_row(dataset[i], seq_len, sp, "anchor", pad_id=0)
+            for variant, want in (("intra_doc", doc[i]), ("anchor", doc[i] + anchor[i])):
+                layout = build_layout(row.seg_lens, variant, row.seg_doc)
+                assert layout.attended_pairs == want, (seq_len, sp, i, variant)
+
+
+def test_without_a_packed_dataset_d_is_assumed_and_said(tmp_path, capsys):
+    cfg = _cfg(f"run_root={tmp_path}")
+    plan = cost_plan.plan_training(cfg, "h200", gpus=8)
+    h200 = cost_plan.GPUS["h200"]
+    for arm, got in zip(cfg.arms(), plan.arms, strict=True):
+        if arm.training.attention == "full":
+            assert got.document_lengths is None
+            continue
+        lengths = got.document_lengths
+        assert lengths.source == "assumed" and lengths.rows == 0
+        assert lengths.detail == "assumed D=3.1K (no packed dataset yet)"
+        assert lengths.doc_tokens == cost_plan.doc_tokens(65536)
+        # The old estimate: T·D/2 pairs.
+        opt = cost_plan.memory_options(arm, plan.shape, 8, 8)
+        row = cost_plan.row_seconds(plan.shape, 65536, arm.training.attention, opt, h200)
+        assert got.step_s == pytest.approx(plan.micro * plan.accum * row)
+    assert main(["plan", PAPER, "--gpus", "8", "--set", f"run_root={tmp_path}"]) == 0
+    out = capsys.readouterr().out
+    assert "\n  document lengths: assumed D=3.1K (no packed dataset yet)\n" in out
+    assert main(["plan", PAPER, "--gpus", "8", "--json", "--set", f"run_root={tmp_path}"]) == 0
+    arms = json.loads(capsys.readouterr().out)["training"]["arms"]
+    assert arms[3]["document_lengths"]["source"] == "assumed"
+
+
+def test_a_packed_dataset_of_another_seq_len_is_ignored(tiny_config, packed_demo, tmp_path):
+    """The config's dataset, its manifest saying another seq_len: noted, and D assumed."""
+    import shutil
+
+    cfg = _arms_of(tiny_config, run_root=str(tmp_path))
+    copy = cfg.experiment_dir / "data" / packed_demo.name
+    shutil.copytree(packed_demo, copy)
+    manifest = json.loads((copy / "manifest.json").read_text())
+    (copy / "manifest.json").write_text(json.dumps({**manifest, "seq_len": 1024}))
+    lengths = cost_plan.plan_training(cfg, "h200", gpus=1).arms[2].document_lengths
+    assert lengths.source == "assumed"
+    assert f"packed dataset {copy} has seq_len 1024, not data.seq_len 512: ignored" in (
+        lengths.detail
+    )

@@ -251,7 +251,9 @@ def plan_arguments(parser: argparse.ArgumentParser) -> None:
 
 def plan(args: argparse.Namespace) -> int:
     """Predicted memory, step time and GPU-hours of the experiment; a run that does not fit
-    is a one-line error naming the option or GPU count that would make it fit (exit 2)."""
+    is a one-line error naming the option or GPU count that would make it fit (exit 2). The
+    document-masked arms' attention work is read from the packed dataset when ``prepare-data``
+    has written it, else assumed; the report (and ``--json``) says which."""
     # Imported here: the plan reads the RULER and LongBench tables, which `--help` skips.
     import json
 

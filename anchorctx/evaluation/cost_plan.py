@@ -241,6 +241,13 @@ def format_plan(plan: ExperimentPlan) -> str:
             f"  {a.name:<18}{a.variant:<17}{a.steps:>7}{a.step_s:>9.2f}{_h(a.gpu_hours):>12}"
         )
     lines.append(f"  {'all arms':<51}{_h(t.gpu_hours):>12}")
+    sources: dict[str, list[str]] = {}  # the document-masked arms' attention work, by source
+    for a in t.arms:
+        if a.document_lengths is not None:
+            sources.setdefault(a.document_lengths.detail, []).append(a.name)
+    for detail, names in sources.items():
+        which = "" if len(sources) == 1 else f" [{', '.join(names)}]"
+        lines.append(f"  document lengths: {detail}{which}")
     lines += [
         "",
         f"evaluation: GPU-hours per checkpoint, × {e.checkpoints_per_arm} checkpoints × "

@@ -11,10 +11,11 @@ there lists every constant):
   MLP and one more LM-head forward with the tiled loss; it runs at ``R_mm``, the rate the
   measured steps achieved outside attention (:func:`matmul_rate`, one per ``training.kernels``);
 - attention, per layer and head, ``F = 4·d·pairs`` useful forward FLOPs (``pairs = T²/2`` for
-  ``full``, ``T·D/2`` for the document masks, ``D`` the token-weighted mean document length of
-  the measured rows, :func:`doc_tokens`), forward and backward ``3.5·F`` at the kernel's measured
-  forward+backward rate plus ``F`` recomputed at its forward rate (section 1); Ulysses gives each
-  GPU ``1/SP`` of the heads;
+  ``full``; for the document masks the mean attended pairs of the packed dataset's rows the run
+  reads when ``prepare-data`` has written it, :func:`document_lengths`, else ``T·D/2``, ``D`` the
+  token-weighted mean document length of the measured rows, :func:`doc_tokens`), forward and
+  backward ``3.5·F`` at the kernel's measured forward+backward rate plus ``F`` recomputed at its
+  forward rate (section 1); Ulysses gives each GPU ``1/SP`` of the heads;
 - Ulysses' all-to-alls: the row time is divided by the measured tokens/s per GPU of SP against
   one GPU (section 3);
 - optimizer offload: torch's AdamW over the rank's ``P/N`` fp32 parameters on the host CPU.
@@ -354,15 +355,25 @@ def doc_tokens(tokens: int) -> float:
 
 
 def attention_seconds(
-    shape: Shape, tokens: int, variant: str, sp: int, keep: int, peak_scale: float = 1.0
+    shape: Shape,
+    tokens: int,
+    variant: str,
+    sp: int,
+    keep: int,
+    peak_scale: float = 1.0,
+    pairs: float | None = None,
 ) -> float:
-    """Attention time of one row on one GPU (1/SP of the heads) at the H200's kernel rates."""
+    """Attention time of one row on one GPU (1/SP of the heads) at the H200's kernel rates.
+    ``pairs``: the attended (query, key) pairs of a document-masked row (default ``T·D/2``,
+    ``D`` = :func:`doc_tokens`; :func:`document_lengths` reads them from the packed dataset)."""
     full = full_attention_forward(shape, tokens)
     if variant == "full":
         fwd = full
         rate_f, rate_fb = _interpolate(DENSE_RATES, tokens)
     else:
-        fwd = full * doc_tokens(tokens) / tokens
+        if pairs is None:
+            pairs = tokens * doc_tokens(tokens) / 2
+        fwd = full * pairs / (tokens * tokens / 2)
         rate_f, rate_fb = _interpolate(DOC_RATES, tokens)
     fwd /= sp
     recomputed = fwd * (shape.layers - min(keep, shape.layers)) / shape.layers
@@ -388,12 +399,14 @@ def row_seconds(
     opt: Options,
     gpu: GpuKind,
     checkpointing: bool = True,
+    pairs: float | None = None,
 ) -> float:
-    """Seconds of one row's forward and backward on each of its SP GPUs."""
+    """Seconds of one row's forward and backward on each of its SP GPUs (``pairs``: see
+    :func:`attention_seconds`)."""
     keep = opt.keep_activations if checkpointing else shape.layers
     t = tokens / opt.sp
     mm = matmul_flops(shape, t, keep, opt.tiled_mlp, opt.tiled_loss) / matmul_rate(opt.kernels)
-    attn = attention_seconds(shape, tokens, variant, opt.sp, keep)
+    attn = attention_seconds(shape, tokens, variant, opt.sp, keep, pairs=pairs)
     return (mm + attn) / sp_efficiency(opt.sp) * gpu.train
 
 
@@ -405,6 +418,171 @@ def optimizer_seconds(shape: Shape, opt: Options) -> float:
     return CPU_ADAM_S_PER_GPARAM * shape.params / opt.gpus / 1e9
 
 
+# ------------------------------------------------------------------------------ document lengths
+@dataclass(frozen=True)
+class DocLengths:
+    """Where a document-masked arm's attention work comes from: the attended pairs of the
+    packed dataset's rows when it exists, else the measured rows' ``D``."""
+
+    source: str  # "packed dataset" or "assumed"
+    detail: str  # what the plan prints after "document lengths: "
+    dataset: str | None  # the packed dataset's directory
+    rows: int  # rows the mean is over (row reads of the run, repeats counted); 0 when assumed
+    pairs: float  # mean attended (query, key) pairs per row
+    doc_tokens: float  # D = 2·pairs / T (for an assumed source, the D assumed)
+
+
+def _k(tokens: float) -> str:
+    return f"{tokens / 1000:.1f}K"
+
+
+def assumed_lengths(tokens: int, why: str = "no packed dataset yet") -> DocLengths:
+    d = doc_tokens(tokens)
+    return DocLengths("assumed", f"assumed D={_k(d)} ({why})", None, 0, tokens * d / 2, d)
+
+
+def locate_packed(cfg: ExperimentConfig) -> tuple[Path | None, dict[str, Any], str]:
+    """The packed dataset ``prepare-data`` wrote for ``cfg``, the directory training reads
+    (:func:`~anchorctx.packing.pipeline.default_output_dir` of its
+    :func:`~anchorctx.packing.pipeline.dataset_fingerprint`), and its manifest; else None and
+    why not. Nothing is fingerprinted (no tokenizer load) while the experiment has no packed
+    dataset on disk."""
+    none = "no packed dataset yet"
+    if cfg.data.output_dir:
+        candidates = [Path(cfg.data.output_dir)]
+    else:
+        data = cfg.experiment_dir / "data"
+        candidates = list(data.iterdir()) if data.is_dir() else []
+    if not any((c / "manifest.json").is_file() for c in candidates):
+        return None, {}, none
+    # Imported here: fingerprinting reads the tokenizer (transformers), which only a plan with a
+    # packed dataset on disk needs.
+    from anchorctx.packing.pipeline import dataset_fingerprint, default_output_dir
+
+    try:
+        fingerprint = dataset_fingerprint(cfg)
+    except (ValueError, OSError) as err:  # DataError, ModelLoadError: inputs or tokenizer gone
+        return None, {}, f"packed dataset not located: {err}"
+    path = default_output_dir(cfg, fingerprint)
+    try:
+        manifest = json.loads((path / "manifest.json").read_text())
+    except (OSError, ValueError):
+        return None, {}, none
+    if manifest.get("fingerprint") != fingerprint or not (path / "state.json").is_file():
+        return None, {}, none
+    return path, manifest, ""
+
+
+def read_segments(path: Path) -> tuple[Any, Any, Any]:
+    """The ``seg_lens`` and ``seg_doc`` columns of a packed dataset, flat (int64), and the
+    segments per row: read from its memory-mapped Arrow files, the token ids left untouched."""
+    import numpy as np
+    import pyarrow as pa
+
+    state = json.loads((path / "state.json").read_text())
+    lens, docs, counts = [], [], []
+    for entry in state["_data_files"]:
+        with pa.memory_map(str(path / entry["filename"])) as source:
+            table = pa.ipc.open_stream(source).read_all().select(["seg_lens", "seg_doc"])
+            seg_lens = table.column("seg_lens").combine_chunks()
+            seg_doc = table.column("seg_doc").combine_chunks()
+            lens.append(seg_lens.flatten().to_numpy().astype(np.int64))
+            docs.append(seg_doc.flatten().to_numpy().astype(np.int64))
+            counts.append(seg_lens.value_lengths().to_numpy().astype(np.int64))
+    return np.concatenate(lens), np.concatenate(docs), np.concatenate(counts)
+
+
+def row_pairs(lens: Any, docs: Any, counts: Any, seq_len: int, sp: int) -> tuple[Any, Any]:
+    """Per row, the attended (query, key) pairs of the row training builds from it
+    (:func:`anchorctx.training.data.make_row`: its first ``seq_len`` tokens, padded to a
+    multiple of ``sp`` by one segment of its own): ``(document-masked, anchor's extra)``.
+    Document-masked: each document's ``n(n+1)/2``, its chunks counted as one document; the
+    anchor adds one key for every token outside the first segment's document, as
+    :attr:`anchorctx.attention.layout.Layout.attended_pairs` counts them."""
+    import numpy as np
+
+    rows = len(counts)
+    row = np.repeat(np.arange(rows), counts)
+    first = np.cumsum(counts) - counts  # index of each row's first segment
+    ends = np.cumsum(lens)
+    start = ends - lens - (ends - lens)[first][row]  # a segment's first token within its row
+    totals = np.bincount(row, weights=lens, minlength=rows).astype(np.int64)
+    real = np.minimum(seq_len, totals - 1)  # the row's inputs: all of its tokens but the last
+    take = np.clip(real[row] - start, 0, lens)
+    width = int(docs.max()) + 1 if len(docs) else 1
+    keys, group = np.unique(row * width + docs, return_inverse=True)
+    n = np.bincount(group, weights=take).astype(np.int64)
+    doc = np.bincount(keys // width, weights=n * (n + 1) // 2, minlength=rows).astype(np.int64)
+    pad = -(-real // sp) * sp - real
+    doc += pad * (pad + 1) // 2
+    anchor = real + pad - n[group[first]]
+    return doc, anchor
+
+
+def run_weights(rows: int, samples: int, seed: int) -> Any:
+    """How often the run reads each row: ``samples`` row reads in the order of
+    :class:`anchorctx.training.data.BatchPlan` (every row once per whole epoch, then the first
+    ones of epoch ``e``'s permutation, seeded ``[seed, e]``); every row once for no steps."""
+    import numpy as np
+
+    if samples <= 0:
+        return np.ones(rows, dtype=np.int64)
+    epochs, rest = divmod(samples, rows)
+    weights = np.full(rows, epochs, dtype=np.int64)
+    if rest:
+        weights[np.random.default_rng([seed, epochs]).permutation(rows)[:rest]] += 1
+    return weights
+
+
+def document_lengths(
+    cfg: ExperimentConfig, tokens: int, sp: int, cache: dict[Any, Any] | None = None
+) -> DocLengths:
+    """The attention work of ``cfg``'s document-masked arm: the mean attended pairs over the
+    rows the run reads of its packed dataset when that exists (and is of ``data.seq_len``), else
+    the measured rows' ``D`` (:func:`assumed_lengths`). ``cache`` shares the datasets located
+    and read between the arms of one plan."""
+    cache = {} if cache is None else cache
+    where = ("locate", cfg.data.model_dump_json(), cfg.seed, str(cfg.model.tokenizer_path))
+    where += (str(cfg.experiment_dir),)
+    if where not in cache:
+        cache[where] = locate_packed(cfg)
+    path, manifest, why = cache[where]
+    if path is None:
+        return assumed_lengths(tokens, why)
+    if manifest.get("seq_len") != cfg.data.seq_len:
+        return assumed_lengths(
+            tokens,
+            f"packed dataset {path} has seq_len {manifest.get('seq_len')}, not data.seq_len "
+            f"{cfg.data.seq_len}: ignored",
+        )
+    key = ("pairs", str(path), cfg.data.seq_len, sp)
+    if key not in cache:
+        try:
+            cache[key] = row_pairs(*read_segments(path), cfg.data.seq_len, sp)
+        except (OSError, ValueError, KeyError) as err:  # pyarrow's errors are of these kinds
+            cache[key] = f"packed dataset {path} not readable: {err}"
+    if isinstance(cache[key], str):
+        return assumed_lengths(tokens, cache[key])
+    doc, anchor = cache[key]
+    if not len(doc):
+        return assumed_lengths(tokens, f"packed dataset {path} has no rows")
+    per_row = doc + anchor if cfg.training.attention == "anchor" else doc
+    weights = run_weights(
+        len(per_row), cfg.training.steps * cfg.training.global_batch_size, cfg.seed
+    )
+    rows = int(weights.sum())
+    pairs = float(weights @ per_row) / rows
+    d = 2 * pairs / tokens
+    return DocLengths(
+        "packed dataset",
+        f"packed dataset {path}, {rows} rows (D={_k(d)})",
+        str(path),
+        rows,
+        pairs,
+        d,
+    )
+
+
 # ------------------------------------------------------------------------------ the plan
 @dataclass(frozen=True)
 class ArmPlan:
@@ -413,6 +591,8 @@ class ArmPlan:
     steps: int
     step_s: float
     gpu_hours: float
+    # The document-masked arms' attention work (None for full: causal pairs T²/2).
+    document_lengths: DocLengths | None = None
 
 
 @dataclass(frozen=True)
@@ -540,13 +720,25 @@ def plan_training(
         )
     arms = []
     rows_per_rank = par.micro * par.accum
+    read: dict[Any, Any] = {}  # packed datasets located and read, shared by the arms
     for arm in cfg.arms():
         t = arm.training
         arm_opt = memory_options(arm, shape, par.world, par.sp)
-        row = row_seconds(shape, tokens, t.attention, arm_opt, kind, t.activation_checkpointing)
+        lengths = None
+        if t.attention != "full":
+            lengths = document_lengths(arm, tokens, par.sp, read)
+        row = row_seconds(
+            shape,
+            tokens,
+            t.attention,
+            arm_opt,
+            kind,
+            t.activation_checkpointing,
+            pairs=lengths.pairs if lengths else None,
+        )
         step = rows_per_rank * row + optimizer_seconds(shape, arm_opt)
         hours = t.steps * step * par.world / 3600
-        arms.append(ArmPlan(arm.variant_name, t.attention, t.steps, step, hours))
+        arms.append(ArmPlan(arm.variant_name, t.attention, t.steps, step, hours, lengths))
     return TrainingPlan(
         gpu=gpu,
         gpu_estimate=kind.estimate,

@@ -20,6 +20,11 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # ~40 s build when pytest runs on its own. Workers building it at once take turns (torch locks
 # the build directory).
 os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(REPO / ".cache" / "torch_extensions"))
+# With pytest-xdist, one intra-op thread per worker (and per process a test starts): workers that
+# each spread small ops over every core contend for the cores and run several times slower. Set
+# before torch is first imported (below), which reads it then.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
 def _has_cuda() -> bool:

@@ -1,7 +1,7 @@
 """The ``triton`` engine's kernels on CPU, in Triton's interpreter (exact float32 numpy math).
 
 Forward and gradients against the float64 loop reference of test_attention_core on every
-variant and layout kind, with tiles small enough (16-32 tokens) that rows of 64-300 tokens
+variant and layout kind, with tiles small enough (16-32 tokens) that rows of 64-150 tokens
 cross many tile and document boundaries; the tile lists against a brute-force reading of the
 dense mask. Skipped where Triton is not installed (it comes with CUDA builds of PyTorch; the
 CPU lock installs it for these tests).
@@ -14,7 +14,7 @@ import random
 
 import pytest
 import torch
-from test_attention_core import CASES, make_case, random_row, reference_allowed
+from test_attention_core import make_case, random_row, reference_allowed
 from test_attention_core import reference_attention as reference
 
 from anchorctx.attention import VARIANTS, build_layout
@@ -51,6 +51,15 @@ def _check(out, ref, q, k, v):
         torch.testing.assert_close(g, w.float(), **TOL, msg=lambda m, n=name: f"d{n}: {m}")
 
 
+# test_attention_core's layout kinds, each once, at sizes the interpreter runs quickly: several
+# tiles per row (a partial last one included), GQA and batches of unlike rows.
+CASES = [  # (T, kind, H, H_kv, B)
+    (64, "many_docs", 2, 2, 1),
+    (150, "many_docs", 2, 1, 2),
+    (130, "chunked", 2, 1, 2),
+    (130, "tiny_docs", 2, 1, 1),
+    (100, "one_doc", 2, 1, 1),
+]
 # intra_doc_reset has intra_doc's mask (only position ids differ, which the kernel never sees);
 # every variant runs together in the mixed-batch test below. ``full`` rows are one document:
 # two cases are enough.
@@ -75,7 +84,7 @@ def test_forward_backward_match_reference(variant, case):
 def test_backward_in_two_launches_matches_reference(variant):
     """``split_backward`` (dK/dV and dQ as separate launches, other tile shapes) is the same
     computation."""
-    q, k, v, masks, layouts = make_case(17, 200, "many_docs", 4, 2, 2, variant, grad=True)
+    q, k, v, masks, layouts = make_case(17, 150, "many_docs", 2, 1, 2, variant, grad=True)
     out = _run(q, k, v, layouts, blocks=SMALL_SPLIT)
     _check(out, reference(q, k, v, masks), q, k, v)
 
@@ -105,17 +114,17 @@ def test_rows_with_different_variants_and_a_shared_layout():
     rows = [(*random_row(rng, 100, "chunked"), variant) for variant in VARIANTS]
     layouts = [build_layout(lens, variant, docs) for lens, docs, variant in rows]
     masks = torch.stack([reference_allowed(*row) for row in rows])
-    q, k, v = (torch.randn(4, 4, 100, 16, requires_grad=True) for _ in range(3))
+    q, k, v = (torch.randn(4, 2, 100, 16, requires_grad=True) for _ in range(3))
     _check(_run(q, k, v, layouts), reference(q, k, v, masks), q, k, v)
 
-    q, k, v, masks, layout = make_case(8, 120, "chunked", 4, 2, 3, "anchor", grad=True, shared=True)
+    q, k, v, masks, layout = make_case(8, 120, "chunked", 2, 1, 2, "anchor", grad=True, shared=True)
     _check(_run(q, k, v, layout, shared=True), reference(q, k, v, masks), q, k, v)
 
 
 def test_token_major_inputs_keep_their_layout():
     """q/k/v as Hugging Face passes them ([B, T, H, D] memory, transposed views): the output has
     q's strides, so transposing it back is free, and the values are the same."""
-    q, k, v, masks, layouts = make_case(5, 130, "many_docs", 4, 2, 2, "anchor")
+    q, k, v, masks, layouts = make_case(5, 100, "many_docs", 4, 2, 1, "anchor")
     views = [x.transpose(1, 2).contiguous().transpose(1, 2).requires_grad_() for x in (q, k, v)]
     out = _run(*views, layouts)
     assert out.stride() == views[0].stride()

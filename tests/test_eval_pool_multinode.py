@@ -15,7 +15,7 @@ from pathlib import Path
 import netns
 import pytest
 from distributed import free_port
-from test_eval_sharding import _cfg, _sorted_records
+from test_eval_sharding import LENGTHS, _cfg, _sorted_records
 
 from anchorctx.evaluation import results
 
@@ -66,11 +66,11 @@ def _in(hosts, node: int, cmd: list[str], env: dict, log: Path) -> subprocess.Po
 def test_shards_run_on_both_hosts_and_equal_one_process(tmp_path, demo_corpus):
     if reason := netns.unavailable():
         pytest.skip(reason)
-    # One process alone: the reference records and scores.
-    ref_cfg, ref_ckpt = _cfg(tmp_path, demo_corpus, "alone")
+    # One process alone: the reference records and scores. One length: two units, one a host.
+    ref_cfg, ref_ckpt = _cfg(tmp_path, demo_corpus, "alone", lengths=LENGTHS[:1])
     ref = results.load_result(results.evaluate_checkpoint(ref_cfg, ref_ckpt, "ruler",
                                                           progress=False))  # fmt: skip
-    cfg, ckpt = _cfg(tmp_path, demo_corpus, "pool")
+    cfg, ckpt = _cfg(tmp_path, demo_corpus, "pool", lengths=LENGTHS[:1])
     cfg = cfg.model_copy(deep=True)
     cfg.evaluation.work_pool, cfg.evaluation.shards = "anchorctx-test", 2
     cfg_json = tmp_path / "pool.json"

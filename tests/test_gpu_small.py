@@ -164,10 +164,11 @@ def _miniature(tmp_path: Path, demo_corpus) -> list[str]:
         "save: {every: 2, last: null}}",
         f"evaluation={{suites: [ruler], heldout_data: {eval_dir}, device: cpu, dtype: float32, "
         f"batch_size: 2, last_k: 1, ruler: {{tasks: [niah_single_1], lengths: [512], "
-        f"num_samples: 1, essay_path: {eval_dir}/fixtures/essays.json, "
+        f"fit: tight, num_samples: 1, essay_path: {eval_dir}/fixtures/essays.json, "
         f"squad_path: {eval_dir}/squad.json, nltk_data: {eval_dir}/fixtures/nltk_data}}}}",
         "tracking=[]",
-        "variants=[{name: full, attention: full}, {name: anchor, attention: anchor}]",
+        # One arm shows every arm's path (test_flows_overlap runs two); each arm costs CI time.
+        "variants=[{name: anchor, attention: anchor}]",
     ]  # fmt: skip
 
 

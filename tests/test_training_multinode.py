@@ -113,7 +113,7 @@ def test_two_nodes_train_like_one_process(hosts, tiny_config, packed_demo, tmp_p
 
 def test_a_killed_node_fails_the_other_and_the_run_resumes(hosts, tiny_config, packed_demo,
                                                             tmp_path, torch_extensions):  # noqa: F811  # fmt: skip
-    steps = 40
+    steps = 16  # the kill comes after 3: a node waits for the other at every step
     save = tiny_config.training.save.model_copy(update={"every": 1000, "resume_every": 2})
     config = _two_node(tiny_config, packed_demo, tmp_path, "kill", steps=steps, save=save)
     run_dir = tmp_path / "runs" / "kill" / "anchor"

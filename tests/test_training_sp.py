@@ -140,9 +140,15 @@ def _compare_gradients(stage: int, ref: dict, got: dict) -> None:
         assert diff <= bound, f"ZeRO-{stage}: gradient of {name}: |diff| {diff:.2e} > {bound:.2e}"
 
 
+@pytest.fixture(scope="module")
+def single(tiny_config, packed_demo, tmp_path_factory, torch_extensions):  # noqa: F811
+    """The one-process reference both tests below compare with (computed once)."""
+    out = tmp_path_factory.mktemp("sp_reference") / "one.pt"
+    return _run(tiny_config, packed_demo, sp=1, world=1, out=out)
+
+
 @pytest.mark.distributed
-def test_sp2_and_dp2_equal_one_process(tiny_config, packed_demo, tmp_path, torch_extensions):  # noqa: F811
-    single = _run(tiny_config, packed_demo, sp=1, world=1, out=tmp_path / "one.pt")
+def test_sp2_and_dp2_equal_one_process(single, tiny_config, packed_demo, tmp_path):
     _compare(single, _run(tiny_config, packed_demo, sp=2, world=2, out=tmp_path / "sp2.pt"))
     # Two data-parallel ranks (each one row of the batch, no accumulation): same update.
     _compare(single, _run(tiny_config, packed_demo, sp=1, world=2, out=tmp_path / "dp2.pt"))
@@ -152,10 +158,9 @@ def test_sp2_and_dp2_equal_one_process(tiny_config, packed_demo, tmp_path, torch
 
 
 @pytest.mark.distributed
-def test_comparison_catches_one_dropped_token(tiny_config, packed_demo, tmp_path, torch_extensions):  # noqa: F811
+def test_comparison_catches_one_dropped_token(single, tiny_config, packed_demo, tmp_path):
     """The criterion above is not vacuous: losing one target of the batch (what a shard that
     drops or duplicates a token boundary does) fails it, on the gradients and not only the loss."""
-    single = _run(tiny_config, packed_demo, sp=1, world=1, out=tmp_path / "one.pt")
     broken = _run(tiny_config, packed_demo, sp=1, world=1, out=tmp_path / "drop.pt",
                   drop_target=True)  # fmt: skip
     for stage in STAGES:

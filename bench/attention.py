@@ -208,8 +208,11 @@ def _reuse_pick(row: Row, rows: list[Row], layout: Layout, args) -> bool:
     row.picked = auto_choice(q, k, v, layout)
     for other in rows:
         if (other.length, other.distribution, other.variant, other.engine) == (
-            row.length, row.distribution, row.variant, row.picked,
-        ) and not other.error:  # fmt: skip
+            row.length,
+            row.distribution,
+            row.variant,
+            row.picked,
+        ) and not other.error:
             for name in ("fwd_ms", "fwdbwd_ms", "fwd_tflops", "fwdbwd_tflops", "plan_ms"):
                 setattr(row, name, getattr(other, name))
             return True
@@ -440,7 +443,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--budget-s", type=float, default=330.0, help="Stop starting new runs after this."
     )
     p.add_argument("--out", type=Path, help="Write rows, accuracy and environment as JSON.")
-    return p.parse_args(argv)  # fmt: skip
+    return p.parse_args(argv)
 
 
 def environment() -> dict:

@@ -25,10 +25,15 @@ import torch.nn.functional as F
 from anchorctx.models import decoding
 
 VARIANTS = [
-    {}, {"BLOCK_N": 128}, {"SPLIT_KV": 32}, {"SPLIT_KV": 64}, {"SPLIT_KV": 32, "BLOCK_N": 128},
-    {"SPLIT_KV": 64, "BLOCK_N": 128, "num_warps": 8}, {"num_stages": 3},
+    {},
+    {"BLOCK_N": 128},
+    {"SPLIT_KV": 32},
+    {"SPLIT_KV": 64},
+    {"SPLIT_KV": 32, "BLOCK_N": 128},
+    {"SPLIT_KV": 64, "BLOCK_N": 128, "num_warps": 8},
+    {"num_stages": 3},
     {"SPLIT_KV": 32, "num_stages": 3},
-]  # fmt: skip
+]
 
 
 def sweep_shape(rows: int, slots: int, results: list[dict]) -> None:
@@ -57,21 +62,40 @@ def sweep_shape(rows: int, slots: int, results: list[dict]) -> None:
         try:
             outs = [fn() for _ in range(3)]
         except Exception as e:  # an option the kernel rejects: reported, not fatal
-            results.append({"rows": rows, "slots": slots, "kernel": name,
-                            "error": f"{type(e).__name__}: {str(e)[:200]}"})  # fmt: skip
+            results.append(
+                {
+                    "rows": rows,
+                    "slots": slots,
+                    "kernel": name,
+                    "error": f"{type(e).__name__}: {str(e)[:200]}",
+                }
+            )
             print(f"{shape} {name}: {type(e).__name__}: {str(e)[:200]}", flush=True)
             return
         err = float((outs[0].float() - ref).norm() / ref.norm())
         same = all(torch.equal(outs[0], o) for o in outs[1:])
         ms = do_bench(fn, warmup=50, rep=300, return_mode="median")
-        results.append({"rows": rows, "slots": slots, "kernel": name, "rel_err": err,
-                        "bit_identical_3_calls": same, "ms": ms,
-                        "TBps": nbytes / ms / 1e9})  # fmt: skip
-        print(f"{shape} {name}: err {err:.1e} identical {same} {ms:.3f} ms "
-              f"{nbytes / ms / 1e9:.2f} TB/s", flush=True)  # fmt: skip
+        results.append(
+            {
+                "rows": rows,
+                "slots": slots,
+                "kernel": name,
+                "rel_err": err,
+                "bit_identical_3_calls": same,
+                "ms": ms,
+                "TBps": nbytes / ms / 1e9,
+            }
+        )
+        print(
+            f"{shape} {name}: err {err:.1e} identical {same} {ms:.3f} ms "
+            f"{nbytes / ms / 1e9:.2f} TB/s",
+            flush=True,
+        )
 
-    record("cudnn (SDPA pick)",
-           lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale))  # fmt: skip
+    record(
+        "cudnn (SDPA pick)",
+        lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale),
+    )
 
     def efficient():
         with sdpa_kernel([SDPBackend.EFFICIENT_ATTENTION]):
@@ -83,16 +107,19 @@ def sweep_shape(rows: int, slots: int, results: list[dict]) -> None:
         decoding.FLEX_KERNEL_OPTIONS.clear()
         decoding.FLEX_KERNEL_OPTIONS.update(opts)
         fn = torch.compile(decoding._flex_decode, fullgraph=True, dynamic=False)
-        record(f"flex {json.dumps(opts)}",
-               lambda fn=fn: fn(q, k, v, visible, kv_blocks, kv_index, scale))  # fmt: skip
+        record(
+            f"flex {json.dumps(opts)}",
+            lambda fn=fn: fn(q, k, v, visible, kv_blocks, kv_index, scale),
+        )
     decoding.FLEX_KERNEL_OPTIONS.clear()
     decoding.FLEX_KERNEL_OPTIONS.update(saved)
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--shapes", nargs="+", default=["1x131072", "4x32768", "16x4096"],
-                   help="ROWSxSLOTS")  # fmt: skip
+    p.add_argument(
+        "--shapes", nargs="+", default=["1x131072", "4x32768", "16x4096"], help="ROWSxSLOTS"
+    )
     p.add_argument("--throughput-lengths", type=int, nargs="*", default=[32768, 131072])
     p.add_argument("--out", type=Path)
     args = p.parse_args(argv)
@@ -111,8 +138,11 @@ def main(argv: list[str] | None = None) -> int:
             and r["rel_err"] < 2e-2  # bf16 output rounding is ~4e-3; a wrong mask is O(1)
         ):
             totals[r["kernel"]] = totals.get(r["kernel"], 0.0) + r["ms"]
-    complete = {n: t for n, t in totals.items()
-                if sum(r["kernel"] == n and "ms" in r for r in results) == len(args.shapes)}  # fmt: skip
+    complete = {
+        n: t
+        for n, t in totals.items()
+        if sum(r["kernel"] == n and "ms" in r for r in results) == len(args.shapes)
+    }
     best = min(complete, key=complete.get) if complete else None
     name = torch.cuda.get_device_name()
     print(f"\n{name}, torch {torch.__version__}; best flex option: {best}")
@@ -122,15 +152,24 @@ def main(argv: list[str] | None = None) -> int:
         if "error" in r:
             print(f"| {r['rows']} × {r['slots']} | {r['kernel']} | {r['error'][:60]} | | | |")
         else:
-            print(f"| {r['rows']} × {r['slots']} | {r['kernel']} | {r['rel_err']:.1e} | "
-                  f"{r['bit_identical_3_calls']} | {r['ms']:.3f} | {r['TBps']:.2f} |")  # fmt: skip
+            print(
+                f"| {r['rows']} × {r['slots']} | {r['kernel']} | {r['rel_err']:.1e} | "
+                f"{r['bit_identical_3_calls']} | {r['ms']:.3f} | {r['TBps']:.2f} |"
+            )
     if args.out:
         from anchorctx.io import atomic_write_json
 
-        atomic_write_json(args.out, {
-            "benchmark": "decode_attention_sweep", "date": datetime.now(timezone.utc).isoformat(),
-            "device": name, "torch": torch.__version__, "results": results, "best": best,
-        })  # fmt: skip
+        atomic_write_json(
+            args.out,
+            {
+                "benchmark": "decode_attention_sweep",
+                "date": datetime.now(timezone.utc).isoformat(),
+                "device": name,
+                "torch": torch.__version__,
+                "results": results,
+                "best": best,
+            },
+        )
     if best is not None and args.throughput_lengths:
         from bench.eval_throughput import main as throughput
 
@@ -138,8 +177,17 @@ def main(argv: list[str] | None = None) -> int:
         decoding.FLEX_KERNEL_OPTIONS.update(json.loads(best.removeprefix("flex ")))
         torch._dynamo.reset()
         out = None if args.out is None else args.out.with_name(args.out.stem + "_e2e.json")
-        throughput(["--lengths", *map(str, args.throughput_lengths), "--skip-hf-above", "0",
-                    "--attention", "flex", *(["--out", str(out)] if out else [])])  # fmt: skip
+        throughput(
+            [
+                "--lengths",
+                *map(str, args.throughput_lengths),
+                "--skip-hf-above",
+                "0",
+                "--attention",
+                "flex",
+                *(["--out", str(out)] if out else []),
+            ]
+        )
     return 0
 
 

@@ -22,26 +22,38 @@ import torch
 
 from anchorctx.models.decoding import DECODE_ATTENTIONS, GreedyDecoder, StopRules
 
-LABELS = {"sdpa": "PyTorch's pick (cuDNN)", "efficient": "SDPA memory-efficient",
-          "flex": "FlexAttention (compiled)"}  # fmt: skip
+LABELS = {
+    "sdpa": "PyTorch's pick (cuDNN)",
+    "efficient": "SDPA memory-efficient",
+    "flex": "FlexAttention (compiled)",
+}
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--layers", type=int, default=8)
-    p.add_argument("--shapes", nargs="+", default=["4096x16", "32768x4", "32768x1"],
-                   help="LENGTHxROWS")  # fmt: skip
-    p.add_argument("--attentions", nargs="+", default=list(DECODE_ATTENTIONS),
-                   choices=DECODE_ATTENTIONS)  # fmt: skip
+    p.add_argument(
+        "--shapes", nargs="+", default=["4096x16", "32768x4", "32768x1"], help="LENGTHxROWS"
+    )
+    p.add_argument(
+        "--attentions", nargs="+", default=list(DECODE_ATTENTIONS), choices=DECODE_ATTENTIONS
+    )
     p.add_argument("--out", type=Path)
     args = p.parse_args(argv)
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from bench.eval_throughput import time_replays
 
-    cfg = LlamaConfig(hidden_size=4096, intermediate_size=11008, num_hidden_layers=args.layers,
-                      num_attention_heads=32, num_key_value_heads=32, vocab_size=32000,
-                      max_position_embeddings=131072, rope_theta=1e7)  # fmt: skip
+    cfg = LlamaConfig(
+        hidden_size=4096,
+        intermediate_size=11008,
+        num_hidden_layers=args.layers,
+        num_attention_heads=32,
+        num_key_value_heads=32,
+        vocab_size=32000,
+        max_position_embeddings=131072,
+        rope_theta=1e7,
+    )
     torch.manual_seed(0)
     with torch.device("cuda"):
         model = LlamaForCausalLM(cfg).to(torch.bfloat16).eval()
@@ -52,8 +64,10 @@ def main(argv: list[str] | None = None) -> int:
     for shape in args.shapes:
         length, rows_n = (int(x) for x in shape.split("x"))
         # Rows 7 tokens apart: a padded batch, as RULER's samples of one task and length are.
-        rows = [[1, *torch.randint(3, 32000, (length - 1 - 7 * i,), generator=g).tolist()]
-                for i in range(rows_n)]  # fmt: skip
+        rows = [
+            [1, *torch.randint(3, 32000, (length - 1 - 7 * i,), generator=g).tolist()]
+            for i in range(rows_n)
+        ]
         reference = None
         for attention in order:
             outs, ms = [], 0.0
@@ -62,34 +76,55 @@ def main(argv: list[str] | None = None) -> int:
                 outs.append(decoder.generate(rows, max_new_tokens=96, pad_id=0, stop=StopRules()))
                 if run == 2:
                     with torch.inference_mode():
-                        ms = time_replays(decoder, decoder._batch, length,
-                                          [len(r) for r in rows], 64)  # fmt: skip
+                        ms = time_replays(
+                            decoder, decoder._batch, length, [len(r) for r in rows], 64
+                        )
                 decoder.release()
             reference = outs[0] if attention == "efficient" else reference
             same = [sum(a == b for a, b in zip(outs[0], o)) for o in outs[1:]]
             vs_ref = None if reference is None else sum(a == b for a, b in zip(reference, outs[0]))
-            results.append({"length": length, "rows": rows_n, "attention": attention,
-                            "runs_equal_run1": same, "rows_equal_efficient": vs_ref,
-                            "ms_per_step": ms, "tokens": outs})  # fmt: skip
-            print(f"{shape} {attention}: runs equal {same}, vs efficient {vs_ref}, "
-                  f"{ms:.2f} ms/step", flush=True)  # fmt: skip
+            results.append(
+                {
+                    "length": length,
+                    "rows": rows_n,
+                    "attention": attention,
+                    "runs_equal_run1": same,
+                    "rows_equal_efficient": vs_ref,
+                    "ms_per_step": ms,
+                    "tokens": outs,
+                }
+            )
+            print(
+                f"{shape} {attention}: runs equal {same}, vs efficient {vs_ref}, {ms:.2f} ms/step",
+                flush=True,
+            )
     name = torch.cuda.get_device_name()
     print(f"\n{name}, {args.layers} layers, bf16, torch {torch.__version__}")
-    print("| length × rows | decode kernel | rows equal to run 1 (runs 2, 3) | "
-          "rows equal to memory-efficient | ms/step |")  # fmt: skip
+    print(
+        "| length × rows | decode kernel | rows equal to run 1 (runs 2, 3) | "
+        "rows equal to memory-efficient | ms/step |"
+    )
     print("|---|---|---|---|---:|")
     for r in results:
-        print(f"| {r['length']} × {r['rows']} | {LABELS[r['attention']]} | "
-              f"{r['runs_equal_run1'][0]}, {r['runs_equal_run1'][1]} of {r['rows']} | "
-              f"{r['rows_equal_efficient']} of {r['rows']} | {r['ms_per_step']:.2f} |")  # fmt: skip
+        print(
+            f"| {r['length']} × {r['rows']} | {LABELS[r['attention']]} | "
+            f"{r['runs_equal_run1'][0]}, {r['runs_equal_run1'][1]} of {r['rows']} | "
+            f"{r['rows_equal_efficient']} of {r['rows']} | {r['ms_per_step']:.2f} |"
+        )
     if args.out:
         from anchorctx.io import atomic_write_json
 
-        atomic_write_json(args.out, {
-            "benchmark": "decode_determinism", "date": datetime.now(timezone.utc).isoformat(),
-            "device": name, "torch": torch.__version__, "layers": args.layers,
-            "results": results,
-        })  # fmt: skip
+        atomic_write_json(
+            args.out,
+            {
+                "benchmark": "decode_determinism",
+                "date": datetime.now(timezone.utc).isoformat(),
+                "device": name,
+                "torch": torch.__version__,
+                "layers": args.layers,
+                "results": results,
+            },
+        )
         print(f"wrote {args.out}")
     return 0
 

@@ -32,10 +32,18 @@ def make_checkpoint(path: Path, tokenizer_dir: Path, args: argparse.Namespace) -
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
     tok = AutoTokenizer.from_pretrained(tokenizer_dir)
-    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=args.hidden, intermediate_size=args.intermediate,
-                      num_hidden_layers=args.layers, num_attention_heads=args.heads,
-                      num_key_value_heads=args.heads, max_position_embeddings=max(args.lengths),
-                      rope_theta=1e7, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id)  # fmt: skip
+    cfg = LlamaConfig(
+        vocab_size=len(tok),
+        hidden_size=args.hidden,
+        intermediate_size=args.intermediate,
+        num_hidden_layers=args.layers,
+        num_attention_heads=args.heads,
+        num_key_value_heads=args.heads,
+        max_position_embeddings=max(args.lengths),
+        rope_theta=1e7,
+        bos_token_id=tok.bos_token_id,
+        eos_token_id=tok.eos_token_id,
+    )
     torch.manual_seed(0)
     with torch.device(args.device):
         model = LlamaForCausalLM(cfg).to(torch.bfloat16)
@@ -69,13 +77,27 @@ def run_sharded(cfg_json: Path, cfg, ckpt: Path, n: int, gpus: list[str]) -> dic
     plan = sharding.plan_shards(cfg, "ruler", n)
     cost = sharding.units(cfg, "ruler")
     start = time.perf_counter()
-    shards: list[dict] = [{"units": owned, "estimated_s": sum(cost[u] for u in owned)}
-                          for owned in plan]  # fmt: skip
+    shards: list[dict] = [
+        {"units": owned, "estimated_s": sum(cost[u] for u in owned)} for owned in plan
+    ]
     threads = []
     for i, owned in enumerate(plan):
-        cmd = [sys.executable, "-m", "anchorctx.evaluation.sharding", "--config", str(cfg_json),
-               "--checkpoint", str(ckpt), "--suite", "ruler", "--shard", str(i), str(len(plan)),
-               "--units", *owned]  # fmt: skip
+        cmd = [
+            sys.executable,
+            "-m",
+            "anchorctx.evaluation.sharding",
+            "--config",
+            str(cfg_json),
+            "--checkpoint",
+            str(ckpt),
+            "--suite",
+            "ruler",
+            "--shard",
+            str(i),
+            str(len(plan)),
+            "--units",
+            *owned,
+        ]
         env = {**os.environ, "CUDA_VISIBLE_DEVICES": gpus[i]}
         threads.append(threading.Thread(target=_run_shard, args=(cmd, env, shards[i])))
         threads[-1].start()
@@ -88,8 +110,15 @@ def run_sharded(cfg_json: Path, cfg, ckpt: Path, n: int, gpus: list[str]) -> dic
     out = sharding.finalize(cfg, ckpt, "ruler")
     merge = time.perf_counter() - start
     records = sorted(read_jsonl(results.samples_path(ckpt, "ruler"))[1:], key=lambda r: r["key"])
-    return {"gpus": n, "shards": plan, "shard_times": shards, "wall_s": wall, "merge_s": merge,
-            "scores": results.load_result(out)["scores"], "records": records}  # fmt: skip
+    return {
+        "gpus": n,
+        "shards": plan,
+        "shard_times": shards,
+        "wall_s": wall,
+        "merge_s": merge,
+        "scores": results.load_result(out)["scores"],
+        "records": records,
+    }
 
 
 def _phases(run: dict) -> str:
@@ -132,15 +161,23 @@ def main(argv: list[str] | None = None) -> int:
     counts = [1, args.gpus, 1] if args.repeat else [1, args.gpus]
     for k, n in enumerate(counts):
         raw = {
-            "name": f"shard{n}", "run_root": str(work / f"runs-{k}-{n}"),
+            "name": f"shard{n}",
+            "run_root": str(work / f"runs-{k}-{n}"),
             "model": {"tiny": {}, "tokenizer": str(corpus.tokenizer_dir), "dtype": "bfloat16"},
             "evaluation": {
-                "suites": ["ruler"], "demo_fixtures": str(fixtures), "device": device,
-                "dtype": "bfloat16", "batch_size": args.batch_size,
-                "ruler": {"tasks": args.tasks, "lengths": args.lengths,
-                          "num_samples": args.samples, "squad_path": str(fixtures / "squad.json")},
+                "suites": ["ruler"],
+                "demo_fixtures": str(fixtures),
+                "device": device,
+                "dtype": "bfloat16",
+                "batch_size": args.batch_size,
+                "ruler": {
+                    "tasks": args.tasks,
+                    "lengths": args.lengths,
+                    "num_samples": args.samples,
+                    "squad_path": str(fixtures / "squad.json"),
+                },
             },
-        }  # fmt: skip
+        }
         cfgs.append(config_from_dict(raw))
         ckpts.append(cfgs[-1].run_dir / "checkpoints" / "step-000001")
     ensure_eval_fixtures(cfgs[0])
@@ -153,12 +190,20 @@ def main(argv: list[str] | None = None) -> int:
         cfg_json = work / f"config-{k}-{n}.json"
         cfg_json.write_text(cfg.model_dump_json())
         runs.append(run_sharded(cfg_json, cfg, ckpt, n, gpus))
-        print(f"{n} GPU(s): {runs[-1]['wall_s']:.1f} s (+ merge {runs[-1]['merge_s']:.1f} s); "
-              f"{_phases(runs[-1])}", flush=True)  # fmt: skip
+        print(
+            f"{n} GPU(s): {runs[-1]['wall_s']:.1f} s (+ merge {runs[-1]['merge_s']:.1f} s); "
+            f"{_phases(runs[-1])}",
+            flush=True,
+        )
         if args.out:  # what has run so far survives a run cut short
-            atomic_write_json(args.out, {"benchmark": "eval_sharding", "partial": True,
-                                         "runs": [{k: v for k, v in r.items() if k != "records"}
-                                                  for r in runs]})  # fmt: skip
+            atomic_write_json(
+                args.out,
+                {
+                    "benchmark": "eval_sharding",
+                    "partial": True,
+                    "runs": [{k: v for k, v in r.items() if k != "records"} for r in runs],
+                },
+            )
     one, many = runs[:2]
     same = sum(a == b for a, b in zip(one["records"], many["records"]))
     if args.repeat:
@@ -170,28 +215,40 @@ def main(argv: list[str] | None = None) -> int:
     gen_speedup = max(s["generate_s"] for s in one["shard_times"]) / max(
         s["generate_s"] for s in many["shard_times"]
     )
-    print(f"\nRULER {args.tasks} × {args.lengths} × {args.samples} samples, "
-          f"{args.layers}-layer 7B-wide model, batch ≤ {args.batch_size}")  # fmt: skip
+    print(
+        f"\nRULER {args.tasks} × {args.lengths} × {args.samples} samples, "
+        f"{args.layers}-layer 7B-wide model, batch ≤ {args.batch_size}"
+    )
     print("| GPUs | shards (units) | wall s | merge s | speedup |")
     print("|---:|---|---:|---:|---:|")
     for r in runs:
         sizes = "/".join(str(len(s)) for s in r["shards"])
-        print(f"| {r['gpus']} | {sizes} | {r['wall_s']:.1f} | {r['merge_s']:.1f} | "
-              f"{one['wall_s'] / r['wall_s']:.2f}× |")  # fmt: skip
-    print(f"records identical: {same}/{len(one['records'])}; scores identical: "
-          f"{one['scores'] == many['scores']}; speedup {speedup:.2f}× "
-          f"(generation phases alone {gen_speedup:.2f}×)")  # fmt: skip
+        print(
+            f"| {r['gpus']} | {sizes} | {r['wall_s']:.1f} | {r['merge_s']:.1f} | "
+            f"{one['wall_s'] / r['wall_s']:.2f}× |"
+        )
+    print(
+        f"records identical: {same}/{len(one['records'])}; scores identical: "
+        f"{one['scores'] == many['scores']}; speedup {speedup:.2f}× "
+        f"(generation phases alone {gen_speedup:.2f}×)"
+    )
     if args.out:
         import torch
 
-        atomic_write_json(args.out, {
-            "benchmark": "eval_sharding", "date": datetime.now(timezone.utc).isoformat(),
-            "device": torch.cuda.get_device_name() if device == "cuda" else "cpu",
-            "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
-            "runs": [{k: v for k, v in r.items() if k != "records"} for r in runs],
-            "records": len(one["records"]), "records_identical": same, "speedup": speedup,
-            "generation_speedup": gen_speedup,
-        })  # fmt: skip
+        atomic_write_json(
+            args.out,
+            {
+                "benchmark": "eval_sharding",
+                "date": datetime.now(timezone.utc).isoformat(),
+                "device": torch.cuda.get_device_name() if device == "cuda" else "cpu",
+                "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+                "runs": [{k: v for k, v in r.items() if k != "records"} for r in runs],
+                "records": len(one["records"]),
+                "records_identical": same,
+                "speedup": speedup,
+                "generation_speedup": gen_speedup,
+            },
+        )
         for k, r in enumerate(runs):
             path = args.out.with_name(f"{args.out.stem}.records-{k}-{r['gpus']}.jsonl")
             path.write_text("".join(json.dumps(x) + "\n" for x in r["records"]))

@@ -51,10 +51,16 @@ def build_model(args: argparse.Namespace):
     from transformers import AutoModelForCausalLM, LlamaConfig
 
     config = LlamaConfig(
-        hidden_size=4096, intermediate_size=11008, num_hidden_layers=args.layers,
-        num_attention_heads=32, num_key_value_heads=32, vocab_size=32000,
-        max_position_embeddings=max(args.lengths), rope_theta=1e7, use_cache=True,
-    )  # fmt: skip
+        hidden_size=4096,
+        intermediate_size=11008,
+        num_hidden_layers=args.layers,
+        num_attention_heads=32,
+        num_key_value_heads=32,
+        vocab_size=32000,
+        max_position_embeddings=max(args.lengths),
+        rope_theta=1e7,
+        use_cache=True,
+    )
     torch.manual_seed(0)
     with torch.device(args.device):
         model = AutoModelForCausalLM.from_config(
@@ -93,18 +99,32 @@ def weight_bytes_read(model) -> int:
 def measure_hf(model, ids: torch.Tensor, new: int) -> dict:
     from transformers import GenerationConfig
 
-    gen = GenerationConfig(max_new_tokens=new, do_sample=False, num_beams=1, temperature=None,
-                           top_p=None, top_k=None, eos_token_id=None, pad_token_id=0,
-                           use_cache=True)  # fmt: skip
+    gen = GenerationConfig(
+        max_new_tokens=new,
+        do_sample=False,
+        num_beams=1,
+        temperature=None,
+        top_p=None,
+        top_k=None,
+        eos_token_id=None,
+        pad_token_id=0,
+        use_cache=True,
+    )
     with torch.inference_mode():
         prefill = _timed(lambda: model(input_ids=ids, use_cache=True, logits_to_keep=1))
         torch.cuda.empty_cache()
         out = {}
-        total = _timed(lambda: out.setdefault("seq", model.generate(input_ids=ids, generation_config=gen)))  # fmt: skip
+        total = _timed(
+            lambda: out.setdefault("seq", model.generate(input_ids=ids, generation_config=gen))
+        )
     tokens = out["seq"][0, ids.shape[1] :].tolist()
     torch.cuda.empty_cache()
-    return {"prefill_s": prefill, "decode_ms": 1e3 * (total - prefill) / (new - 1),
-            "generate_s": total, "tokens": tokens}  # fmt: skip
+    return {
+        "prefill_s": prefill,
+        "decode_ms": 1e3 * (total - prefill) / (new - 1),
+        "generate_s": total,
+        "tokens": tokens,
+    }
 
 
 def time_replays(decoder, batch, width: int, lengths: list[int], steps: int) -> float:
@@ -130,8 +150,9 @@ def time_replays(decoder, batch, width: int, lengths: list[int], steps: int) -> 
     return 1e3 * (time.perf_counter() - start) / steps
 
 
-def measure_static(model, decoder, ids: list[int], rows: int, steps: int,
-                   prefill: bool = True) -> dict:  # fmt: skip
+def measure_static(
+    model, decoder, ids: list[int], rows: int, steps: int, prefill: bool = True
+) -> dict:
     from anchorctx.models.decoding import SLOT_ROUND, StopRules, _round_up
 
     n = len(ids)
@@ -151,8 +172,13 @@ def measure_static(model, decoder, ids: list[int], rows: int, steps: int,
             bb = decoder._buffers(rows, slots, new, [], 0)
             msb = time_replays(decoder, bb, n, [n] * rows, steps)
         decoder.release()
-    return {"prefill_s": prefill, "decode_ms_b1": ms1, "decode_ms_batch": msb,
-            "first_call_s": first_call, "tokens": tokens}  # fmt: skip
+    return {
+        "prefill_s": prefill,
+        "decode_ms_b1": ms1,
+        "decode_ms_batch": msb,
+        "first_call_s": first_call,
+        "tokens": tokens,
+    }
 
 
 def agreement(a: list[int], b: list[int]) -> dict:
@@ -179,9 +205,11 @@ def project(rows: list[dict], engine: str) -> dict:
             pre = m["prefill_s"]
         per_len[n] = sum(pre + k * step / batch for k in TASK_NEW_TOKENS) / len(TASK_NEW_TOKENS)
     samples = len(TASK_NEW_TOKENS) * RULER_SAMPLES * LAST_CHECKPOINTS
-    return {"seconds_per_sample": per_len,
-            "gpu_hours_per_arm": sum(per_len.values()) * samples / 3600,
-            "gpu_hours_per_checkpoint": sum(per_len.values()) * samples / LAST_CHECKPOINTS / 3600}  # fmt: skip
+    return {
+        "seconds_per_sample": per_len,
+        "gpu_hours_per_arm": sum(per_len.values()) * samples / 3600,
+        "gpu_hours_per_checkpoint": sum(per_len.values()) * samples / LAST_CHECKPOINTS / 3600,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -193,10 +221,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-rows", type=int, default=16)
     p.add_argument("--skip-hf-above", type=int, default=131072)
     p.add_argument("--device", default="cuda")
-    p.add_argument("--attention", default="sdpa", choices=DECODE_ATTENTIONS,
-                   help="The static engine's decode attention kernel.")  # fmt: skip
-    p.add_argument("--step", nargs="+", choices=DECODE_STEPS, default=["fused", "hf"],
-                   help="Decode-step layers; the first fills the main table.")  # fmt: skip
+    p.add_argument(
+        "--attention",
+        default="sdpa",
+        choices=DECODE_ATTENTIONS,
+        help="The static engine's decode attention kernel.",
+    )
+    p.add_argument(
+        "--step",
+        nargs="+",
+        choices=DECODE_STEPS,
+        default=["fused", "hf"],
+        help="Decode-step layers; the first fills the main table.",
+    )
     p.add_argument("--out", type=Path)
     args = p.parse_args(argv)
 
@@ -210,8 +247,11 @@ def main(argv: list[str] | None = None) -> int:
     decoder = decoders[args.step[0]]
     wbytes, kvtok = weight_bytes_read(model), kv_bytes_per_token(model)
     budget = int(0.6 * decoder.free_bytes()) // kvtok  # the rule generate_greedy uses
-    print(f"{name}: copy bandwidth {bandwidth / 1e12:.2f} TB/s, weights read {wbytes / 1e9:.2f} GB, "
-          f"KV {kvtok / 2**10:.0f} KiB/token, KV budget {budget} tokens", flush=True)  # fmt: skip
+    print(
+        f"{name}: copy bandwidth {bandwidth / 1e12:.2f} TB/s, weights read {wbytes / 1e9:.2f} GB, "
+        f"KV {kvtok / 2**10:.0f} KiB/token, KV budget {budget} tokens",
+        flush=True,
+    )
     g = torch.Generator().manual_seed(0)
     warm = [1, *torch.randint(3, 32000, (1023,), generator=g).tolist()]
     if min(args.lengths) <= args.skip_hf_above:
@@ -225,14 +265,18 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for length in sorted(args.lengths):
         prompt = [1, *torch.randint(3, 32000, (length - 129,), generator=g).tolist()]
-        batch = len(plan_batches([length] * args.max_rows, max_rows=args.max_rows,
-                                 max_tokens=budget)[0])  # fmt: skip
+        batch = len(
+            plan_batches([length] * args.max_rows, max_rows=args.max_rows, max_tokens=budget)[0]
+        )
         row = {"length": length, "prompt_tokens": len(prompt), "rows": batch, "hf": None}
         if length <= args.skip_hf_above:
             row["hf"] = measure_hf(model, torch.tensor([prompt], device=args.device), args.hf_new)
         row["static"] = measure_static(model, decoder, prompt, batch, args.steps)
-        row["steps"] = {s: measure_static(model, d, prompt, 1, args.steps, prefill=False)
-                        for s, d in decoders.items() if s != args.step[0]}  # fmt: skip
+        row["steps"] = {
+            s: measure_static(model, d, prompt, 1, args.steps, prefill=False)
+            for s, d in decoders.items()
+            if s != args.step[0]
+        }
         for v in row["steps"].values():
             v["agreement"] = agreement(row["static"]["tokens"], v["tokens"])
         if row["hf"] is not None:
@@ -243,16 +287,23 @@ def main(argv: list[str] | None = None) -> int:
         row["floor_ms_batch"] = 1e3 * (wbytes + batch * kvtok * ctx) / SPEC_BANDWIDTH
         rows.append(row)
         s, h = row["static"], row["hf"]
-        print(f"{length}: hf {h and round(h['decode_ms'], 2)} ms/tok, static "
-              f"{s['decode_ms_b1']:.2f} ms/tok (floor {row['floor_ms_b1']:.2f}), "
-              f"agreement {row.get('agreement')}", flush=True)  # fmt: skip
+        print(
+            f"{length}: hf {h and round(h['decode_ms'], 2)} ms/tok, static "
+            f"{s['decode_ms_b1']:.2f} ms/tok (floor {row['floor_ms_b1']:.2f}), "
+            f"agreement {row.get('agreement')}",
+            flush=True,
+        )
 
-    print(f"\nEvaluation generation, Llama-7B shape ({args.layers} layers, MHA), bf16, {name}, "
-          f"static decode attention {args.attention}")  # fmt: skip
-    print("| length | hf prefill s | static prefill s | hf decode ms/tok (b=1) | "
-          "static decode ms/tok (b=1) | HBM floor ms (4.3 TB/s / measured) | static/floor | "
-          "rows | static ms/step (rows) | floor ms (rows) | ms/tok/sample | static samples/s |"
-          " hf samples/s | agree (equal/compared) |")  # fmt: skip
+    print(
+        f"\nEvaluation generation, Llama-7B shape ({args.layers} layers, MHA), bf16, {name}, "
+        f"static decode attention {args.attention}"
+    )
+    print(
+        "| length | hf prefill s | static prefill s | hf decode ms/tok (b=1) | "
+        "static decode ms/tok (b=1) | HBM floor ms (4.3 TB/s / measured) | static/floor | "
+        "rows | static ms/step (rows) | floor ms (rows) | ms/tok/sample | static samples/s |"
+        " hf samples/s | agree (equal/compared) |"
+    )
     print("|---:" * 14 + "|")
     for r in rows:
         s, h = r["static"], r["hf"]
@@ -260,15 +311,18 @@ def main(argv: list[str] | None = None) -> int:
         sps = r["rows"] / (r["rows"] * s["prefill_s"] + 128 * step_b / 1e3)
         hsps = 1 / (h["prefill_s"] + 128 * h["decode_ms"] / 1e3) if h else None
         ag = r.get("agreement")
-        print(f"| {r['length']} | {h['prefill_s']:.3f} | {s['prefill_s']:.3f} | "
-              f"{h['decode_ms']:.1f} | {s['decode_ms_b1']:.2f} | "
-              f"{r['floor_ms_b1']:.2f} / {r['floor_ms_b1_measured_bw']:.2f} | "
-              f"{s['decode_ms_b1'] / r['floor_ms_b1']:.2f}× | {r['rows']} | {step_b:.2f} | "
-              f"{r['floor_ms_batch']:.2f} | {step_b / r['rows']:.2f} | {sps:.3f} | "
-              f"{hsps:.3f} | {ag['equal']}/{ag['compared']} (prefix {ag['equal_prefix']}) |"
-              if h else f"| {r['length']} | – | {s['prefill_s']:.3f} | – | "
-              f"{s['decode_ms_b1']:.2f} | {r['floor_ms_b1']:.2f} | – | {r['rows']} | {step_b:.2f}"
-              f" | {r['floor_ms_batch']:.2f} | {step_b / r['rows']:.2f} | {sps:.3f} | – | – |")  # fmt: skip
+        print(
+            f"| {r['length']} | {h['prefill_s']:.3f} | {s['prefill_s']:.3f} | "
+            f"{h['decode_ms']:.1f} | {s['decode_ms_b1']:.2f} | "
+            f"{r['floor_ms_b1']:.2f} / {r['floor_ms_b1_measured_bw']:.2f} | "
+            f"{s['decode_ms_b1'] / r['floor_ms_b1']:.2f}× | {r['rows']} | {step_b:.2f} | "
+            f"{r['floor_ms_batch']:.2f} | {step_b / r['rows']:.2f} | {sps:.3f} | "
+            f"{hsps:.3f} | {ag['equal']}/{ag['compared']} (prefix {ag['equal_prefix']}) |"
+            if h
+            else f"| {r['length']} | – | {s['prefill_s']:.3f} | – | "
+            f"{s['decode_ms_b1']:.2f} | {r['floor_ms_b1']:.2f} | – | {r['rows']} | {step_b:.2f}"
+            f" | {r['floor_ms_batch']:.2f} | {step_b / r['rows']:.2f} | {sps:.3f} | – | – |"
+        )
     if len(args.step) > 1:
         print(f"\nDecode step variants, batch 1 (agreement: greedy tokens against {args.step[0]})")
         print("| length | step | decode ms/tok | HBM floor ms | / floor | agree |")
@@ -277,29 +331,43 @@ def main(argv: list[str] | None = None) -> int:
             variants = {args.step[0]: r["static"], **r["steps"]}
             for s, v in variants.items():
                 ag = v.get("agreement")
-                print(f"| {r['length']} | {s} | {v['decode_ms_b1']:.2f} | {r['floor_ms_b1']:.2f} | "
-                      f"{v['decode_ms_b1'] / r['floor_ms_b1']:.2f}× | "
-                      f"{ag and str(ag['equal']) + '/' + str(ag['compared'])} |")  # fmt: skip
+                print(
+                    f"| {r['length']} | {s} | {v['decode_ms_b1']:.2f} | {r['floor_ms_b1']:.2f} | "
+                    f"{v['decode_ms_b1'] / r['floor_ms_b1']:.2f}× | "
+                    f"{ag and str(ag['equal']) + '/' + str(ag['compared'])} |"
+                )
     proj = {e: project(rows, e) for e in ("hf", "static")}
     for e, v in proj.items():
         if "error" in v:
             print(f"{e}: {v['error']}")
         else:
-            print(f"{e}: RULER protocol (13 tasks × 6 lengths × 500 × 5 checkpoints): "
-                  f"{v['gpu_hours_per_arm']:.1f} GPU-hours per arm, "
-                  f"{v['gpu_hours_per_checkpoint']:.1f} per checkpoint")  # fmt: skip
+            print(
+                f"{e}: RULER protocol (13 tasks × 6 lengths × 500 × 5 checkpoints): "
+                f"{v['gpu_hours_per_arm']:.1f} GPU-hours per arm, "
+                f"{v['gpu_hours_per_checkpoint']:.1f} per checkpoint"
+            )
     if args.out:
         import transformers
 
         from anchorctx.io import atomic_write_json
 
-        atomic_write_json(args.out, {
-            "benchmark": "eval_throughput", "date": datetime.now(timezone.utc).isoformat(),
-            "device": name, "torch": torch.__version__, "transformers": transformers.__version__,
-            "bandwidth_Bps": bandwidth, "weight_bytes": wbytes, "kv_bytes_per_token": kvtok,
-            "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
-            "rows": rows, "projection": proj, "warmup_s": warmup,
-        })  # fmt: skip
+        atomic_write_json(
+            args.out,
+            {
+                "benchmark": "eval_throughput",
+                "date": datetime.now(timezone.utc).isoformat(),
+                "device": name,
+                "torch": torch.__version__,
+                "transformers": transformers.__version__,
+                "bandwidth_Bps": bandwidth,
+                "weight_bytes": wbytes,
+                "kv_bytes_per_token": kvtok,
+                "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+                "rows": rows,
+                "projection": proj,
+                "warmup_s": warmup,
+            },
+        )
         print(f"wrote {args.out}")
     return 0
 

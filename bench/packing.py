@@ -24,11 +24,14 @@ from pathlib import Path
 def _cfg(corpus: Path, tokenizer: Path, workers: int, run_root: Path):
     from anchorctx.experiment import config_from_dict
 
-    return config_from_dict({
-        "name": "bench", "run_root": str(run_root),
-        "model": {"tiny": {}, "tokenizer": str(tokenizer), "dtype": "float32"},
-        "data": {"sources": [{"path": str(corpus)}], "seq_len": 8192, "num_workers": workers},
-    })  # fmt: skip
+    return config_from_dict(
+        {
+            "name": "bench",
+            "run_root": str(run_root),
+            "model": {"tiny": {}, "tokenizer": str(tokenizer), "dtype": "float32"},
+            "data": {"sources": [{"path": str(corpus)}], "seq_len": 8192, "num_workers": workers},
+        }
+    )
 
 
 def _tokenize_only(cfg) -> int:
@@ -41,9 +44,12 @@ def _tokenize_only(cfg) -> int:
     bad = BadInput(skip=False)
     files = _resolve_inputs(cfg.data, bad)
     batches = encode_batches(
-        _records(files, bad, None), tok, str(cfg.model.tokenizer_path),
-        batch_size=cfg.data.tokenize_batch_size, num_workers=cfg.data.num_workers,
-    )  # fmt: skip
+        _records(files, bad, None),
+        tok,
+        str(cfg.model.tokenizer_path),
+        batch_size=cfg.data.tokenize_batch_size,
+        num_workers=cfg.data.num_workers,
+    )
     return sum(int(flat.shape[0]) for _, flat, _ in batches)
 
 
@@ -64,8 +70,18 @@ def child(mode: str, corpus: Path, tokenizer: Path, workers: int) -> None:
 
 
 def _run_child(mode: str, corpus: Path, tokenizer: Path, workers: int) -> dict:
-    cmd = [sys.executable, __file__, "--child", mode, "--corpus", str(corpus),
-           "--tokenizer", str(tokenizer), "--workers", str(workers)]  # fmt: skip
+    cmd = [
+        sys.executable,
+        __file__,
+        "--child",
+        mode,
+        "--corpus",
+        str(corpus),
+        "--tokenizer",
+        str(tokenizer),
+        "--workers",
+        str(workers),
+    ]
     out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
     res = json.loads(out.strip().splitlines()[-1])
     res["tokens_per_s"] = res["tokens"] / res["seconds"]
@@ -123,8 +139,10 @@ def _print(rows: list[dict]) -> None:
     )
     for r in rows:
         stage = "tokenise only" if r["mode"] == "tokenize" else "tokenise + pack"
-        print(f"{r['scale']:>6}x {stage:<18} {r['tokens']:>10} {r['seconds']:>8.1f} "
-              f"{r['tokens_per_s']:>10.0f} {r['peak_rss_mib']:>13.0f}")  # fmt: skip
+        print(
+            f"{r['scale']:>6}x {stage:<18} {r['tokens']:>10} {r['seconds']:>8.1f} "
+            f"{r['tokens_per_s']:>10.0f} {r['peak_rss_mib']:>13.0f}"
+        )
     for scale in sorted({r["scale"] for r in rows}):
         t = {r["mode"]: r for r in rows if r["scale"] == scale}
         overhead = t["tokenize"]["tokens_per_s"] / t["full"]["tokens_per_s"] - 1

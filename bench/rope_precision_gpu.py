@@ -26,11 +26,23 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 PRESETS = {
-    "llama2-7b": dict(vocab_size=32000, hidden_size=4096, intermediate_size=11008,
-                      num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=32),
-    "tiny": dict(vocab_size=512, hidden_size=128, intermediate_size=256,
-                 num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4),
-}  # fmt: skip
+    "llama2-7b": dict(
+        vocab_size=32000,
+        hidden_size=4096,
+        intermediate_size=11008,
+        num_hidden_layers=32,
+        num_attention_heads=32,
+        num_key_value_heads=32,
+    ),
+    "tiny": dict(
+        vocab_size=512,
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+    ),
+}
 PAPER_LENGTHS = [64, 128, 256, 512, 1024, 2048, 4096, 8192]
 
 
@@ -88,27 +100,44 @@ def main(argv: list[str] | None = None) -> int:
     from anchorctx.analysis.rope_precision import write_study
     from anchorctx.analysis.settings import RopePrecisionConfig
 
-    spec = RopePrecisionConfig(seq_len=args.seq_len, lengths=args.lengths, precisions=args.modes,
-                               num_sequences=args.num_sequences, device=args.device)  # fmt: skip
+    spec = RopePrecisionConfig(
+        seq_len=args.seq_len,
+        lengths=args.lengths,
+        precisions=args.modes,
+        num_sequences=args.num_sequences,
+        device=args.device,
+    )
     start = time.perf_counter()
     model, shape = build_model(args)
     init_s = time.perf_counter() - start
-    seqs = random_sequences(args.num_sequences, max(spec.seq_len, *spec.lengths),
-                            shape["vocab_size"], anchor=1, seed=args.seed)  # fmt: skip
+    seqs = random_sequences(
+        args.num_sequences,
+        max(spec.seq_len, *spec.lengths),
+        shape["vocab_size"],
+        anchor=1,
+        seed=args.seed,
+    )
     result = measure(model, seqs, spec, progress=True)
     layers = shape["num_hidden_layers"]
-    result["settings"].update({
-        "inputs": f"uniform random token ids (seed {args.seed}), BOS first",
-        "weights": f"random init, Llama-2-7B shape ({layers} layers, preset {args.preset})",
-        "device": torch.cuda.get_device_name() if args.device == "cuda" else args.device,
-        "model_shape": shape, "init_s": round(init_s, 1),
-        "peak_gpu_gib": round(torch.cuda.max_memory_allocated() / 2**30, 1) if args.device == "cuda" else None,
-    })  # fmt: skip
+    result["settings"].update(
+        {
+            "inputs": f"uniform random token ids (seed {args.seed}), BOS first",
+            "weights": f"random init, Llama-2-7B shape ({layers} layers, preset {args.preset})",
+            "device": torch.cuda.get_device_name() if args.device == "cuda" else args.device,
+            "model_shape": shape,
+            "init_s": round(init_s, 1),
+            "peak_gpu_gib": round(torch.cuda.max_memory_allocated() / 2**30, 1)
+            if args.device == "cuda"
+            else None,
+        }
+    )
     has_mpl = importlib.util.find_spec("matplotlib") is not None
     path = write_study(result, out_dir, figure=has_mpl)
     print(markdown_table(result))
-    print(f"elapsed {time.perf_counter() - start:.0f}s (init {init_s:.0f}s); wrote {path}"
-          + ("" if has_mpl else f"; no matplotlib here: render with --plot {path}"))  # fmt: skip
+    print(
+        f"elapsed {time.perf_counter() - start:.0f}s (init {init_s:.0f}s); wrote {path}"
+        + ("" if has_mpl else f"; no matplotlib here: render with --plot {path}")
+    )
     return 0
 
 

@@ -97,8 +97,13 @@ def instrument(clock: Clock) -> None:
 def build(cfg):
     tokenizer = load_tokenizer(cfg.model)
     dtype = cfg.evaluation.dtype
-    model = load_model(cfg.model, dtype=dtype, device=cfg.evaluation.device,
-                       attn_implementation="sdpa", tokenizer=tokenizer)  # fmt: skip
+    model = load_model(
+        cfg.model,
+        dtype=dtype,
+        device=cfg.evaluation.device,
+        attn_implementation="sdpa",
+        tokenizer=tokenizer,
+    )
     if cfg.model.tiny is not None:
         # Evaluation lengths beyond the tiny config's default position limit.
         model.config.max_position_embeddings = max(cfg.evaluation.ruler.lengths) + 256
@@ -108,11 +113,20 @@ def build(cfg):
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("config", type=Path)
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help="Dotted config overrides, as for every anchorctx command.")  # fmt: skip
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="Dotted config overrides, as for every anchorctx command.",
+    )
     p.add_argument("--passes", type=int, default=2)
-    p.add_argument("--profile-top", type=int, default=40,
-                   help="cProfile's top functions by cumulative time, last pass (0: none).")  # fmt: skip
+    p.add_argument(
+        "--profile-top",
+        type=int,
+        default=40,
+        help="cProfile's top functions by cumulative time, last pass (0: none).",
+    )
     p.add_argument("--out", type=Path)
     args = p.parse_args()
     cfg = load_config(args.config, args.set)
@@ -130,8 +144,9 @@ def main() -> None:
         t0 = time.perf_counter()
         if prof is not None:
             prof.enable()
-        summary = runner.run_suite(model, tokenizer, cfg, done={}, on_sample=lambda rec: None,
-                                   progress=False)  # fmt: skip
+        summary = runner.run_suite(
+            model, tokenizer, cfg, done={}, on_sample=lambda rec: None, progress=False
+        )
         if prof is not None:
             prof.disable()
             buf = io.StringIO()
@@ -145,16 +160,27 @@ def main() -> None:
             rows.append({"task": task, "length": length, **{k: round(v, 3) for k, v in s.items()}})
         total = {ph: round(sum(r[ph] for r in rows), 2) for ph in PHASES}
         total["other"] = round(wall - sum(total.values()), 2)
-        passes.append({"pass": n + 1, "wall_s": round(wall, 2), "phases_s": total, "rows": rows,
-                       "scores": summary["scores"]})  # fmt: skip
-        print(f"pass {n + 1}: {wall:.1f} s  " + "  ".join(f"{k} {v:.1f}" for k, v in total.items()),
-              flush=True)  # fmt: skip
+        passes.append(
+            {
+                "pass": n + 1,
+                "wall_s": round(wall, 2),
+                "phases_s": total,
+                "rows": rows,
+                "scores": summary["scores"],
+            }
+        )
+        print(
+            f"pass {n + 1}: {wall:.1f} s  " + "  ".join(f"{k} {v:.1f}" for k, v in total.items()),
+            flush=True,
+        )
     per_length: dict[int, dict[str, float]] = defaultdict(lambda: dict.fromkeys(PHASES[:-1], 0.0))
     for r in passes[0]["rows"]:
         for ph in PHASES[:-1]:
             per_length[r["length"]][ph] += r[ph]
-    print(f"\nfirst pass per length (s), model load {load_s:.1f} s, "
-          f"{cfg.evaluation.ruler.num_samples} samples x {len(passes[0]['rows']) // max(1, len(per_length))} tasks")  # fmt: skip
+    print(
+        f"\nfirst pass per length (s), model load {load_s:.1f} s, "
+        f"{cfg.evaluation.ruler.num_samples} samples x {len(passes[0]['rows']) // max(1, len(per_length))} tasks"
+    )
     print("length  " + "  ".join(f"{ph:>8}" for ph in PHASES[:-1]))
     for length, s in sorted(per_length.items()):
         print(f"{length:>6}  " + "  ".join(f"{s[ph]:8.2f}" for ph in PHASES[:-1]))
@@ -162,9 +188,19 @@ def main() -> None:
         print("\n" + "\n".join(profile_text.splitlines()[: args.profile_top + 12]))
     if args.out:
         device = torch.cuda.get_device_name() if cuda else "cpu"
-        args.out.write_text(json.dumps({"device": device, "config": str(args.config),
-                                        "overrides": args.set, "model_load_s": load_s,
-                                        "passes": passes, "profile": profile_text}, indent=1))  # fmt: skip
+        args.out.write_text(
+            json.dumps(
+                {
+                    "device": device,
+                    "config": str(args.config),
+                    "overrides": args.set,
+                    "model_load_s": load_s,
+                    "passes": passes,
+                    "profile": profile_text,
+                },
+                indent=1,
+            )
+        )
 
 
 if __name__ == "__main__":

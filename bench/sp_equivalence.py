@@ -20,8 +20,11 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-for _k, _v in (("NCCL_NVLS_ENABLE", "0"), ("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1"),
-               ("NVSHMEM_DISABLE_NVLS", "1")):  # fmt: skip
+for _k, _v in (
+    ("NCCL_NVLS_ENABLE", "0"),
+    ("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1"),
+    ("NVSHMEM_DISABLE_NVLS", "1"),
+):
     os.environ.setdefault(_k, _v)
 
 import torch  # noqa: E402
@@ -48,16 +51,35 @@ from anchorctx.training.step import forward_logits  # noqa: E402
 def make_config(args, world: int):
     width = SMOKE if args.smoke else WIDTH_7B
     raw = {
-        "name": "sp-equivalence", "run_root": "/tmp/anchorctx-bench", "seed": 0,
-        "model": {"tiny": {"architecture": "llama", **width, "num_hidden_layers": args.layers,
-                           "num_key_value_heads": args.kv_heads, "vocab_size": VOCAB,
-                           "init_seed": 0},
-                  "tokenizer": "unused", "dtype": "bfloat16", "rope_theta": 1e7},
+        "name": "sp-equivalence",
+        "run_root": "/tmp/anchorctx-bench",
+        "seed": 0,
+        "model": {
+            "tiny": {
+                "architecture": "llama",
+                **width,
+                "num_hidden_layers": args.layers,
+                "num_key_value_heads": args.kv_heads,
+                "vocab_size": VOCAB,
+                "init_seed": 0,
+            },
+            "tokenizer": "unused",
+            "dtype": "bfloat16",
+            "rope_theta": 1e7,
+        },
         "data": {"seq_len": args.seq_len},
-        "training": {"device": args.device, "engine": args.engine, "precision": "bf16",
-                     "zero_stage": 3, "activation_checkpointing": True, "nproc": world,
-                     "sequence_parallel": world, "micro_batch_size": 1, "global_batch_size": 1},
-    }  # fmt: skip
+        "training": {
+            "device": args.device,
+            "engine": args.engine,
+            "precision": "bf16",
+            "zero_stage": 3,
+            "activation_checkpointing": True,
+            "nproc": world,
+            "sequence_parallel": world,
+            "micro_batch_size": 1,
+            "global_batch_size": 1,
+        },
+    }
     return config_from_dict(raw)
 
 
@@ -65,8 +87,11 @@ def reference_logits(model, row, variant: str, engine: str, device: str) -> torc
     """One device, no SP: logits [T, V] on the CPU (bf16, as the model returns them)."""
     layouts = [build_layout(row.seg_lens, variant, row.seg_doc, device=device)]
     with torch.no_grad():
-        out = model(input_ids=row.input_ids[None].to(device), use_cache=False,
-                    **model_inputs(layouts, engine=engine))  # fmt: skip
+        out = model(
+            input_ids=row.input_ids[None].to(device),
+            use_cache=False,
+            **model_inputs(layouts, engine=engine),
+        )
     return out.logits[0].cpu()
 
 
@@ -86,8 +111,10 @@ def run(args) -> list[dict]:
     par = plan_parallelism(cfg, world=world)
     model = load_model(cfg.model, seq_len=args.seq_len, dtype="bfloat16", device=device)
     model.eval()  # logits only: no dropout in Llama anyway, no checkpointing needed
-    rows = {v: synthetic_row(args.seq_len, v, seed=args.seed, vocab=VOCAB, sp=world)
-            for v in args.variants}  # fmt: skip
+    rows = {
+        v: synthetic_row(args.seq_len, v, seed=args.seed, vocab=VOCAB, sp=world)
+        for v in args.variants
+    }
     refs = {}
     if rank == 0:  # the single-device reference, before the Ulysses wrapper exists
         single = replace(par, sp=1)
@@ -100,12 +127,20 @@ def run(args) -> list[dict]:
         got = sp_logits(engine, row, variant, par, rank, device)
         if rank == 0:
             diff = (got.float() - refs[variant].float()).abs()
-            results.append({
-                "variant": variant, "sp": world, "seq_len": args.seq_len, "layers": args.layers,
-                "documents": len(row.seg_lens), "zero_stage": 3, "dtype": "bfloat16",
-                "max_abs_logits_diff": float(diff.max()), "mean_abs_logits_diff": float(diff.mean()),
-                "bit_identical": bool(torch.equal(got, refs[variant])),
-            })  # fmt: skip
+            results.append(
+                {
+                    "variant": variant,
+                    "sp": world,
+                    "seq_len": args.seq_len,
+                    "layers": args.layers,
+                    "documents": len(row.seg_lens),
+                    "zero_stage": 3,
+                    "dtype": "bfloat16",
+                    "max_abs_logits_diff": float(diff.max()),
+                    "mean_abs_logits_diff": float(diff.mean()),
+                    "bit_identical": bool(torch.equal(got, refs[variant])),
+                }
+            )
             print(json.dumps(results[-1]), flush=True)
     shutdown_distributed()
     return results

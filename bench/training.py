@@ -41,8 +41,11 @@ import time
 from pathlib import Path
 
 # Multicast (NVLS) is unavailable on some hosts and NCCL then fails at init: keep it off.
-for _k, _v in (("NCCL_NVLS_ENABLE", "0"), ("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1"),
-               ("NVSHMEM_DISABLE_NVLS", "1")):  # fmt: skip
+for _k, _v in (
+    ("NCCL_NVLS_ENABLE", "0"),
+    ("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1"),
+    ("NVSHMEM_DISABLE_NVLS", "1"),
+):
     os.environ.setdefault(_k, _v)
 
 import torch  # noqa: E402
@@ -78,29 +81,55 @@ DEVICE = "cuda"
 def make_config(args, layers: int, seq_len: int, world: int):
     width = SMOKE if args.smoke else WIDTH_7B
     raw = {
-        "name": "bench", "run_root": "/tmp/anchorctx-bench", "seed": 0,
-        "model": {"tiny": {"architecture": "llama", **width, "num_hidden_layers": layers,
-                           "num_key_value_heads": args.kv_heads, "vocab_size": VOCAB},
-                  "tokenizer": "unused", "dtype": "bfloat16", "rope_theta": 1e7},
+        "name": "bench",
+        "run_root": "/tmp/anchorctx-bench",
+        "seed": 0,
+        "model": {
+            "tiny": {
+                "architecture": "llama",
+                **width,
+                "num_hidden_layers": layers,
+                "num_key_value_heads": args.kv_heads,
+                "vocab_size": VOCAB,
+            },
+            "tokenizer": "unused",
+            "dtype": "bfloat16",
+            "rope_theta": 1e7,
+        },
         "data": {"seq_len": seq_len},
-        "training": {"device": DEVICE, "engine": args.engine, "kernels": args.kernels,
-                     "precision": "bf16",
-                     "zero_stage": args.zero_stage, "activation_checkpointing": True,
-                     "sequence_parallel": world, "nproc": world, "micro_batch_size": 1,
-                     "global_batch_size": 1, "steps": args.steps,
-                     "memory": memory_options(args)},
-    }  # fmt: skip
+        "training": {
+            "device": DEVICE,
+            "engine": args.engine,
+            "kernels": args.kernels,
+            "precision": "bf16",
+            "zero_stage": args.zero_stage,
+            "activation_checkpointing": True,
+            "sequence_parallel": world,
+            "nproc": world,
+            "micro_batch_size": 1,
+            "global_batch_size": 1,
+            "steps": args.steps,
+            "memory": memory_options(args),
+        },
+    }
     return config_from_dict(raw)
 
 
-MEMORY_FLAGS = ("tiled_mlp", "tiled_loss", "offload_optimizer", "offload_checkpoints",
-                "init_on_device")  # fmt: skip
+MEMORY_FLAGS = (
+    "tiled_mlp",
+    "tiled_loss",
+    "offload_optimizer",
+    "offload_checkpoints",
+    "init_on_device",
+)
 
 
 def memory_options(args) -> dict:
     """``training.memory`` from the command line: the flags and ``--keep-activations``."""
-    return {**{k: getattr(args, k) for k in MEMORY_FLAGS},
-            "keep_activations": args.keep_activations}  # fmt: skip
+    return {
+        **{k: getattr(args, k) for k in MEMORY_FLAGS},
+        "keep_activations": args.keep_activations,
+    }
 
 
 def load(cfg, device: str = "cpu"):
@@ -141,32 +170,42 @@ def measure(engine, par, variant: str, seq_len: int, rank: int, args, cfg) -> di
         if i >= args.warmup:
             times.append(time.perf_counter() - t0)
         if rank == 0:  # long full-depth steps: each one is on record even if a later one fails
-            print(f"step {i + 1}: {time.perf_counter() - t0:.2f} s, loss {stats.loss:.4f}, "
-                  f"peak {M.peak_memory_gib(DEVICE):.1f} GiB", flush=True)  # fmt: skip
+            print(
+                f"step {i + 1}: {time.perf_counter() - t0:.2f} s, loss {stats.loss:.4f}, "
+                f"peak {M.peak_memory_gib(DEVICE):.1f} GiB",
+                flush=True,
+            )
     dt = statistics.median(times)
     text = engine.module.config.get_text_config()
-    flops = M.step_flops(M.matmul_params(engine.module), data.global_tokens,
-                         data.attention_pairs, text)  # fmt: skip
+    flops = M.step_flops(
+        M.matmul_params(engine.module), data.global_tokens, data.attention_pairs, text
+    )
     peak = M.peak_tflops(DEVICE, "bf16", args.peak_tflops)
     per_gpu = flops / dt / par.world
     mem = cfg.training.memory
     opts = MM.Options.of_run(cfg.training, par.world, par.sp)
     predicted = MM.summary(MM.predict(MM.Shape.from_hf(text), seq_len, opts))
     return {
-        "layers": text.num_hidden_layers, "sp": par.sp, "seq_len": seq_len, "variant": variant,
-        "engine": par.engine, "kernels": cfg.training.kernels, "zero_stage": par.zero_stage,
+        "layers": text.num_hidden_layers,
+        "sp": par.sp,
+        "seq_len": seq_len,
+        "variant": variant,
+        "engine": par.engine,
+        "kernels": cfg.training.kernels,
+        "zero_stage": par.zero_stage,
         "step_time_s": round(dt, 4),
         "tokens_per_s": round(seq_len / dt, 1),
         "tokens_per_s_per_gpu": round(seq_len / dt / par.world, 1),
         "tflops_per_gpu": round(per_gpu / 1e12, 1),
         "mfu": round(per_gpu / (peak * 1e12), 4) if peak else None,
         "peak_mem_gib": round(M.peak_memory_gib(DEVICE), 2),
-        "predicted_peak_gib": predicted["peak"], "predicted": predicted,
+        "predicted_peak_gib": predicted["peak"],
+        "predicted": predicted,
         "host_max_rss_gib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 1),
         "memory": mem.model_dump(),
         "step_times_s": [round(t, 4) for t in times],
         "last_loss": round(stats.loss, 4),  # a real step: finite, ≈ ln(vocab) on random tokens
-    }  # fmt: skip
+    }
 
 
 def run(args) -> list[dict]:
@@ -211,9 +250,11 @@ def run(args) -> list[dict]:
 
 
 def table(results: list[dict]) -> str:
-    head = ("| layers | SP | seq_len | variant | engine | step s | tok/s | tok/s/GPU | TFLOP/s/GPU "
-            "| MFU | peak GiB | predicted GiB |\n"
-            "|---:|---:|---:|---|---|---:|---:|---:|---:|---:|---:|---:|")  # fmt: skip
+    head = (
+        "| layers | SP | seq_len | variant | engine | step s | tok/s | tok/s/GPU | TFLOP/s/GPU "
+        "| MFU | peak GiB | predicted GiB |\n"
+        "|---:|---:|---:|---|---|---:|---:|---:|---:|---:|---:|---:|"
+    )
     rows = [
         f"| {r['layers']} | {r['sp']} | {r['seq_len']} | {r['variant']} | {r['engine']} | "
         f"{r['step_time_s']:.3f} | {r['tokens_per_s']:,.0f} | {r['tokens_per_s_per_gpu']:,.0f} | "
@@ -229,8 +270,16 @@ def speedups(results: list[dict]) -> str:
     """Anchor (and the other variants) step time over full attention's, per depth and length."""
     out = ["| layers | seq_len | variant | step time / full |", "|---:|---:|---|---:|"]
     for r in results:
-        full = next((f for f in results if f["variant"] == "full" and f["seq_len"] == r["seq_len"]
-                     and f["layers"] == r["layers"]), None)  # fmt: skip
+        full = next(
+            (
+                f
+                for f in results
+                if f["variant"] == "full"
+                and f["seq_len"] == r["seq_len"]
+                and f["layers"] == r["layers"]
+            ),
+            None,
+        )
         if full and r["variant"] != "full":
             ratio = r["step_time_s"] / full["step_time_s"]
             out.append(f"| {r['layers']} | {r['seq_len']} | {r['variant']} | {ratio:.3f} |")
@@ -241,16 +290,25 @@ def extrapolate(results: list[dict], target_layers: int) -> list[dict]:
     """Linear fit of peak memory in depth between the two smallest measured depths."""
     out = []
     for r in results:
-        same = sorted((x for x in results if x["seq_len"] == r["seq_len"]
-                       and x["variant"] == r["variant"]), key=lambda x: x["layers"])  # fmt: skip
+        same = sorted(
+            (x for x in results if x["seq_len"] == r["seq_len"] and x["variant"] == r["variant"]),
+            key=lambda x: x["layers"],
+        )
         if len(same) < 2 or r is not same[0]:
             continue
         a, b = same[0], same[1]
         per_layer = (b["peak_mem_gib"] - a["peak_mem_gib"]) / (b["layers"] - a["layers"])
         est = b["peak_mem_gib"] + per_layer * (target_layers - b["layers"])
-        out.append({"seq_len": r["seq_len"], "variant": r["variant"], "sp": r["sp"],
-                    "per_layer_gib": round(per_layer, 3), "layers": target_layers,
-                    "estimated_peak_gib": round(est, 1)})  # fmt: skip
+        out.append(
+            {
+                "seq_len": r["seq_len"],
+                "variant": r["variant"],
+                "sp": r["sp"],
+                "per_layer_gib": round(per_layer, 3),
+                "layers": target_layers,
+                "estimated_peak_gib": round(est, 1),
+            }
+        )
     return out
 
 
@@ -260,11 +318,14 @@ def predictions() -> str:
     out = ["| model | machine | max tokens | + checkpoint offload |", "|---|---|---:|---:|"]
     for name, shape in (("Llama-2-7B", MM.LLAMA2_7B), ("Llama-3-8B", MM.LLAMA3_8B)):
         for m in MM.MACHINES:
-            opt = MM.Options(gpus=m.gpus, sp=m.gpus, tiled_mlp=True, tiled_loss=True,
-                             offload_optimizer=True)  # fmt: skip
+            opt = MM.Options(
+                gpus=m.gpus, sp=m.gpus, tiled_mlp=True, tiled_loss=True, offload_optimizer=True
+            )
             off = MM.Options(**{**opt.__dict__, "offload_checkpoints": True})
-            out.append(f"| {name} | {m.name} | {MM.max_seq_len(shape, opt, m):,} | "
-                       f"{MM.max_seq_len(shape, off, m):,} |")  # fmt: skip
+            out.append(
+                f"| {name} | {m.name} | {MM.max_seq_len(shape, opt, m):,} | "
+                f"{MM.max_seq_len(shape, off, m):,} |"
+            )
     return "\n".join(out)
 
 
@@ -282,9 +343,13 @@ def main() -> int:
     p.add_argument("--layers", type=int, nargs="+", default=[4])
     p.add_argument("--kv-heads", type=int, default=32, help="32: Llama-2-7B (MHA).")
     p.add_argument("--engine", default="auto")
-    p.add_argument("--kernels", default="torch", choices=["torch", "liger"],
-                   help="training.kernels: RMSNorm and SwiGLU as transformers' modules or "
-                   "Liger-Kernel's fused kernels.")  # fmt: skip
+    p.add_argument(
+        "--kernels",
+        default="torch",
+        choices=["torch", "liger"],
+        help="training.kernels: RMSNorm and SwiGLU as transformers' modules or "
+        "Liger-Kernel's fused kernels.",
+    )
     p.add_argument("--zero-stage", type=int, default=3)
     p.add_argument("--steps", type=int, default=3, help="Timed steps (median reported).")
     p.add_argument("--warmup", type=int, default=2, help="Untimed steps (compilation).")
@@ -294,11 +359,17 @@ def main() -> int:
     p.add_argument("--out", type=Path, default=None)
     p.add_argument("--smoke", action="store_true", help="Tiny model on CPU (checks the script).")
     for flag in MEMORY_FLAGS:
-        p.add_argument("--" + flag.replace("_", "-"), action="store_true",
-                       help=f"training.memory.{flag}")  # fmt: skip
-    p.add_argument("--keep-activations", type=int, default=0, metavar="N",
-                   help="training.memory.keep_activations: the last N layers are not "
-                   "checkpointed (selective activation checkpointing).")  # fmt: skip
+        p.add_argument(
+            "--" + flag.replace("_", "-"), action="store_true", help=f"training.memory.{flag}"
+        )
+    p.add_argument(
+        "--keep-activations",
+        type=int,
+        default=0,
+        metavar="N",
+        help="training.memory.keep_activations: the last N layers are not "
+        "checkpointed (selective activation checkpointing).",
+    )
     p.add_argument(
         "--predict",
         action="store_true",
@@ -317,8 +388,7 @@ def main() -> int:
         return 0
     print("\n" + table(results) + "\n\n" + speedups(results))
     device = torch.cuda.get_device_name() if DEVICE == "cuda" else "cpu"
-    report = {"device": device, "world": results[0]["sp"],
-              "results": results}  # fmt: skip
+    report = {"device": device, "world": results[0]["sp"], "results": results}
     if args.extrapolate_layers:
         report["memory_extrapolation"] = extrapolate(results, args.extrapolate_layers)
         print("\nPeak memory extrapolated linearly in depth:")

@@ -16,10 +16,17 @@ def save_checkpoint(path: Path, tokenizer_dir: Path, *, seed: int, step: int) ->
 
     tok = AutoTokenizer.from_pretrained(tokenizer_dir)
     torch.manual_seed(seed)
-    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64,
-                      num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
-                      max_position_embeddings=2048, bos_token_id=tok.bos_token_id,
-                      eos_token_id=tok.eos_token_id)  # fmt: skip
+    cfg = LlamaConfig(
+        vocab_size=len(tok),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        max_position_embeddings=2048,
+        bos_token_id=tok.bos_token_id,
+        eos_token_id=tok.eos_token_id,
+    )
     LlamaForCausalLM(cfg).save_pretrained(path)
     tok.save_pretrained(path)
     (path / "anchorctx.json").write_text(json.dumps({"step": step}))

@@ -118,17 +118,34 @@ def tiny_config(demo_corpus, tmp_path_factory):
         "run_root": str(root),
         "seed": 0,
         "model": {
-            "tiny": {"architecture": "llama", "hidden_size": 64, "intermediate_size": 128,
-                     "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2},
+            "tiny": {
+                "architecture": "llama",
+                "hidden_size": 64,
+                "intermediate_size": 128,
+                "num_hidden_layers": 2,
+                "num_attention_heads": 4,
+                "num_key_value_heads": 2,
+            },
             "tokenizer": str(demo_corpus.tokenizer_dir),
             "dtype": "float32",
         },
-        "data": {"sources": [{"path": str(demo_corpus.data_dir)}], "seq_len": 512,
-                 "token_budget": 60_000},
-        "training": {"device": "cpu", "engine": "sdpa", "precision": "fp32", "steps": 4,
-                     "global_batch_size": 2, "micro_batch_size": 1, "zero_stage": 0,
-                     "activation_checkpointing": False, "save": {"every": 2, "last": None}},
-    }  # fmt: skip
+        "data": {
+            "sources": [{"path": str(demo_corpus.data_dir)}],
+            "seq_len": 512,
+            "token_budget": 60_000,
+        },
+        "training": {
+            "device": "cpu",
+            "engine": "sdpa",
+            "precision": "fp32",
+            "steps": 4,
+            "global_batch_size": 2,
+            "micro_batch_size": 1,
+            "zero_stage": 0,
+            "activation_checkpointing": False,
+            "save": {"every": 2, "last": None},
+        },
+    }
     return config_from_dict(raw)
 
 

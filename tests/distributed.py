@@ -31,10 +31,14 @@ _EXT_ENV = "TORCH_EXTENSIONS_DIR"
 def _entry(rank: int, fn: Callable, world: int, port: int, env: dict, args: tuple) -> None:
     os.environ.update(env)
     os.environ.update(
-        RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world),
-        LOCAL_WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+        RANK=str(rank),
+        LOCAL_RANK=str(rank),
+        WORLD_SIZE=str(world),
+        LOCAL_WORLD_SIZE=str(world),
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
         OMP_NUM_THREADS="1",
-    )  # fmt: skip
+    )
     fn(rank, world, *args)
 
 
@@ -44,9 +48,12 @@ def run_distributed(fn: Callable[..., None], world: int, *args: Any, timeout_s: 
 
     env = {k: v for k, v in os.environ.items() if k == _EXT_ENV}
     ctx = mp.start_processes(
-        _entry, args=(fn, world, free_port(), env, args), nprocs=world, join=False,
+        _entry,
+        args=(fn, world, free_port(), env, args),
+        nprocs=world,
+        join=False,
         start_method="spawn",
-    )  # fmt: skip
+    )
     import time
 
     deadline = time.monotonic() + timeout_s

@@ -24,8 +24,15 @@ SHIFT = 3000  # large positions: where bf16 cos/sin rounding matters
 def tiny_llama(attn: str = "sdpa", dtype: torch.dtype = torch.float32):
     from transformers import AutoModelForCausalLM, LlamaConfig
 
-    cfg = LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=8192)  # fmt: skip
+    cfg = LlamaConfig(
+        vocab_size=128,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=8192,
+    )
     torch.manual_seed(0)
     return AutoModelForCausalLM.from_config(cfg, dtype=dtype, attn_implementation=attn).eval()
 
@@ -60,8 +67,10 @@ def _layer0_query(model, ids, pos, *, fp32_rope: bool) -> torch.Tensor:
     attn = layer.self_attn
     h = layer.input_layernorm(model.model.embed_tokens(ids))
     q = attn.q_proj(h).view(1, T, -1, attn.head_dim).transpose(1, 2)
-    inv = 1.0 / (model.config.rope_parameters["rope_theta"]
-                 ** (torch.arange(0, attn.head_dim, 2, dtype=torch.float) / attn.head_dim))  # fmt: skip
+    inv = 1.0 / (
+        model.config.rope_parameters["rope_theta"]
+        ** (torch.arange(0, attn.head_dim, 2, dtype=torch.float) / attn.head_dim)
+    )
     ang = pos[0, :, None].float() * inv
     emb = torch.cat((ang, ang), dim=-1)
     cos, sin = emb.cos(), emb.sin()

@@ -29,8 +29,15 @@ SPEC = RopePrecisionConfig(
 def tiny_llama():
     from transformers import AutoModelForCausalLM, LlamaConfig
 
-    cfg = LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096)  # fmt: skip
+    cfg = LlamaConfig(
+        vocab_size=128,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=4096,
+    )
     torch.manual_seed(0)
     return AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
 
@@ -50,8 +57,12 @@ def _dense_key_diff(q1, k1, q2, k2, scaling):
     mask = torch.ones(t, t, dtype=torch.bool).tril()
     out = torch.zeros(q1.shape[0], t, dtype=torch.float64)
     for head in range(h):
-        a = [((q.double()[:, head] @ k[:, head].transpose(-1, -2)) * scaling)
-             .masked_fill(~mask, float("-inf")).softmax(-1) for q, k in ((q1, k1), (q2, k2))]  # fmt: skip
+        a = [
+            ((q.double()[:, head] @ k[:, head].transpose(-1, -2)) * scaling)
+            .masked_fill(~mask, float("-inf"))
+            .softmax(-1)
+            for q, k in ((q1, k1), (q2, k2))
+        ]
         out += (a[0] - a[1]).abs().sum(dim=1)
     return out
 
@@ -87,8 +98,12 @@ def test_probe_captures_the_models_attention():
         captured = capture_qk(model, ids, shift=7)
         ref = eager(input_ids=ids, position_ids=torch.arange(7, 55)[None], output_attentions=True)
     for layer, (q, k, scaling) in captured.items():
-        torch.testing.assert_close(metrics.causal_probs(q, metrics.expand_kv(k, 4), scaling),
-                                   ref.attentions[layer], rtol=1e-5, atol=1e-6)  # fmt: skip
+        torch.testing.assert_close(
+            metrics.causal_probs(q, metrics.expand_kv(k, 4), scaling),
+            ref.attentions[layer],
+            rtol=1e-5,
+            atol=1e-6,
+        )
 
 
 # -------------------------------------------------------------------------------- measurement
@@ -151,19 +166,37 @@ def test_command_writes_json_figure_and_table(tiny_config, demo_corpus, tmp_path
     from anchorctx.cli import main
 
     text = tmp_path / "text.txt"
-    text.write_text("\n".join(p.read_text() for p in sorted(demo_corpus.data_dir.rglob("*"))
-                              if p.is_file() and p.suffix in {".jsonl", ".txt"})[:200_000])  # fmt: skip
+    text.write_text(
+        "\n".join(
+            p.read_text()
+            for p in sorted(demo_corpus.data_dir.rglob("*"))
+            if p.is_file() and p.suffix in {".jsonl", ".txt"}
+        )[:200_000]
+    )
     cfg_path = tmp_path / "config.yaml"
     cfg_path.write_text(tiny_config.to_yaml())
     out = tmp_path / "out"
-    sets = ["analysis.rope_precision.seq_len=96", "analysis.rope_precision.num_sequences=1",
-            "analysis.rope_precision.lengths=[32,96]", "analysis.rope_precision.shifts=[0,16,200]",
-            "analysis.rope_precision.device=cpu", f"analysis.rope_precision.text_files=['{text}']"]  # fmt: skip
+    sets = [
+        "analysis.rope_precision.seq_len=96",
+        "analysis.rope_precision.num_sequences=1",
+        "analysis.rope_precision.lengths=[32,96]",
+        "analysis.rope_precision.shifts=[0,16,200]",
+        "analysis.rope_precision.device=cpu",
+        f"analysis.rope_precision.text_files=['{text}']",
+    ]
     argv = ["rope-precision", str(cfg_path), "--out", str(out), "--no-progress"]
     assert main(argv + [a for s in sets for a in ("--set", s)]) == 0
     result = json.loads((out / "rope_precision.json").read_text())
-    for key in ("shift_curve", "first_token_share", "logit_diff_by_length", "per_token",
-                "config", "manifest", "settings", "rope_fp32"):  # fmt: skip
+    for key in (
+        "shift_curve",
+        "first_token_share",
+        "logit_diff_by_length",
+        "per_token",
+        "config",
+        "manifest",
+        "settings",
+        "rope_fp32",
+    ):
         assert key in result
     assert set(result["shift_curve"]) == {"bf16", "bf16_rope_fp32", "fp32"}
     assert set(result["shift_curve"]["bf16"]) == {"0", "16", "200"}
@@ -177,9 +210,14 @@ def test_packed_dataset_sequences(tiny_config, packed_demo):
     from anchorctx.analysis.rope_precision import load_sequences
     from anchorctx.models.loading import anchor_token_id, load_tokenizer
 
-    cfg = config_from_dict(tiny_config.model_dump(mode="json"),
-                           ["analysis.rope_precision.seq_len=700", "analysis.rope_precision.num_sequences=2",
-                            "analysis.rope_precision.lengths=[64]"])  # fmt: skip
+    cfg = config_from_dict(
+        tiny_config.model_dump(mode="json"),
+        [
+            "analysis.rope_precision.seq_len=700",
+            "analysis.rope_precision.num_sequences=2",
+            "analysis.rope_precision.lengths=[64]",
+        ],
+    )
     tok = load_tokenizer(cfg.model)
     seqs, source = load_sequences(cfg, tok, progress=False)
     assert source == "packed dataset" and seqs.shape == (2, 700)  # longer than one packed row
@@ -207,13 +245,22 @@ def test_checkpoint_weights_or_random_init(demo_corpus, tmp_path):
     from anchorctx.analysis.rope_precision import load_study_model
 
     tok = AutoTokenizer.from_pretrained(str(demo_corpus.tokenizer_dir))
-    hf = LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                     num_attention_heads=2, num_key_value_heads=2)  # fmt: skip
+    hf = LlamaConfig(
+        vocab_size=len(tok),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+    )
     torch.manual_seed(5)
     AutoModelForCausalLM.from_config(hf).save_pretrained(tmp_path / "ckpt")
     saved = AutoModelForCausalLM.from_pretrained(tmp_path / "ckpt").model.embed_tokens.weight
-    raw = {"name": "x", "run_root": str(tmp_path),
-           "model": {"path": str(tmp_path / "ckpt"), "tokenizer": str(demo_corpus.tokenizer_dir)}}  # fmt: skip
+    raw = {
+        "name": "x",
+        "run_root": str(tmp_path),
+        "model": {"path": str(tmp_path / "ckpt"), "tokenizer": str(demo_corpus.tokenizer_dir)},
+    }
     for random_init in (False, True):
         cfg = config_from_dict(
             raw, [f"analysis.rope_precision.random_init={str(random_init).lower()}"]

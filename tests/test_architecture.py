@@ -44,18 +44,38 @@ ALLOWED = {
     "attention": {"config", "io"},
     "models": {"config", "experiment", "io", "attention"},
     "packing": {"config", "experiment", "io", "manifest", "attention", "models"},
-    "training": {"config", "experiment", "io", "manifest", "tracking", "process", "attention",
-                 "models", "packing"},
+    "training": {
+        "config",
+        "experiment",
+        "io",
+        "manifest",
+        "tracking",
+        "process",
+        "attention",
+        "models",
+        "packing",
+    },
     "analysis": {"config", "experiment", "io", "manifest", "attention", "models", "packing"},
-    "evaluation": {"config", "experiment", "io", "manifest", "tracking", "process", "attention",
-                   "models", "packing", "training", "analysis"},
+    "evaluation": {
+        "config",
+        "experiment",
+        "io",
+        "manifest",
+        "tracking",
+        "process",
+        "attention",
+        "models",
+        "packing",
+        "training",
+        "analysis",
+    },
     "demo": SHARED | STAGES,
     "tasks": SHARED | STAGES | {"demo", "tasks"},
     "flows": SHARED | STAGES | {"demo", "tasks"},
     "cli": SHARED | STAGES | {"flows", "demo"},
     "__main__": {"cli"},
     "__init__": set(),
-}  # fmt: skip
+}
 # Entry points run a stage from the command line: they may also write demo inputs first and
 # turn errors into the CLI's one-line form.
 ENTRY_EXTRA = {"demo", "cli"}

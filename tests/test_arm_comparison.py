@@ -55,12 +55,14 @@ def test_row_pairs_match_brute_force_mask(variant):
 def _dataset(rows: list[tuple[list[int], list[int]]]):
     import datasets
 
-    return datasets.Dataset.from_dict({
-        "input_ids": [[1] * sum(lens) for lens, _ in rows],
-        "loss_mask": [[1] * sum(lens) for lens, _ in rows],
-        "seg_lens": [lens for lens, _ in rows],
-        "seg_doc": [docs for _, docs in rows],
-    })  # fmt: skip
+    return datasets.Dataset.from_dict(
+        {
+            "input_ids": [[1] * sum(lens) for lens, _ in rows],
+            "loss_mask": [[1] * sum(lens) for lens, _ in rows],
+            "seg_lens": [lens for lens, _ in rows],
+            "seg_doc": [docs for _, docs in rows],
+        }
+    )
 
 
 def test_attention_work_counts_the_trained_rows_with_repeats():
@@ -112,11 +114,20 @@ def _write_result(run_dir: Path, step: int, suite: str, scores, counts) -> None:
 def _fake_arm(run_dir: Path, mmlu: float, ruler: float, losses: list[float]) -> None:
     for step in (15, 20):
         _write_result(run_dir, step, "mmlu", {"mmlu": {"acc": mmlu}}, {"mmlu": 8})
-        _write_result(run_dir, step, "hellaswag", {"hellaswag": {"acc": 25.0, "acc_norm": 25.0}},
-                      {"hellaswag": 8})  # fmt: skip
-        _write_result(run_dir, step, "ruler",
-                      {"niah_single_1": {"1024": ruler}, "vt": {"1024": 0.0}},
-                      {"niah_single_1": {"1024": 2}, "vt": {"1024": 2}})  # fmt: skip
+        _write_result(
+            run_dir,
+            step,
+            "hellaswag",
+            {"hellaswag": {"acc": 25.0, "acc_norm": 25.0}},
+            {"hellaswag": 8},
+        )
+        _write_result(
+            run_dir,
+            step,
+            "ruler",
+            {"niah_single_1": {"1024": ruler}, "vt": {"1024": 0.0}},
+            {"niah_single_1": {"1024": 2}, "vt": {"1024": 2}},
+        )
     summarize_run(run_dir, 2)
     lines = [json.dumps({"step": i + 1, "loss": v}) for i, v in enumerate(losses)]
     (run_dir / "metrics.jsonl").write_text("\n".join(lines) + "\n")
@@ -151,8 +162,12 @@ def test_report_names_every_arm_labels_chance_and_plots_loss(tmp_path):
     assert general["full"]["MMLU"]["at_chance"] and not general["anchor"]["MMLU"]["at_chance"]
     assert general["full"]["MMLU"]["n"] == 8
     ruler = out["tables"]["ruler"]["chance"]
-    assert ruler["full"]["1024"] == {"chance": 0.0, "n": 4, "interval": [0.0, 0.0],
-                                     "at_chance": True}  # fmt: skip
+    assert ruler["full"]["1024"] == {
+        "chance": 0.0,
+        "n": 4,
+        "interval": [0.0, 0.0],
+        "at_chance": True,
+    }
     assert not ruler["anchor"]["1024"]["at_chance"]  # mean over tasks 25.0
     assert "| full | 29.17 ± 0.00 (at chance) | 25.00 ± 0.00 (at chance) |" in md
     assert "| anchor | 90.00 ± 0.00 | 25.00 ± 0.00 (at chance) |" in md
@@ -195,13 +210,19 @@ def test_rope_study_runs_once_per_inputs(tmp_path, monkeypatch):
         spec = cfg.analysis.rope_precision
         modes = list(spec.precisions)
         result = {
-            "settings": {"lengths": spec.lengths, "compare_shift": 0, "delta2": 16, "modes": modes,
-                         "num_sequences": spec.num_sequences, "seq_len": spec.seq_len,
-                         "weights": "random init (model.tiny)"},
+            "settings": {
+                "lengths": spec.lengths,
+                "compare_shift": 0,
+                "delta2": 16,
+                "modes": modes,
+                "num_sequences": spec.num_sequences,
+                "seq_len": spec.seq_len,
+                "weights": "random init (model.tiny)",
+            },
             "shift_curve": {m: {"0": 1.0} for m in modes},
             "first_token_share": {m: 0.5 for m in modes},
             "logit_diff_by_length": {m: {str(n): 2.0 for n in spec.lengths} for m in modes},
-        }  # fmt: skip
+        }
         out_dir.mkdir(parents=True, exist_ok=True)
         (out_dir / rp.PNG_NAME).write_bytes(b"png")
         (out_dir / rp.JSON_NAME).write_text(json.dumps(result))

@@ -152,9 +152,15 @@ def test_hf_model_engines_agree():
     from anchorctx.attention import hf
 
     cfg = AutoConfig.for_model(
-        "llama", vocab_size=128, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=T,
-    )  # fmt: skip
+        "llama",
+        vocab_size=128,
+        hidden_size=256,
+        intermediate_size=512,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=T,
+    )
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(cfg, attn_implementation=hf.register())
     model = model.to("cuda", torch.bfloat16)

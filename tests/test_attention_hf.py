@@ -25,9 +25,16 @@ def models(request):
     arch = request.param
     specials = {"bos_token_id": None, "eos_token_id": 2} if arch == "qwen2" else {}
     cfg = AutoConfig.for_model(
-        arch, vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512, **specials,
-    )  # fmt: skip
+        arch,
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        **specials,
+    )
     torch.manual_seed(0)
     stock = AutoModelForCausalLM.from_config(copy.deepcopy(cfg), attn_implementation="sdpa")
     ours = AutoModelForCausalLM.from_config(copy.deepcopy(cfg), attn_implementation=hf.register())

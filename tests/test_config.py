@@ -32,8 +32,12 @@ def test_paper_presets_follow_table_1():
         t = cfg.training
         assert (cfg.data.seq_len, cfg.model.rope_theta) == (seq, theta)
         assert (t.lr, t.betas, t.weight_decay, t.steps, t.global_batch_size) == (
-            2e-5, (0.9, 0.95), 0.1, 2000, 8,
-        )  # fmt: skip
+            2e-5,
+            (0.9, 0.95),
+            0.1,
+            2000,
+            8,
+        )
         assert (t.save.every, t.save.last, cfg.evaluation.last_k) == (10, 50, 5)
 
 

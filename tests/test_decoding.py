@@ -24,19 +24,37 @@ def _tiny(kind: str):
 
     # Large init: random logits spread far apart, so float32 rounding differences between the
     # engines' matmul shapes (batched, padded, chunked) cannot flip a greedy argmax.
-    common = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
-                  initializer_range=0.3, pad_token_id=PAD, bos_token_id=1, eos_token_id=2)  # fmt: skip
+    common = dict(
+        vocab_size=VOCAB,
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        initializer_range=0.3,
+        pad_token_id=PAD,
+        bos_token_id=1,
+        eos_token_id=2,
+    )
     torch.manual_seed(0)
     if kind == "llama":  # GQA, Llama-3 RoPE scaling from the config
-        rope = {"rope_type": "llama3", "rope_theta": 10000.0, "factor": 4.0,
-                "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                "original_max_position_embeddings": 32}  # fmt: skip
+        rope = {
+            "rope_type": "llama3",
+            "rope_theta": 10000.0,
+            "factor": 4.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 32,
+        }
         cfg = LlamaConfig(**common, rope_parameters=rope)
         model = LlamaForCausalLM(cfg)
     else:  # GQA, qkv bias, tied embeddings
-        cfg = Qwen2Config(**common, tie_word_embeddings=True, rope_parameters={
-            "rope_type": "default", "rope_theta": 1e6})  # fmt: skip
+        cfg = Qwen2Config(
+            **common,
+            tie_word_embeddings=True,
+            rope_parameters={"rope_type": "default", "rope_theta": 1e6},
+        )
         model = Qwen2ForCausalLM(cfg)
         assert model.lm_head.weight is model.model.embed_tokens.weight
         assert model.model.layers[0].self_attn.q_proj.bias is not None
@@ -57,9 +75,17 @@ def _hf(model, rows, batch_size, stop_ids=(2,), suppress=()) -> list[list[int]]:
     """Reference: transformers generate, left-padded batches, cut after the first stop token."""
     from transformers import GenerationConfig
 
-    config = GenerationConfig(max_new_tokens=NEW, do_sample=False, num_beams=1, temperature=None,
-                              top_p=None, top_k=None, eos_token_id=list(stop_ids),
-                              pad_token_id=PAD, begin_suppress_tokens=list(suppress) or None)  # fmt: skip
+    config = GenerationConfig(
+        max_new_tokens=NEW,
+        do_sample=False,
+        num_beams=1,
+        temperature=None,
+        top_p=None,
+        top_k=None,
+        eos_token_id=list(stop_ids),
+        pad_token_id=PAD,
+        begin_suppress_tokens=list(suppress) or None,
+    )
     out = []
     for i in range(0, len(rows), batch_size):
         chunk = rows[i : i + batch_size]
@@ -152,8 +178,10 @@ def test_fused_step_shares_weights_and_compiles(model):
     assert again.layers[1].wqkv.data_ptr() == w.wqkv.data_ptr()  # already adjacent: a view
     assert again.layers[1].wgu.data_ptr() == w.wgu.data_ptr()
     first.decoder = again
-    assert first.generate(rows, max_new_tokens=NEW, pad_id=PAD,
-                          stop=StopRules(stop_token_ids=(2,))) == ref  # fmt: skip
+    assert (
+        first.generate(rows, max_new_tokens=NEW, pad_id=PAD, stop=StopRules(stop_token_ids=(2,)))
+        == ref
+    )
     assert _hf(model, rows, batch_size=3) == ref  # the model's own forward on the shared memory
     with pytest.raises(ValueError, match="decode step 'gpt-fast'"):
         GreedyDecoder(model, step="gpt-fast")
@@ -175,8 +203,12 @@ def test_chunked_prefill_and_buffer_reuse(model):
     # One decoder reused over batches of one shape and of another gives the same tokens.
     decoder = GreedyDecoder(model)
     for batch in ([0, 1], [4, 5], [2, 3, 4]):
-        got = decoder.generate([rows[i] for i in batch], max_new_tokens=NEW, pad_id=PAD,
-                               stop=StopRules(stop_token_ids=(2,)))  # fmt: skip
+        got = decoder.generate(
+            [rows[i] for i in batch],
+            max_new_tokens=NEW,
+            pad_id=PAD,
+            stop=StopRules(stop_token_ids=(2,)),
+        )
         assert got == [ref[i] for i in batch]
 
 
@@ -186,8 +218,8 @@ def test_stop_strings_cut_at_the_completing_token(model):
     letters = lambda ids: "".join(chr(65 + t % 26) for t in ids)  # noqa: E731
     target = letters(free[1][4:6])  # completed by row 1's sixth token
     got = GreedyDecoder(model, sync_every=4).generate(
-        rows, max_new_tokens=NEW, pad_id=PAD, stop=StopRules(stop_strings=(target,)),
-        decode=letters)  # fmt: skip
+        rows, max_new_tokens=NEW, pad_id=PAD, stop=StopRules(stop_strings=(target,)), decode=letters
+    )
     for mine, full in zip(got, free):
         text = letters(full)
         end = next((k for k in range(1, NEW + 1) if target in text[:k]), NEW)
@@ -244,12 +276,20 @@ def test_cuda_graph_decode_equals_eager_and_hf(kind):
     assert eager == ref == _static(model, rows, len(rows), stop_ids=stops, suppress=suppress)
     for step in ("hf", "fused"):  # the reference step and the fused one (compiled)
         for attention in ("sdpa", "efficient", "flex"):  # flex compiled, captured in the graph
-            assert ref == _static(model, rows, len(rows), stop_ids=stops, suppress=suppress,
-                                  attention=attention, step=step)  # fmt: skip
+            assert ref == _static(
+                model,
+                rows,
+                len(rows),
+                stop_ids=stops,
+                suppress=suppress,
+                attention=attention,
+                step=step,
+            )
     letters = lambda ids: "".join(chr(65 + t % 26) for t in ids)  # noqa: E731
     target = letters(free[2][2:5])
-    got = graph.generate(rows, max_new_tokens=NEW, pad_id=PAD,
-                         stop=StopRules(stop_strings=(target,)), decode=letters)  # fmt: skip
+    got = graph.generate(
+        rows, max_new_tokens=NEW, pad_id=PAD, stop=StopRules(stop_strings=(target,)), decode=letters
+    )
     for mine, full in zip(got, free):
         end = next((k for k in range(1, NEW + 1) if target in letters(full[:k])), NEW)
         assert mine == full[:end]
@@ -261,9 +301,15 @@ def test_auto_engine_falls_back_where_static_cannot_run():
 
     from anchorctx.evaluation.generation import _pick_engine
 
-    cfg = MistralConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64,
-                        num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2,
-                        sliding_window=16)  # fmt: skip
+    cfg = MistralConfig(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        sliding_window=16,
+    )
     mistral = MistralForCausalLM(cfg).eval()
     short, long = [[1, 5, 6]], [[1] * 20]
     assert _pick_engine("auto", mistral, short, 4) == "static"  # within the window: exact
@@ -281,11 +327,16 @@ def test_auto_engine_falls_back_where_static_cannot_run():
 def _hf_rows(model, rows, new):
     from transformers import GenerationConfig
 
-    config = GenerationConfig(max_new_tokens=new, do_sample=False, eos_token_id=None,
-                              pad_token_id=PAD)  # fmt: skip
+    config = GenerationConfig(
+        max_new_tokens=new, do_sample=False, eos_token_id=None, pad_token_id=PAD
+    )
     with torch.no_grad():
-        return [model.generate(input_ids=torch.tensor([r]), generation_config=config)[0, len(r):]
-                .tolist() for r in rows]  # fmt: skip
+        return [
+            model.generate(input_ids=torch.tensor([r]), generation_config=config)[
+                0, len(r) :
+            ].tolist()
+            for r in rows
+        ]
 
 
 @pytest.mark.parametrize("groups", [1, 2, 4])

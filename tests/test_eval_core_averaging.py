@@ -21,8 +21,15 @@ def write_result(
 ):
     path = run_dir / "eval" / name / f"{suite}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
-    record = {"suite": suite, "checkpoint_name": name, "step": step, "scores": scores,
-              "counts": {}, "not_run": {}, **extra}  # fmt: skip
+    record = {
+        "suite": suite,
+        "checkpoint_name": name,
+        "step": step,
+        "scores": scores,
+        "counts": {},
+        "not_run": {},
+        **extra,
+    }
     path.write_text(json.dumps(record))
 
 
@@ -43,19 +50,39 @@ def experiment(tmp_path: Path) -> Path:
     ruler_cfg = {"ruler": {"exclude": ["cwe"]}}
     for step in STEPS:
         niah = 1000.0 if step == 10 else float(step)
-        write_result(anchor, f"step-{step:06d}", "ruler", ruler_scores(niah, niah / 2, 100.0),
-                     step, evaluation=ruler_cfg)  # fmt: skip
+        write_result(
+            anchor,
+            f"step-{step:06d}",
+            "ruler",
+            ruler_scores(niah, niah / 2, 100.0),
+            step,
+            evaluation=ruler_cfg,
+        )
     for step, (sd, code) in zip([50, 60], [(10.0, 30.0), (20.0, 50.0)]):
-        write_result(anchor, f"step-{step:06d}", "longbench", {"qasper": {"score": sd}}, step,
-                     categories={"Single-Doc QA": sd, "Code": code})  # fmt: skip
+        write_result(
+            anchor,
+            f"step-{step:06d}",
+            "longbench",
+            {"qasper": {"score": sd}},
+            step,
+            categories={"Single-Doc QA": sd, "Code": code},
+        )
     write_result(anchor, "step-000060", "mmlu", {"mmlu": {"acc": 0.5}}, 60)
-    write_result(anchor, "averaged-last-5", "ruler", ruler_scores(77.0, None, 100.0), None,
-                 evaluation=ruler_cfg)  # fmt: skip
+    write_result(
+        anchor,
+        "averaged-last-5",
+        "ruler",
+        ruler_scores(77.0, None, 100.0),
+        None,
+        evaluation=ruler_cfg,
+    )
     (anchor / "eval" / "step-000060" / "notes.json").write_text("[1, 2]")
 
     full = tmp_path / "exp" / "full"
-    write_result(full, "step-000060", "ruler", {"niah_single_1": {"4096": 30.0}, "vt": {"4096": 50.0}}, 60)  # fmt: skip
-    write_result(full, "step-000060", "hellaswag", {"hellaswag": {"acc_norm": 0.4, "acc": 0.3}}, 60)  # fmt: skip
+    write_result(
+        full, "step-000060", "ruler", {"niah_single_1": {"4096": 30.0}, "vt": {"4096": 50.0}}, 60
+    )
+    write_result(full, "step-000060", "hellaswag", {"hellaswag": {"acc_norm": 0.4, "acc": 0.3}}, 60)
     return tmp_path / "exp"
 
 
@@ -76,15 +103,21 @@ def test_summarize_run_last_k(experiment: Path):
     assert niah["4096"] == pytest.approx({"mean": 40.0, "std": math.sqrt(200.0), "n": 5})
     assert niah["8192"] == pytest.approx({"mean": 20.0, "std": math.sqrt(50.0), "n": 5})
     # Per-checkpoint mean over tasks without cwe: (s + 100) / 2 at 4K, (s/2 + 50) / 2 at 8K.
-    assert ruler["average"]["4096"] == pytest.approx({"mean": 70.0, "std": math.sqrt(200.0) / 2, "n": 5})  # fmt: skip
-    assert ruler["average"]["8192"] == pytest.approx({"mean": 35.0, "std": math.sqrt(50.0) / 2, "n": 5})  # fmt: skip
+    assert ruler["average"]["4096"] == pytest.approx(
+        {"mean": 70.0, "std": math.sqrt(200.0) / 2, "n": 5}
+    )
+    assert ruler["average"]["8192"] == pytest.approx(
+        {"mean": 35.0, "std": math.sqrt(50.0) / 2, "n": 5}
+    )
     assert list(ruler["average"]) == ["4096", "8192"]
     assert ruler["average_tasks"] == ["niah_single_1", "vt"] and ruler["excluded"] == ["cwe"]
 
     lb = summary["suites"]["longbench"]
     assert lb["steps"] == [50, 60]
-    assert lb["categories"] == {"Single-Doc QA": {"mean": 15.0, "std": 5.0, "n": 2},
-                                "Code": {"mean": 40.0, "std": 10.0, "n": 2}}  # fmt: skip
+    assert lb["categories"] == {
+        "Single-Doc QA": {"mean": 15.0, "std": 5.0, "n": 2},
+        "Code": {"mean": 40.0, "std": 10.0, "n": 2},
+    }
     assert summary["suites"]["mmlu"]["scores"]["mmlu"]["acc"] == {"mean": 0.5, "std": 0.0, "n": 1}
     other = summary["other_checkpoints"]["averaged-last-5"]["ruler"]
     assert other["average"]["4096"]["mean"] == pytest.approx(88.5)
@@ -135,7 +168,9 @@ def test_experiment_report(experiment: Path):
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 5000
     saved = json.loads((experiment / "report.json").read_text())
     assert saved["tables"] == json.loads(json.dumps(tables))
-    assert saved["runs"]["intra_doc"] is None and saved["runs"]["anchor"]["suites"]["ruler"]["n"] == 5  # fmt: skip
+    assert (
+        saved["runs"]["intra_doc"] is None and saved["runs"]["anchor"]["suites"]["ruler"]["n"] == 5
+    )
 
 
 def test_report_without_any_results(tmp_path: Path):

@@ -39,9 +39,15 @@ def save_tiny_checkpoint(path: Path, *, seed: int, step: int | None = None) -> P
         tokenizer_object=backend, bos_token="<s>", eos_token="</s>", unk_token="<unk>"
     )
     torch.manual_seed(seed)
-    cfg = LlamaConfig(vocab_size=len(vocab), hidden_size=16, intermediate_size=32,
-                      num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
-                      max_position_embeddings=64)  # fmt: skip
+    cfg = LlamaConfig(
+        vocab_size=len(vocab),
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        max_position_embeddings=64,
+    )
     model = LlamaForCausalLM(cfg)
     model.save_pretrained(path)
     tok.save_pretrained(path)
@@ -63,11 +69,14 @@ def checkpoint(run_dir: Path) -> Path:
 
 @pytest.fixture
 def cfg(tmp_path: Path, checkpoint: Path):
-    return config_from_dict({
-        "name": "t", "run_root": str(tmp_path / "runs"),
-        "model": {"path": str(checkpoint)},
-        "evaluation": {"device": "cpu", "dtype": "float32"},
-    })  # fmt: skip
+    return config_from_dict(
+        {
+            "name": "t",
+            "run_root": str(tmp_path / "runs"),
+            "model": {"path": str(checkpoint)},
+            "evaluation": {"device": "cpu", "dtype": "float32"},
+        }
+    )
 
 
 class FakeSuite:
@@ -121,7 +130,9 @@ def loads(monkeypatch) -> list[Path]:
 
     def load(checkpoint: Path, *, device: str, dtype: str):
         calls.append(checkpoint)
-        return AutoModelForCausalLM.from_pretrained(checkpoint), AutoTokenizer.from_pretrained(checkpoint)  # fmt: skip
+        return AutoModelForCausalLM.from_pretrained(checkpoint), AutoTokenizer.from_pretrained(
+            checkpoint
+        )
 
     monkeypatch.setattr(results, "load_eval_model", load)
     results.clear_model_cache()
@@ -137,12 +148,20 @@ def test_result_file_contents(cfg, checkpoint, run_dir, fake, loads):
     assert out["suite"] == "fake" and out["step"] == 10
     assert out["checkpoint"] == str(checkpoint.resolve())
     assert out["checkpoint_hash"] == checkpoint_hash(checkpoint)
-    assert out["evaluation"] == {"dtype": "float32", "batch_size": 1, "engine": "auto",
-                                 "deterministic_decode": False}  # fmt: skip
+    assert out["evaluation"] == {
+        "dtype": "float32",
+        "batch_size": 1,
+        "engine": "auto",
+        "deterministic_decode": False,
+    }
     assert out["counts"] == {"alpha": {"4096": 5}, "beta": {"4096": 5}}
     assert out["not_run"] == {"gamma": "no data"}
-    assert out["samples"] == {"resumed": 0, "new": NUM_SAMPLES, "file": "fake.samples.jsonl",
-                              "sha256": sha256_file(samples_path(checkpoint, "fake"))}  # fmt: skip
+    assert out["samples"] == {
+        "resumed": 0,
+        "new": NUM_SAMPLES,
+        "file": "fake.samples.jsonl",
+        "sha256": sha256_file(samples_path(checkpoint, "fake")),
+    }
     assert out["versions"]["torch"] and out["duration_s"] >= 0
     lines = samples_path(checkpoint, "fake").read_text().splitlines()
     assert json.loads(lines[0])["__header__"]["checkpoint_hash"] == out["checkpoint_hash"]
@@ -212,7 +231,9 @@ def test_interrupted_samples_of_other_config_are_discarded(cfg, checkpoint, fake
 
 def test_force_reruns(cfg, checkpoint, fake, loads):
     evaluate_checkpoint(cfg, checkpoint, "fake", progress=False)
-    out = json.loads(evaluate_checkpoint(cfg, checkpoint, "fake", force=True, progress=False).read_text())  # fmt: skip
+    out = json.loads(
+        evaluate_checkpoint(cfg, checkpoint, "fake", force=True, progress=False).read_text()
+    )
     assert fake.calls == 2 and out["samples"]["resumed"] == 0
 
 
@@ -279,8 +300,14 @@ def test_evaluate_command_prints_table(cfg, checkpoint, fake, loads, capsys):
 
     from anchorctx.evaluation.commands import evaluate
 
-    args = argparse.Namespace(cfg=cfg, checkpoint=[str(checkpoint)], run_dir=None, last_k=None,
-                              suite=["fake"], force=False)  # fmt: skip
+    args = argparse.Namespace(
+        cfg=cfg,
+        checkpoint=[str(checkpoint)],
+        run_dir=None,
+        last_k=None,
+        suite=["fake"],
+        force=False,
+    )
     assert evaluate(args) == 0
     out = capsys.readouterr().out
     assert "| task | 4K |" in out and "| alpha |" in out and "not run: gamma: no data" in out

@@ -14,19 +14,33 @@ from safetensors.torch import load_file
 from anchorctx.evaluation.weights import WeightAveragingError, average_weights
 
 
-def save_checkpoint(path: Path, *, seed: int, step: int, hidden: int = 16, dtype=torch.float32,
-                    shard: str | None = None) -> Path:  # fmt: skip
+def save_checkpoint(
+    path: Path,
+    *,
+    seed: int,
+    step: int,
+    hidden: int = 16,
+    dtype=torch.float32,
+    shard: str | None = None,
+) -> Path:
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
     vocab = {w: i for i, w in enumerate(["<s>", "</s>", "<unk>", "x", "y", "z"])}
     backend = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
     backend.pre_tokenizer = pre_tokenizers.Whitespace()
-    tok = PreTrainedTokenizerFast(tokenizer_object=backend, bos_token="<s>", eos_token="</s>",
-                                  unk_token="<unk>")  # fmt: skip
+    tok = PreTrainedTokenizerFast(
+        tokenizer_object=backend, bos_token="<s>", eos_token="</s>", unk_token="<unk>"
+    )
     torch.manual_seed(seed)
-    cfg = LlamaConfig(vocab_size=len(vocab), hidden_size=hidden, intermediate_size=32,
-                      num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1)  # fmt: skip
+    cfg = LlamaConfig(
+        vocab_size=len(vocab),
+        hidden_size=hidden,
+        intermediate_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+    )
     model = LlamaForCausalLM(cfg).to(dtype)
     with torch.no_grad():  # random norms too, so every tensor differs between seeds
         for p in model.parameters():
@@ -98,10 +112,13 @@ def test_average_weights_command(tmp_path: Path, monkeypatch, capsys):
     from anchorctx.experiment import config_from_dict
 
     run = tmp_path / "runs" / "exp" / "anchor"
-    ckpts = [save_checkpoint(run / "checkpoints" / f"step-{s:06d}", seed=s, step=s) for s in (10, 20, 30)]  # fmt: skip
+    ckpts = [
+        save_checkpoint(run / "checkpoints" / f"step-{s:06d}", seed=s, step=s) for s in (10, 20, 30)
+    ]
     monkeypatch.setattr(commands, "_run_checkpoints", lambda run_dir: ckpts)
-    cfg = config_from_dict({"name": "exp", "run_root": str(tmp_path / "runs"),
-                            "model": {"path": str(ckpts[0])}})  # fmt: skip
+    cfg = config_from_dict(
+        {"name": "exp", "run_root": str(tmp_path / "runs"), "model": {"path": str(ckpts[0])}}
+    )
     args = argparse.Namespace(cfg=cfg, run_dir=None, last_k=2, out=None)
     assert commands.average_weights(args) == 0
     out = run / "averaged" / "averaged-last-2"

@@ -19,17 +19,32 @@ from anchorctx.experiment import config_from_dict
 @pytest.fixture
 def workflow(tmp_path: Path, demo_corpus):
     raw = {
-        "name": "wf", "run_root": str(tmp_path / "runs"),
+        "name": "wf",
+        "run_root": str(tmp_path / "runs"),
         "model": {"tiny": {}, "tokenizer": str(demo_corpus.tokenizer_dir), "dtype": "float32"},
         "evaluation": {
-            "suites": ["ruler", "longbench"], "demo_fixtures": str(tmp_path / "eval_data"),
-            "last_k": 2, "device": "cpu", "dtype": "float32", "batch_size": 2,
-            "ruler": {"tasks": ["niah_single_1", "qa_1"], "lengths": [1024], "num_samples": 2,
-                      "squad_path": str(tmp_path / "eval_data" / "squad.json")},
-            "longbench": {"data_dir": str(tmp_path / "eval_data" / "longbench"), "limit": 1,
-                          "datasets": ["passage_count", "passage_retrieval_en"]},
+            "suites": ["ruler", "longbench"],
+            "demo_fixtures": str(tmp_path / "eval_data"),
+            "last_k": 2,
+            "device": "cpu",
+            "dtype": "float32",
+            "batch_size": 2,
+            # fit: tight: the fixtures' ~340-token SQuAD paragraphs leave RULER's smallest qa_1
+            # haystack (10 documents) no room at 1K under its whole-step rule.
+            "ruler": {
+                "tasks": ["niah_single_1", "qa_1"],
+                "lengths": [1024],
+                "num_samples": 2,
+                "fit": "tight",
+                "squad_path": str(tmp_path / "eval_data" / "squad.json"),
+            },
+            "longbench": {
+                "data_dir": str(tmp_path / "eval_data" / "longbench"),
+                "limit": 1,
+                "datasets": ["passage_count", "passage_retrieval_en"],
+            },
         },
-    }  # fmt: skip
+    }
     cfg = config_from_dict(raw)
     ensure_eval_fixtures(cfg)  # as `anchorctx evaluate` does before evaluating
     for step, seed in ((5, 0), (10, 1), (15, 2)):

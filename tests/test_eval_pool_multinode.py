@@ -58,9 +58,13 @@ print("RESULT " + json.dumps({"results": out["results"], "where": where}))
 
 def _in(hosts, node: int, cmd: list[str], env: dict, log: Path) -> subprocess.Popen:
     with log.open("w") as out:  # the process writes to its own copy of the file descriptor
-        return subprocess.Popen(["ip", "netns", "exec", hosts[node][0], *cmd], env=env,
-                                stdout=out, stderr=subprocess.STDOUT,
-                                start_new_session=True)  # fmt: skip
+        return subprocess.Popen(
+            ["ip", "netns", "exec", hosts[node][0], *cmd],
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
 
 
 def test_shards_run_on_both_hosts_and_equal_one_process(tmp_path, demo_corpus):
@@ -68,8 +72,9 @@ def test_shards_run_on_both_hosts_and_equal_one_process(tmp_path, demo_corpus):
         pytest.skip(reason)
     # One process alone: the reference records and scores. One length: two units, one a host.
     ref_cfg, ref_ckpt = _cfg(tmp_path, demo_corpus, "alone", lengths=LENGTHS[:1])
-    ref = results.load_result(results.evaluate_checkpoint(ref_cfg, ref_ckpt, "ruler",
-                                                          progress=False))  # fmt: skip
+    ref = results.load_result(
+        results.evaluate_checkpoint(ref_cfg, ref_ckpt, "ruler", progress=False)
+    )
     cfg, ckpt = _cfg(tmp_path, demo_corpus, "pool", lengths=LENGTHS[:1])
     cfg = cfg.model_copy(deep=True)
     cfg.evaluation.work_pool, cfg.evaluation.shards = "anchorctx-test", 2
@@ -79,52 +84,130 @@ def test_shards_run_on_both_hosts_and_equal_one_process(tmp_path, demo_corpus):
     with netns.two_hosts() as hosts:
         port = free_port()
         api = f"http://{hosts[0][1]}:{port}/api"
-        env = {**os.environ, "PREFECT_HOME": str(tmp_path / "prefect"),
-               "PREFECT_API_URL": api, "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-               "PREFECT_WORKER_QUERY_SECONDS": "1", "PREFECT_LOGGING_LEVEL": "INFO",
-               "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}  # fmt: skip
-        server_env = {**env, "PREFECT_SERVER_API_HOST": hosts[0][1],
-                      "PREFECT_SERVER_API_PORT": str(port)}  # fmt: skip
-        procs = [_in(hosts, 0, [sys.executable, "-m", "prefect", "server", "start", "--host",
-                                hosts[0][1], "--port", str(port)], server_env,
-                     tmp_path / "server.log")]  # fmt: skip
+        env = {
+            **os.environ,
+            "PREFECT_HOME": str(tmp_path / "prefect"),
+            "PREFECT_API_URL": api,
+            "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+            "PREFECT_WORKER_QUERY_SECONDS": "1",
+            "PREFECT_LOGGING_LEVEL": "INFO",
+            "PYTHONPATH": os.pathsep.join(p for p in sys.path if p),
+        }
+        server_env = {
+            **env,
+            "PREFECT_SERVER_API_HOST": hosts[0][1],
+            "PREFECT_SERVER_API_PORT": str(port),
+        }
+        procs = [
+            _in(
+                hosts,
+                0,
+                [
+                    sys.executable,
+                    "-m",
+                    "prefect",
+                    "server",
+                    "start",
+                    "--host",
+                    hosts[0][1],
+                    "--port",
+                    str(port),
+                ],
+                server_env,
+                tmp_path / "server.log",
+            )
+        ]
         try:
             health = f"import urllib.request; urllib.request.urlopen('{api}/health', timeout=2)"
             deadline = time.monotonic() + 180
-            while subprocess.run(["ip", "netns", "exec", hosts[0][0], sys.executable, "-c",
-                                  health], capture_output=True).returncode:  # fmt: skip
+            while subprocess.run(
+                ["ip", "netns", "exec", hosts[0][0], sys.executable, "-c", health],
+                capture_output=True,
+            ).returncode:
                 assert time.monotonic() < deadline, (tmp_path / "server.log").read_text()[-3000:]
                 time.sleep(1)
             for node in (0, 1):  # one worker per host: each is one slot of the pool
-                procs.append(_in(hosts, node, [sys.executable, "-m", "anchorctx", "eval-worker",
-                                               "anchorctx-test", "--name", f"node{node}"], env,
-                                 tmp_path / f"worker{node}.log"))  # fmt: skip
-            ready = subprocess.run(["ip", "netns", "exec", hosts[0][0], sys.executable, "-c",
-                                    WAIT_FOR_WORKERS, "anchorctx-test"], env=env,
-                                   capture_output=True, text=True, timeout=300)  # fmt: skip
+                procs.append(
+                    _in(
+                        hosts,
+                        node,
+                        [
+                            sys.executable,
+                            "-m",
+                            "anchorctx",
+                            "eval-worker",
+                            "anchorctx-test",
+                            "--name",
+                            f"node{node}",
+                        ],
+                        env,
+                        tmp_path / f"worker{node}.log",
+                    )
+                )
+            ready = subprocess.run(
+                [
+                    "ip",
+                    "netns",
+                    "exec",
+                    hosts[0][0],
+                    sys.executable,
+                    "-c",
+                    WAIT_FOR_WORKERS,
+                    "anchorctx-test",
+                ],
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=300,
+            )
             assert ready.returncode == 0, ready.stderr[-3000:] + "".join(
                 (tmp_path / f"worker{n}.log").read_text()[-2000:] for n in (0, 1)
             )
-            run = subprocess.run(["ip", "netns", "exec", hosts[0][0], sys.executable, "-c",
-                                  COORDINATOR, str(cfg_json)], env=env, capture_output=True,
-                                 text=True, timeout=600)  # fmt: skip
+            run = subprocess.run(
+                [
+                    "ip",
+                    "netns",
+                    "exec",
+                    hosts[0][0],
+                    sys.executable,
+                    "-c",
+                    COORDINATOR,
+                    str(cfg_json),
+                ],
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=600,
+            )
         finally:
             for p in procs:
                 netns.kill_tree(p.pid)
     logs = "\n".join((tmp_path / f).read_text()[-2000:] for f in ("worker0.log", "worker1.log"))
     assert run.returncode == 0, run.stderr[-6000:] + logs
-    report = json.loads(next(line for line in run.stdout.splitlines()
-                             if line.startswith("RESULT "))[len("RESULT "):])  # fmt: skip
+    report = json.loads(
+        next(line for line in run.stdout.splitlines() if line.startswith("RESULT "))[
+            len("RESULT ") :
+        ]
+    )
     shards = {name: msgs for name, msgs in report["where"].items() if "merge" not in name}
     assert len(shards) == 2, report["where"]
-    hosts_used = {addr for msgs in shards.values() for m in msgs
-                  for addr in (hosts[0][1], hosts[1][1]) if f"({addr})" in m}  # fmt: skip
+    hosts_used = {
+        addr
+        for msgs in shards.values()
+        for m in msgs
+        for addr in (hosts[0][1], hosts[1][1])
+        if f"({addr})" in m
+    }
     assert hosts_used == {hosts[0][1], hosts[1][1]}, report["where"]
 
     got = results.load_result(results.result_path(ckpt, "ruler"))
     assert got["scores"] == ref["scores"] and got["counts"] == ref["counts"]
-    strip = [{k: v for k, v in r.items() if k != "elapsed_s"} for r in
-             _sorted_records(results.samples_path(ref_ckpt, "ruler"))]  # fmt: skip
-    mine = [{k: v for k, v in r.items() if k != "elapsed_s"} for r in
-            _sorted_records(results.samples_path(ckpt, "ruler"))]  # fmt: skip
+    strip = [
+        {k: v for k, v in r.items() if k != "elapsed_s"}
+        for r in _sorted_records(results.samples_path(ref_ckpt, "ruler"))
+    ]
+    mine = [
+        {k: v for k, v in r.items() if k != "elapsed_s"}
+        for r in _sorted_records(results.samples_path(ckpt, "ruler"))
+    ]
     assert mine == strip

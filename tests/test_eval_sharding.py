@@ -21,18 +21,26 @@ def _cfg(
 ) -> tuple[ExperimentConfig, Path]:
     """Two tasks at ``lengths``, two samples each: one unit a (task, length), so two or more."""
     raw = {
-        "name": name, "run_root": str(tmp_path / name),
+        "name": name,
+        "run_root": str(tmp_path / name),
         "model": {"tiny": {}, "tokenizer": str(demo_corpus.tokenizer_dir), "dtype": "float32"},
         "evaluation": {
-            "suites": ["ruler"], "demo_fixtures": str(tmp_path / "eval_data"),
-            "device": "cpu", "dtype": "float32", "batch_size": 2,
+            "suites": ["ruler"],
+            "demo_fixtures": str(tmp_path / "eval_data"),
+            "device": "cpu",
+            "dtype": "float32",
+            "batch_size": 2,
             # fit tight: RULER's smallest QA haystack overflows these lengths with the demo
             # tokenizer; these tests are about sharding, the fit rules have their own tests.
-            "ruler": {"tasks": ["niah_single_1", "qa_1"], "lengths": list(lengths),
-                      "fit": "tight", "num_samples": 2,
-                      "squad_path": str(tmp_path / "eval_data" / "squad.json")},
+            "ruler": {
+                "tasks": ["niah_single_1", "qa_1"],
+                "lengths": list(lengths),
+                "fit": "tight",
+                "num_samples": 2,
+                "squad_path": str(tmp_path / "eval_data" / "squad.json"),
+            },
         },
-    }  # fmt: skip
+    }
     cfg = config_from_dict(raw)
     ensure_eval_fixtures(cfg)  # as the commands and flows do before evaluating
     ckpt = cfg.run_dir / "checkpoints" / "step-000010"
@@ -63,8 +71,11 @@ def test_unit_cost_counts_samples_prefill_and_decode(tmp_path, demo_corpus):
     cfg, _ = _cfg(tmp_path, demo_corpus, "cost", checkpoint=False)
     cfg = cfg.model_copy(deep=True)
     r = cfg.evaluation.ruler
-    r.tasks, r.lengths, r.num_samples = ["niah_single_1", "vt", "qa_1", "niah_multikey_2"], [
-        4096, 16384, 32768], 24  # fmt: skip
+    r.tasks, r.lengths, r.num_samples = (
+        ["niah_single_1", "vt", "qa_1", "niah_multikey_2"],
+        [4096, 16384, 32768],
+        24,
+    )
     cost = sharding.units(cfg, "ruler")
     # niah answers in up to 128 tokens, vt in 30: same prompt length, more decode.
     assert cost["niah_single_1/32768"] > cost["vt/32768"] > cost["niah_single_1/16384"]
@@ -80,8 +91,9 @@ def test_unit_cost_counts_samples_prefill_and_decode(tmp_path, demo_corpus):
 
 def test_sharded_equals_unsharded_and_resumes(tmp_path, demo_corpus):
     plain_cfg, plain_ckpt = _cfg(tmp_path, demo_corpus, "plain")
-    ref = results.load_result(results.evaluate_checkpoint(plain_cfg, plain_ckpt, "ruler",
-                                                          progress=False))  # fmt: skip
+    ref = results.load_result(
+        results.evaluate_checkpoint(plain_cfg, plain_ckpt, "ruler", progress=False)
+    )
     ref_records = _sorted_records(results.samples_path(plain_ckpt, "ruler"))
     assert len(ref_records) == 8
 
@@ -134,8 +146,9 @@ def test_flow_shards_over_gpu_slots_in_child_processes(tmp_path, demo_corpus):
 
     # One length: two units, one a slot (each child process costs CI time).
     plain_cfg, plain_ckpt = _cfg(tmp_path, demo_corpus, "plain", lengths=LENGTHS[:1])
-    ref = results.load_result(results.evaluate_checkpoint(plain_cfg, plain_ckpt, "ruler",
-                                                          progress=False))  # fmt: skip
+    ref = results.load_result(
+        results.evaluate_checkpoint(plain_cfg, plain_ckpt, "ruler", progress=False)
+    )
     cfg, ckpt = _cfg(tmp_path, demo_corpus, "flow", lengths=LENGTHS[:1])
 
     @flow

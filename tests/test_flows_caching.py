@@ -90,9 +90,12 @@ def test_code_version_is_version_plus_source_hash():
 
 @pytest.mark.parametrize(
     ("parts", "key"),
-    [(("anchor_tags", "RULER"), "anchor-tags-ruler"), (("Demo.v2", "x__y"), "demo-v2-x-y"),
-     (("",), "artifact")],
-)  # fmt: skip
+    [
+        (("anchor_tags", "RULER"), "anchor-tags-ruler"),
+        (("Demo.v2", "x__y"), "demo-v2-x-y"),
+        (("",), "artifact"),
+    ],
+)
 def test_artifact_key_is_valid(parts, key):
     assert artifact_key(*parts) == key
 
@@ -105,11 +108,16 @@ def test_md_table_escapes_and_unions_columns():
 
 def test_report_and_summary_tables():
     stat = {"mean": 50.0, "std": 5.0, "n": 2}
-    report = {"tables": {
-        "ruler": {"columns": ["4096", "8192"], "rows": {"anchor": {"4096": stat}}},
-        "longbench": {"columns": [], "rows": {}},
-        "general": {"columns": ["MMLU"], "rows": {"full": {"MMLU": {"mean": 40.0, "std": 0, "n": 1}}}},
-    }}  # fmt: skip
+    report = {
+        "tables": {
+            "ruler": {"columns": ["4096", "8192"], "rows": {"anchor": {"4096": stat}}},
+            "longbench": {"columns": [], "rows": {}},
+            "general": {
+                "columns": ["MMLU"],
+                "rows": {"full": {"MMLU": {"mean": 40.0, "std": 0, "n": 1}}},
+            },
+        }
+    }
     tables = report_tables(report)
     assert set(tables) == {"ruler-by-length", "mmlu-hellaswag"}
     rows, _ = tables["ruler-by-length"]

@@ -18,8 +18,16 @@ from anchorctx.training.metrics import step_line
 
 
 def test_follower_reads_the_training_step_line():
-    row = {"step": 12, "loss": 2.34567, "grad_norm": 0.8, "lr": 2e-5, "tokens_per_s": 1000.0,
-           "mfu": None, "peak_mem_gib": 1.0, "step_time_s": 0.5}  # fmt: skip
+    row = {
+        "step": 12,
+        "loss": 2.34567,
+        "grad_norm": 0.8,
+        "lr": 2e-5,
+        "tokens_per_s": 1000.0,
+        "mfu": None,
+        "peak_mem_gib": 1.0,
+        "step_time_s": 0.5,
+    }
     line = step_line(row, total=20, eta_s=42)
     # as the train task streams it into the Prefect log (logger prefix in front)
     step = parse_step(f"12:00:01 INFO anchorctx.training.loop: {line}")
@@ -43,23 +51,29 @@ def _run_args(*argv: str) -> argparse.Namespace:
 
 def test_run_command_parameters():
     args = _run_args("--arm", "anchor", "--stage", "evaluate", "--suite", "ruler", "--force")
-    assert run_parameters(args) == {"arms": ["anchor"], "stages": ["evaluate"],
-                                    "suites": ["ruler"], "force": True}  # fmt: skip
+    assert run_parameters(args) == {
+        "arms": ["anchor"],
+        "stages": ["evaluate"],
+        "suites": ["ruler"],
+        "force": True,
+    }
     args = _run_args("--force", "--force-stage", "train", "--param", "train_timeout_s=60")
-    assert run_parameters(args) == {"force_stages": ["train"], "force": True,
-                                    "train_timeout_s": 60}  # fmt: skip
+    assert run_parameters(args) == {"force_stages": ["train"], "force": True, "train_timeout_s": 60}
     with pytest.raises(ValueError, match="needs --force"):
         run_parameters(_run_args("--force-stage", "train"))
     with pytest.raises(ValueError, match="only full-experiment"):
         run_parameters(_run_args("evaluate/default", "--arm", "anchor"))
-    assert run_parameters(_run_args("evaluate/default", "--suite", "mmlu", "--param",
-                                    "variant=anchor")) == {"suites": ["mmlu"], "variant": "anchor"}  # fmt: skip
+    assert run_parameters(
+        _run_args("evaluate/default", "--suite", "mmlu", "--param", "variant=anchor")
+    ) == {"suites": ["mmlu"], "variant": "anchor"}
 
 
 def test_arm_and_stage_selection(tiny_config):
     raw = tiny_config.model_dump(mode="json")
-    raw["variants"] = [{"name": "full", "attention": "full"},
-                       {"name": "anchor", "attention": "anchor"}]  # fmt: skip
+    raw["variants"] = [
+        {"name": "full", "attention": "full"},
+        {"name": "anchor", "attention": "anchor"},
+    ]
     arms = type(tiny_config).model_validate(raw).arms()
     assert [a.variant_name for a in fx.select_arms(arms, ["anchor"])] == ["anchor"]
     assert fx.select_arms(arms, None) == arms
@@ -111,8 +125,13 @@ def test_killed_forced_run_is_undone_by_the_next_run(run_dir, monkeypatch):
     run_dir.rename(tt.previous_dir(run_dir))
     (run_dir / "checkpoints").mkdir(parents=True)
     seen = []
-    monkeypatch.setattr(tt, "_train", lambda cfg, *a: seen.append(sorted(
-        p.name for p in (cfg.run_dir / "checkpoints").iterdir())) or ["ok"])  # fmt: skip
+    monkeypatch.setattr(
+        tt,
+        "_train",
+        lambda cfg, *a: (
+            seen.append(sorted(p.name for p in (cfg.run_dir / "checkpoints").iterdir())) or ["ok"]
+        ),
+    )
     assert tt.train_task.fn(_Cfg(run_dir), "data") == ["ok"]
     assert seen == [["step-000002"]]  # it resumed the restored run, not the partial one
 

@@ -43,29 +43,53 @@ def small_config(tmp: Path) -> dict[str, Any]:
     raw["model"]["tokenizer"] = str(corpus / "tokenizer")
     raw["data"].update(
         demo_corpus={"dir": str(corpus), "seed": 0, "docs_per_domain": 12},
-        sources=[{"path": str(corpus / "data")}], seq_len=512, token_budget=40_000,
-    )  # fmt: skip
-    raw["training"].update(steps=2, global_batch_size=2, micro_batch_size=1, warmup_steps=0,
-                           save={"every": 1, "last": None})  # fmt: skip
+        sources=[{"path": str(corpus / "data")}],
+        seq_len=512,
+        token_budget=40_000,
+    )
+    raw["training"].update(
+        steps=2,
+        global_batch_size=2,
+        micro_batch_size=1,
+        warmup_steps=0,
+        save={"every": 1, "last": None},
+    )
     ev = raw["evaluation"]
     ev.update(demo_fixtures=str(fixtures), last_k=2, batch_size=2)
     # fit tight: at 512 tokens RULER's smallest haystack overflows the demo tokenizer's budget.
-    ev["ruler"].update(lengths=[512], num_samples=1, tasks=["niah_single_1"], fit="tight",
-                       essay_path=str(fixtures / "essays.json"),
-                       squad_path=str(fixtures / "squad.json"),
-                       hotpotqa_path=str(fixtures / "hotpotqa.json"),
-                       nltk_data=str(fixtures / "nltk_data"))  # fmt: skip
-    ev["longbench"].update(data_dir=str(fixtures / "longbench"), limit=1,
-                           datasets=["passage_count", "passage_retrieval_en"], max_length=480)  # fmt: skip
-    ev["harness"].update(mmlu_dir=str(fixtures / "mmlu"), hellaswag_dir=str(fixtures / "hellaswag"),
-                         limit=2, mmlu_fewshot=1)  # fmt: skip
-    raw["analysis"]["rope_precision"].update(seq_len=256, num_sequences=2, lengths=[64, 128, 256],
-                                             shifts=[0, 4, 16, 64])  # fmt: skip
+    ev["ruler"].update(
+        lengths=[512],
+        num_samples=1,
+        tasks=["niah_single_1"],
+        fit="tight",
+        essay_path=str(fixtures / "essays.json"),
+        squad_path=str(fixtures / "squad.json"),
+        hotpotqa_path=str(fixtures / "hotpotqa.json"),
+        nltk_data=str(fixtures / "nltk_data"),
+    )
+    ev["longbench"].update(
+        data_dir=str(fixtures / "longbench"),
+        limit=1,
+        datasets=["passage_count", "passage_retrieval_en"],
+        max_length=480,
+    )
+    ev["harness"].update(
+        mmlu_dir=str(fixtures / "mmlu"),
+        hellaswag_dir=str(fixtures / "hellaswag"),
+        limit=2,
+        mmlu_fewshot=1,
+    )
+    raw["analysis"]["rope_precision"].update(
+        seq_len=256, num_sequences=2, lengths=[64, 128, 256], shifts=[0, 4, 16, 64]
+    )
     raw["variants"] = [
         {"name": "full", "attention": "full"},
-        {"name": "anchor", "attention": "anchor",
-         "overrides": {"evaluation.suites": ["ruler", "mmlu"]}},
-    ]  # fmt: skip
+        {
+            "name": "anchor",
+            "attention": "anchor",
+            "overrides": {"evaluation.suites": ["ruler", "mmlu"]},
+        },
+    ]
     return raw
 
 
@@ -85,9 +109,13 @@ _SHARED: dict[str, Served] = {}
 
 def _cli(args: list[str], env: dict[str, str], timeout: float = RUN_TIMEOUT_S, cwd=None):
     return subprocess.run(
-        [sys.executable, "-m", *args], env=env, cwd=cwd, capture_output=True, text=True,
+        [sys.executable, "-m", *args],
+        env=env,
+        cwd=cwd,
+        capture_output=True,
+        text=True,
         timeout=timeout,
-    )  # fmt: skip
+    )
 
 
 def _wait_for_deployment(name: str, env: dict[str, str], runner: subprocess.Popen, log: Path):
@@ -120,10 +148,22 @@ def _start(tmp: Path) -> Served:
         log = tmp / "serve.log"
         with log.open("wb") as fh:
             runner = subprocess.Popen(
-                [sys.executable, "-m", "anchorctx", "serve", "--configs", str(REPO / "configs"),
-                 "--demo-config", str(cfg_path)],
-                cwd=tmp, env=env, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True,
-            )  # fmt: skip
+                [
+                    sys.executable,
+                    "-m",
+                    "anchorctx",
+                    "serve",
+                    "--configs",
+                    str(REPO / "configs"),
+                    "--demo-config",
+                    str(cfg_path),
+                ],
+                cwd=tmp,
+                env=env,
+                stdout=fh,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
         _wait_for_deployment("full-experiment/demo", env, runner, log)
         demo, run_id = run_deployment_cli(env, "full-experiment/demo", cwd=tmp)
     except BaseException:
@@ -221,8 +261,13 @@ def test_demo_deployment_completes_with_artifacts(served):
     assert report.is_file() and "anchor" in report.read_text()
     # What differs among the arms, and the provenance naming every arm.
     text = report.read_text()
-    for section in ("## Experiment", "### Training loss", "### Attention work",
-                    "### BF16 vs FP32 RoPE", "(at chance)"):  # fmt: skip
+    for section in (
+        "## Experiment",
+        "### Training loss",
+        "### Attention work",
+        "### BF16 vs FP32 RoPE",
+        "(at chance)",
+    ):
         assert section in text, f"report.md lacks {section!r}"
     for arm in served.cfg.arms():
         assert f"| `{arm.variant_name}` | {arm.training.attention} |" in text
@@ -251,8 +296,9 @@ def test_second_evaluate_is_cached_and_changed_checkpoint_reevaluates(served):
     assert len(checkpoints) == 2
     changed = checkpoints[0]
     (changed / "NOTE.txt").write_text("edited after evaluation: new content hash\n")
-    proc, run_id = run_deployment_cli(served.env, "evaluate/default", "variant=anchor",
-                                      cwd=served.tmp)  # fmt: skip
+    proc, run_id = run_deployment_cli(
+        served.env, "evaluate/default", "variant=anchor", cwd=served.tmp
+    )
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     with client_for(served) as client:
         from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId

@@ -18,27 +18,60 @@ from anchorctx.tasks.sharding import overlap_training_gpus
 def _raw(root: Path, demo_corpus, overlap: str) -> dict:
     fixtures = root.parent / "eval_data"
     return {
-        "name": "overlap", "run_root": str(root), "seed": 0,
-        "model": {"tiny": {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
-                           "num_attention_heads": 4, "num_key_value_heads": 2},
-                  "tokenizer": str(demo_corpus.tokenizer_dir), "dtype": "float32"},
-        "data": {"sources": [{"path": str(demo_corpus.data_dir)}], "seq_len": 512,
-                 "token_budget": 20_000},
+        "name": "overlap",
+        "run_root": str(root),
+        "seed": 0,
+        "model": {
+            "tiny": {
+                "hidden_size": 64,
+                "intermediate_size": 128,
+                "num_hidden_layers": 2,
+                "num_attention_heads": 4,
+                "num_key_value_heads": 2,
+            },
+            "tokenizer": str(demo_corpus.tokenizer_dir),
+            "dtype": "float32",
+        },
+        "data": {
+            "sources": [{"path": str(demo_corpus.data_dir)}],
+            "seq_len": 512,
+            "token_budget": 20_000,
+        },
         # device auto + nproc 1: one GPU for training where there are GPUs (CPU here)
-        "training": {"device": "auto", "nproc": 1, "engine": "sdpa", "precision": "fp32",
-                     "steps": 2, "global_batch_size": 2, "micro_batch_size": 1, "zero_stage": 0,
-                     "activation_checkpointing": False, "save": {"every": 2, "last": None}},
+        "training": {
+            "device": "auto",
+            "nproc": 1,
+            "engine": "sdpa",
+            "precision": "fp32",
+            "steps": 2,
+            "global_batch_size": 2,
+            "micro_batch_size": 1,
+            "zero_stage": 0,
+            "activation_checkpointing": False,
+            "save": {"every": 2, "last": None},
+        },
         "evaluation": {
-            "suites": ["ruler"], "demo_fixtures": str(fixtures), "device": "auto",
-            "dtype": "float32", "batch_size": 2, "overlap": overlap,
+            "suites": ["ruler"],
+            "demo_fixtures": str(fixtures),
+            "device": "auto",
+            "dtype": "float32",
+            "batch_size": 2,
+            "overlap": overlap,
             # fit tight: at 512 tokens RULER's smallest haystack overflows the demo tokenizer's
             # budget; these tests are about the flow, the fit rules have their own tests.
-            "ruler": {"tasks": ["niah_single_1"], "lengths": [512], "num_samples": 1,
-                      "fit": "tight", "squad_path": str(fixtures / "squad.json")},
+            "ruler": {
+                "tasks": ["niah_single_1"],
+                "lengths": [512],
+                "num_samples": 1,
+                "fit": "tight",
+                "squad_path": str(fixtures / "squad.json"),
+            },
         },
-        "variants": [{"name": "full", "attention": "full"},
-                     {"name": "anchor", "attention": "anchor"}],
-    }  # fmt: skip
+        "variants": [
+            {"name": "full", "attention": "full"},
+            {"name": "anchor", "attention": "anchor"},
+        ],
+    }
 
 
 def _cfg(root: Path, demo_corpus, overlap: str) -> ExperimentConfig:
@@ -50,9 +83,14 @@ def test_overlap_needs_spare_gpus(tmp_path, demo_corpus):
     arms = cfg.arms()
     assert overlap_training_gpus(cfg, arms, ["0", "1", "2"]) == ["0"]
     assert overlap_training_gpus(cfg, arms, ["0"]) is None  # one GPU: sequential
-    for key, value in (("evaluation", {"overlap": "off"}), ("evaluation", {"device": "cpu"}),
-                       ("evaluation", {"work_pool": "pool"}), ("training", {"nproc": None}),
-                       ("training", {"nproc": 3}), ("training", {"nnodes": 2})):  # fmt: skip
+    for key, value in (
+        ("evaluation", {"overlap": "off"}),
+        ("evaluation", {"device": "cpu"}),
+        ("evaluation", {"work_pool": "pool"}),
+        ("training", {"nproc": None}),
+        ("training", {"nproc": 3}),
+        ("training", {"nnodes": 2}),
+    ):
         raw = _raw(tmp_path / "runs", demo_corpus, "auto")
         raw[key].update(value)
         other = config_from_dict(raw)
@@ -95,7 +133,8 @@ def test_overlapped_experiment_equals_sequential(tmp_path, demo_corpus, monkeypa
         async def flow_runs() -> dict:
             async with get_client() as client:
                 found = await client.read_flow_runs(
-                    flow_run_filter=FlowRunFilter(name=FlowRunFilterName(any_=names)))  # fmt: skip
+                    flow_run_filter=FlowRunFilter(name=FlowRunFilterName(any_=names))
+                )
             return {r.name: r for r in found}
 
         runs = asyncio.run(flow_runs())
@@ -139,8 +178,9 @@ def test_one_gpu_prefetches_ruler_samples_while_training(tmp_path, demo_corpus, 
     runner.SAMPLES.clear()
     with prefect_test_harness(server_startup_timeout=120):
         full_experiment(cfg, stages=["data", "train", "evaluate"])
-    assert sorted(calls) == sorted((t, n, False) for t in ("fwe", "niah_single_1")
-                                   for n in (768, 512))  # fmt: skip
+    assert sorted(calls) == sorted(
+        (t, n, False) for t in ("fwe", "niah_single_1") for n in (768, 512)
+    )
     prefetched = _outputs(cfg)
     runner.SAMPLES.clear()
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES")

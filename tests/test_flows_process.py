@@ -38,8 +38,12 @@ def test_streams_lines_in_order_and_ticks():
     lines: list[str] = []
     ticks: list[float] = []
     code = "import time\nfor i in range(3):\n    print('line', i, flush=True); time.sleep(0.2)\n"
-    rc = run_process_group([sys.executable, "-c", code], on_line=lines.append,
-                           on_tick=lambda: ticks.append(time.monotonic()), tick_s=0.1)  # fmt: skip
+    rc = run_process_group(
+        [sys.executable, "-c", code],
+        on_line=lines.append,
+        on_tick=lambda: ticks.append(time.monotonic()),
+        tick_s=0.1,
+    )
     assert rc == 0
     assert lines == ["line 0", "line 1", "line 2"]
     assert ticks, "on_tick must run at least once (final tick after exit)"

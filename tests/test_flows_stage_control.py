@@ -21,8 +21,10 @@ def _arm(served, name: str) -> ExperimentConfig:  # noqa: F811
 
 
 def _mtimes(run_dir) -> dict[str, int]:
-    return {str(p.relative_to(run_dir)): p.stat().st_mtime_ns
-            for p in (run_dir / "eval").glob("*/*.json")}  # fmt: skip
+    return {
+        str(p.relative_to(run_dir)): p.stat().st_mtime_ns
+        for p in (run_dir / "eval").glob("*/*.json")
+    }
 
 
 def _subflow_task_runs(client, parent_id, flow_prefix: str):
@@ -32,9 +34,15 @@ def _subflow_task_runs(client, parent_id, flow_prefix: str):
         FlowRunFilterParentFlowRunId,
     )
 
-    (sub,) = [r for r in client.read_flow_runs(flow_run_filter=FlowRunFilter(
-        parent_flow_run_id=FlowRunFilterParentFlowRunId(any_=[parent_id])))
-        if r.name.startswith(flow_prefix)]  # fmt: skip
+    (sub,) = [
+        r
+        for r in client.read_flow_runs(
+            flow_run_filter=FlowRunFilter(
+                parent_flow_run_id=FlowRunFilterParentFlowRunId(any_=[parent_id])
+            )
+        )
+        if r.name.startswith(flow_prefix)
+    ]
     tasks = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[sub.id])))
     return sub, tasks
 
@@ -42,8 +50,11 @@ def _subflow_task_runs(client, parent_id, flow_prefix: str):
 def _run(served, *args: str):  # noqa: F811
     proc = _cli(["anchorctx", "run", "full-experiment/demo", *args], served.env, cwd=served.tmp)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
-    (run_id,) = [line.rsplit("/", 1)[-1] for line in proc.stdout.splitlines()
-                 if line.startswith("[run] UI: http")]  # fmt: skip
+    (run_id,) = [
+        line.rsplit("/", 1)[-1]
+        for line in proc.stdout.splitlines()
+        if line.startswith("[run] UI: http")
+    ]
     return proc.stdout, run_id
 
 
@@ -54,8 +65,18 @@ def test_force_one_arms_training_and_one_suite_leaves_the_rest(served):  # noqa:
     old_ckpts = sorted(p.name for p in (anchor.run_dir / "checkpoints").iterdir())
     before_full = _mtimes(full.run_dir)
     asides_before = set(anchor.run_dir.parent.glob("anchor.old-*"))
-    out, run_id = _run(served, "--arm", "anchor", "--stage", "train", "--stage", "evaluate",
-                       "--suite", "ruler", "--force")  # fmt: skip
+    out, run_id = _run(
+        served,
+        "--arm",
+        "anchor",
+        "--stage",
+        "train",
+        "--stage",
+        "evaluate",
+        "--suite",
+        "ruler",
+        "--force",
+    )
     steps = anchor.training.steps
     assert f"train · anchor · step {steps}/{steps} (100.0%) · loss " in out, out
     assert "evaluate · anchor · " in out and "checkpoint × suite done" in out, out

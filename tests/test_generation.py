@@ -52,8 +52,12 @@ def test_exactly_one_anchor(tokenizer):
 
 
 def test_batched_equals_unbatched_and_greedy(model, tokenizer):
-    one = generate_greedy(model, tokenizer, PROMPTS, max_new_tokens=12, batch_size=1, progress=False)  # fmt: skip
-    many = generate_greedy(model, tokenizer, PROMPTS, max_new_tokens=12, batch_size=3, progress=False)  # fmt: skip
+    one = generate_greedy(
+        model, tokenizer, PROMPTS, max_new_tokens=12, batch_size=1, progress=False
+    )
+    many = generate_greedy(
+        model, tokenizer, PROMPTS, max_new_tokens=12, batch_size=3, progress=False
+    )
     assert one == many and all(one)
     # Greedy: the first new token is the argmax of a plain forward pass over [anchor, prompt].
     ids = torch.tensor([encode_prompt(tokenizer, PROMPTS[1])])
@@ -72,8 +76,15 @@ def test_stops_at_eos_and_reports_batches(model, tokenizer):
         head.bias[tokenizer.eos_token_id] = 1.0
     forced.lm_head = head.to(torch.float64)
     seen: list[int] = []
-    out = generate_greedy(forced, tokenizer, PROMPTS, max_new_tokens=20, batch_size=2,
-                          progress=False, on_batch=lambda idx, texts: seen.extend(idx))  # fmt: skip
+    out = generate_greedy(
+        forced,
+        tokenizer,
+        PROMPTS,
+        max_new_tokens=20,
+        batch_size=2,
+        progress=False,
+        on_batch=lambda idx, texts: seen.extend(idx),
+    )
     assert sorted(seen) == [0, 1, 2, 3]
     assert all(len(tokenizer.encode(t, add_special_tokens=False)) == 0 for t in out)
 
@@ -98,15 +109,31 @@ def test_decode_rules_samsum(model, tokenizer, engine):
     word = tokenizer.encode(" the", add_special_tokens=False)[-1]
     rules = StopRules(stop_token_ids=(nl,), suppress_first=(eos, nl))
     newline_first = _biased(model, {nl: 3.0, word: 2.0, eos: 1.0})
-    plain = generate_greedy(newline_first, tokenizer, PROMPTS[:2], max_new_tokens=6,
-                            progress=False, engine=engine)  # fmt: skip
+    plain = generate_greedy(
+        newline_first, tokenizer, PROMPTS[:2], max_new_tokens=6, progress=False, engine=engine
+    )
     assert plain == [tokenizer.decode([nl] * 6)] * 2  # without the rule: newlines to the limit
-    ruled = generate_greedy(newline_first, tokenizer, PROMPTS[:2], max_new_tokens=6,
-                            batch_size=2, progress=False, stop=rules, engine=engine)  # fmt: skip
+    ruled = generate_greedy(
+        newline_first,
+        tokenizer,
+        PROMPTS[:2],
+        max_new_tokens=6,
+        batch_size=2,
+        progress=False,
+        stop=rules,
+        engine=engine,
+    )
     assert ruled == [tokenizer.decode([word, nl])] * 2  # a word first, then stop at the newline
     eos_first = _biased(model, {eos: 3.0, word: 2.0})
-    out = generate_greedy(eos_first, tokenizer, PROMPTS[:1], max_new_tokens=6, progress=False,
-                          stop=rules, engine=engine)  # fmt: skip
+    out = generate_greedy(
+        eos_first,
+        tokenizer,
+        PROMPTS[:1],
+        max_new_tokens=6,
+        progress=False,
+        stop=rules,
+        engine=engine,
+    )
     assert out == [tokenizer.decode([word])]  # EOS is forbidden only as the first token
 
 

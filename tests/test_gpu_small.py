@@ -24,11 +24,25 @@ CONFIG = ROOT / "configs" / "gpu-small.yaml"
 # --------------------------------------------------------------------------- the corpus
 def _template_words() -> set[str]:
     """Words of the corpus' own fixed templates (not needle or key vocabulary)."""
-    texts = [*pc._FACT, *pc._ATTRS, *pc._FUNCTION, pc._KV_HEAD, pc._KV_QUERY, pc._NEEDLE_QUERY,
-             pc._NEEDLE_QUERY_MANY, pc._CHAIN_FIRST, pc._CHAIN_NEXT, pc._CHAIN_QUERY,
-             pc._COUNT_HEAD, pc._COUNT_QUERY, *pc._QA_SENTENCE, *(q for q, _ in pc._QA_QUERY),
-             *pc._INSTRUCT.values(), *pc._ECHO.values(),
-             "Passage Hall Tower Mill Yard"]  # fmt: skip
+    texts = [
+        *pc._FACT,
+        *pc._ATTRS,
+        *pc._FUNCTION,
+        pc._KV_HEAD,
+        pc._KV_QUERY,
+        pc._NEEDLE_QUERY,
+        pc._NEEDLE_QUERY_MANY,
+        pc._CHAIN_FIRST,
+        pc._CHAIN_NEXT,
+        pc._CHAIN_QUERY,
+        pc._COUNT_HEAD,
+        pc._COUNT_QUERY,
+        *pc._QA_SENTENCE,
+        *(q for q, _ in pc._QA_QUERY),
+        *pc._INSTRUCT.values(),
+        *pc._ECHO.values(),
+        "Passage Hall Tower Mill Yard",
+    ]
     words = {w.lower() for t in texts for w in re.findall(r"[A-Za-z]+", re.sub(r"{\w+}", " ", t))}
     return words
 
@@ -102,9 +116,15 @@ def test_gpu_small_config_sizing():
     pre = cfg.pretraining()
     tiny = cfg.model.tiny
     vocab = 3000  # the demo tokenizer's
-    layer = (2 * tiny.hidden_size**2
-             + 2 * tiny.hidden_size * tiny.hidden_size * tiny.num_key_value_heads
-             // tiny.num_attention_heads + 3 * tiny.hidden_size * tiny.intermediate_size)  # fmt: skip
+    layer = (
+        2 * tiny.hidden_size**2
+        + 2
+        * tiny.hidden_size
+        * tiny.hidden_size
+        * tiny.num_key_value_heads
+        // tiny.num_attention_heads
+        + 3 * tiny.hidden_size * tiny.intermediate_size
+    )
     params = tiny.num_hidden_layers * layer + 2 * vocab * tiny.hidden_size
     assert 100e6 <= params <= 200e6, params
     assert (pre.data.seq_len, pre.training.attention, pre.model.rope_theta) == (2048, "full", None)
@@ -126,8 +146,11 @@ def test_gpu_small_config_sizing():
     assert 1.96 * math.sqrt(0.25 / n) <= 0.05
     assert min(ruler.lengths) <= 2048 and max(ruler.lengths) >= 16384
     # One checkpoint per arm, evaluated alone (the config's comment says why).
-    saved = [s for s in range(1, cfg.training.steps + 1)
-             if should_save(s, cfg.training.steps, cfg.training.save)]  # fmt: skip
+    saved = [
+        s
+        for s in range(1, cfg.training.steps + 1)
+        if should_save(s, cfg.training.steps, cfg.training.save)
+    ]
     assert saved == [50]
     assert cfg.evaluation.last_k == 1
 
@@ -150,11 +173,14 @@ def _miniature(tmp_path: Path, demo_corpus) -> list[str]:
         f"run_root={tmp_path / 'runs'}",
         "model.tiny={hidden_size: 64, intermediate_size: 128, num_hidden_layers: 2, "
         "num_attention_heads: 4, num_key_value_heads: 2}",
-        f"model.tokenizer={demo_corpus.tokenizer_dir}", "model.dtype=float32",
+        f"model.tokenizer={demo_corpus.tokenizer_dir}",
+        "model.dtype=float32",
         "model.rope_theta=40000",
         "data.demo_corpus=null",
         f"data.sources=[{{path: {demo_corpus.data_dir}}}, {{path: {tmp_path / 'pre' / 'data'}}}]",
-        "data.seq_len=512", "data.token_budget=20000", "data.num_workers=1",
+        "data.seq_len=512",
+        "data.token_budget=20000",
+        "data.num_workers=1",
         f"pretrain.corpus={{dir: {tmp_path / 'pre'}, seed: 0, documents: 40}}",
         "pretrain.overrides={data.seq_len: 512, data.token_budget: 6000, data.mixture: original, "
         "training.steps: 2, training.global_batch_size: 2, training.micro_batch_size: 1, "
@@ -169,7 +195,7 @@ def _miniature(tmp_path: Path, demo_corpus) -> list[str]:
         "tracking=[]",
         # One arm shows every arm's path (test_flows_overlap runs two); each arm costs CI time.
         "variants=[{name: anchor, attention: anchor}]",
-    ]  # fmt: skip
+    ]
 
 
 @pytest.mark.slow

@@ -64,11 +64,15 @@ def test_mmlu_docs_match_an_independent_loglikelihood(setup):
     dev = _rows(paths["mmlu_dir"] / "dev" / f"{subject}.jsonl")
     for doc, row in zip(docs, tests):
         context = doc["arguments"][0][0]
-        assert context.startswith("The following are multiple choice questions (with answers) "
-                                  "about abstract algebra.\n\n" + dev[0]["question"])  # fmt: skip
+        assert context.startswith(
+            "The following are multiple choice questions (with answers) "
+            "about abstract algebra.\n\n" + dev[0]["question"]
+        )
         assert all(d["question"] in context for d in dev)  # 5-shot from dev
-        assert context.endswith(f"{row['question']}\nA. {row['choices'][0]}\nB. {row['choices'][1]}"
-                                f"\nC. {row['choices'][2]}\nD. {row['choices'][3]}\nAnswer:")  # fmt: skip
+        assert context.endswith(
+            f"{row['question']}\nA. {row['choices'][0]}\nB. {row['choices'][1]}"
+            f"\nC. {row['choices'][2]}\nD. {row['choices'][3]}\nAnswer:"
+        )
         assert int(doc["target"]) == row["answer"]
         mine = [_loglik(model, tok, context, f" {c}") for c in "ABCD"]
         theirs = [r[0] for r in doc["filtered_resps"]]
@@ -87,8 +91,14 @@ def test_mmlu_suite_micro_average_and_resume(setup):
     assert out["counts"]["mmlu"] == 6 and not out["complete"]
     assert len(out["not_run"]) == 57 - 2 and f"mmlu_{MMLU_FIXTURE_SUBJECTS[2]}" in out["not_run"]
     again: list[dict] = []
-    resumed = harness.run_suite_mmlu(model, tok, cfg, done={records[0]["key"]: records[0]},
-                                     on_sample=again.append, progress=False)  # fmt: skip
+    resumed = harness.run_suite_mmlu(
+        model,
+        tok,
+        cfg,
+        done={records[0]["key"]: records[0]},
+        on_sample=again.append,
+        progress=False,
+    )
     assert [r["key"] for r in again] == [records[1]["key"]]
     assert resumed["scores"] == out["scores"]
 
@@ -125,7 +135,8 @@ def test_original_mmlu_csv_layout_and_missing_files(tmp_path, setup):
         shutil.rmtree(out)
     original = _rows(paths["mmlu_dir"] / "test" / f"{subject}.jsonl")
     assert [(r["question"], r["choices"], r["answer"]) for r in converted] == [
-        (r["question"], r["choices"], r["answer"]) for r in original]  # fmt: skip
+        (r["question"], r["choices"], r["answer"]) for r in original
+    ]
     with pytest.raises(harness.HarnessDataError, match="hellaswag_dir"):
         harness.hellaswag_file(tmp_path)
     with pytest.raises(harness.HarnessDataError, match="not a directory"):
@@ -146,7 +157,9 @@ def test_contexts_start_with_one_anchor(setup):
     assert ours.add_bos_token is True and ours.prefix_token_id == tok.bos_token_id
     assert ours.tok_encode(text) == stock.tok_encode(text)
     assert ours.tok_encode(text)[0] == tok.bos_token_id
-    assert ours.tok_encode(" A", add_special_tokens=False) == tok.encode(" A", add_special_tokens=False)  # fmt: skip
+    assert ours.tok_encode(" A", add_special_tokens=False) == tok.encode(
+        " A", add_special_tokens=False
+    )
     no_bos = copy.deepcopy(tok)
     no_bos.bos_token = None  # Qwen-style: the anchor is EOS
     qwen_like = harness.make_lm(model, no_bos, 1)
@@ -165,8 +178,9 @@ def test_uninformative_lm_eval_warnings_are_filtered(setup, caplog):
 
     cfg, model, tok, _paths = setup
     with caplog.at_level(logging.WARNING):
-        harness.run_suite_hellaswag(model, tok, cfg, done={}, on_sample=lambda r: None,
-                                    progress=False)  # fmt: skip
+        harness.run_suite_hellaswag(
+            model, tok, cfg, done={}, on_sample=lambda r: None, progress=False
+        )
         logging.getLogger("lm_eval.evaluator").warning("a real problem")
     lm_eval_messages = [r.getMessage() for r in caplog.records if r.name.startswith("lm_eval")]
     assert lm_eval_messages == ["a real problem"]  # other lm-eval warnings still reach the log

@@ -67,9 +67,14 @@ def test_prediction_equals_plain_greedy_decoding(setup):
     ids = torch.tensor([[tok.bos_token_id, *tok.encode(text, add_special_tokens=False)]])
     assert ids.shape[1] == n
     with torch.inference_mode():
-        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=64,
-                             do_sample=False, eos_token_id=tok.eos_token_id,
-                             pad_token_id=tok.pad_token_id)  # fmt: skip
+        out = model.generate(
+            ids,
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=64,
+            do_sample=False,
+            eos_token_id=tok.eos_token_id,
+            pad_token_id=tok.pad_token_id,
+        )
     expected = tok.decode(out[0, ids.shape[1] :], skip_special_tokens=True)
     assert next(r for r in records if r["key"] == f"trec/{row['_id']}")["prediction"] == expected
 

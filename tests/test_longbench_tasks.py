@@ -31,13 +31,29 @@ def test_tables_cover_every_dataset():
     assert len(ALL_DATASETS) == 21 and len(ENGLISH_DATASETS) == 16
     assert set(DATASET2MAXLEN) == set(DATASET2METRIC) == set(ALL_DATASETS)
     assert [d for d in ENGLISH_DATASETS if DATASET2MAXLEN[d] == 512] == [
-        "gov_report", "qmsum", "multi_news"]  # fmt: skip
+        "gov_report",
+        "qmsum",
+        "multi_news",
+    ]
     assert {d for d in ENGLISH_DATASETS if DATASET2MAXLEN[d] == 128} == {
-        "narrativeqa", "qasper", "samsum"}  # fmt: skip
+        "narrativeqa",
+        "qasper",
+        "samsum",
+    }
     assert {d for d in ENGLISH_DATASETS if DATASET2MAXLEN[d] == 64} == {
-        "multifieldqa_en", "trec", "lcc", "repobench-p"}  # fmt: skip
-    assert list(CATEGORIES) == ["Single-Doc QA", "Multi-Doc QA", "Summarization", "Few-shot",
-                                "Synthetic", "Code"]  # fmt: skip
+        "multifieldqa_en",
+        "trec",
+        "lcc",
+        "repobench-p",
+    }
+    assert list(CATEGORIES) == [
+        "Single-Doc QA",
+        "Multi-Doc QA",
+        "Summarization",
+        "Few-shot",
+        "Synthetic",
+        "Code",
+    ]
     with pytest.raises(ValueError, match="unknown LongBench dataset"):
         check_datasets(["hotpot"])
 
@@ -114,7 +130,9 @@ def test_fit_prompt_truncates_in_the_middle(demo_corpus):
     # pred.py: the first and last int(101/2) = 50 ids of the BOS-led prompt, decoded without
     # special tokens, joined, and encoded again (with BOS).
     ids = [tok.bos_token_id, *tok.encode(text, add_special_tokens=False)]
-    expected = tok.decode(ids[:50], skip_special_tokens=True) + tok.decode(ids[-50:], skip_special_tokens=True)  # fmt: skip
+    expected = tok.decode(ids[:50], skip_special_tokens=True) + tok.decode(
+        ids[-50:], skip_special_tokens=True
+    )
     assert cut and short == expected
     assert n == 1 + len(tok.encode(expected, add_special_tokens=False))
     assert short.startswith("BEGIN here.") and short.endswith("Question: END?")
@@ -124,9 +142,16 @@ def test_fit_prompt_truncates_in_the_middle(demo_corpus):
 
 def test_prompt_budget():
     # config/model2maxlen.json: 3500 for 4K models, 7500 for 8K, 15500 for 16K, 31500 for 32K.
-    assert [prompt_budget(k * 1024, 512, None) for k in (4, 8, 16, 32)] == [3500, 7500, 15500, 31500]  # fmt: skip
+    assert [prompt_budget(k * 1024, 512, None) for k in (4, 8, 16, 32)] == [
+        3500,
+        7500,
+        15500,
+        31500,
+    ]
     assert prompt_budget(4096, 512, 3000) == 3000
-    with pytest.raises(LongBenchDataError, match=r"below 1K\): set evaluation\.longbench\.max_length"):  # fmt: skip
+    with pytest.raises(
+        LongBenchDataError, match=r"below 1K\): set evaluation\.longbench\.max_length"
+    ):
         prompt_budget(512, 32, None)
     with pytest.raises(LongBenchDataError, match="max_length=4000"):
         prompt_budget(4096, 512, 4000)

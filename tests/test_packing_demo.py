@@ -57,8 +57,9 @@ def test_idempotent_and_deterministic(demo_corpus, tmp_path):
     small_b = write_demo_corpus(tmp_path / "b", seed=3, docs_per_domain=2, progress=False)
     assert list(_records(small_a.data_dir)) == list(_records(small_b.data_dir))
     # Domains generated in three processes: the very same files and tokenizer.
-    small_c = write_demo_corpus(tmp_path / "c", seed=3, docs_per_domain=2, progress=False,
-                                workers=3)  # fmt: skip
+    small_c = write_demo_corpus(
+        tmp_path / "c", seed=3, docs_per_domain=2, progress=False, workers=3
+    )
     assert list(_records(small_c.data_dir)) == list(_records(small_a.data_dir))
     names = ("tokenizer.json", "tokenizer_config.json")
     for name in names:

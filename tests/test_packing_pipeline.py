@@ -48,10 +48,12 @@ def tokenizer(demo_corpus):
 def make_cfg(root: Path, demo_corpus, sources, seed: int = 0, **data):
     sources = sources if isinstance(sources, list) else [{"path": str(sources)}]
     raw = {
-        "name": "t", "run_root": str(root), "seed": seed,
+        "name": "t",
+        "run_root": str(root),
+        "seed": seed,
         "model": {"tiny": {}, "tokenizer": str(demo_corpus.tokenizer_dir), "dtype": "float32"},
         "data": {"sources": sources, "seq_len": 256, **data},
-    }  # fmt: skip
+    }
     return config_from_dict(raw)
 
 
@@ -125,8 +127,10 @@ def test_rows_follow_the_contract_and_reproduce_documents(
     # No silent loss: every input token is packed except the final partial row's.
     assert counts["text_tokens"] + counts["separator_tokens"] + counts[
         "dropped_final_row_tokens"
-    ] == (counts["input_tokens"]
-          + len(sep) * (counts["documents"] + counts["documents_only_in_dropped_row"]))  # fmt: skip
+    ] == (
+        counts["input_tokens"]
+        + len(sep) * (counts["documents"] + counts["documents_only_in_dropped_row"])
+    )
     assert check_reconstruction(out, tokenizer) >= counts["input_documents"] - 1
     assert (out / "doc_lengths.png").stat().st_size > 0 and (out / "stats.md").is_file()
     # Idempotent: the same inputs return the existing dataset untouched.
@@ -137,8 +141,14 @@ def test_rows_follow_the_contract_and_reproduce_documents(
 
 def test_tags_masked_and_interleaved_chunk_order(small_corpus, demo_corpus, tokenizer, tmp_path):
     template = "<{domain}>\n"
-    cfg = make_cfg(tmp_path, demo_corpus, small_corpus, domain_tags=True, tag_template=template,
-                   interleave_chunks=True)  # fmt: skip
+    cfg = make_cfg(
+        tmp_path,
+        demo_corpus,
+        small_corpus,
+        domain_tags=True,
+        tag_template=template,
+        interleave_chunks=True,
+    )
     out = prepare_data(cfg, progress=False)
     assert check_reconstruction(out, tokenizer, template) > 0  # tags masked, chunk order kept
     ds, manifest = load_packed(out)
@@ -161,8 +171,15 @@ def _packed_shares(manifest) -> dict[str, float]:
 def test_explicit_mixture_shares_and_unknown_domain_skips(small_corpus, demo_corpus, tmp_path):
     mix = {"RedPajamaC4": 0.5, "RedPajamaCommonCrawl": 0.3, "RedPajamaWikipedia": 0.2}
     # seq_len 32: the dropped final row (< 32 tokens) cannot move a share by 1%.
-    cfg = make_cfg(tmp_path, demo_corpus, small_corpus, mixture=mix, token_budget=5000,
-                   seq_len=32, on_bad_input="skip")  # fmt: skip
+    cfg = make_cfg(
+        tmp_path,
+        demo_corpus,
+        small_corpus,
+        mixture=mix,
+        token_budget=5000,
+        seq_len=32,
+        on_bad_input="skip",
+    )
     _, manifest = load_packed(prepare_data(cfg, progress=False))
     shares = _packed_shares(manifest)
     assert set(shares) == set(mix)
@@ -237,8 +254,14 @@ def test_upsampled_is_fu_et_al_per_source():
     n = 600
     dom = rng.integers(0, 3, n).astype(np.int32)
     length = np.where(rng.random(n) < 0.3, rng.integers(4096, 20000, n), rng.integers(50, 4096, n))
-    index = DocIndex(offset=np.cumsum(length) - length, length=length.astype(np.int64),
-                     domain=dom, file=np.zeros(n, np.int32), line=np.arange(n), domains=names)  # fmt: skip
+    index = DocIndex(
+        offset=np.cumsum(length) - length,
+        length=length.astype(np.int64),
+        domain=dom,
+        file=np.zeros(n, np.int32),
+        line=np.arange(n),
+        domains=names,
+    )
     data = DataConfig(mixture="upsampled", token_budget=2_000_000)
     plan = plan_documents(data, index, 5, BadInput(skip=False))
     shares = {d: SLIMPAJAMA_ORIGINAL_MIX[d] for d in names}  # 'auto': SlimPajama source names
@@ -260,8 +283,14 @@ def test_upsampled_is_fu_et_al_per_source():
 
 
 def test_upsampled_pipeline_records_statistics(small_corpus, demo_corpus, tmp_path):
-    cfg = make_cfg(tmp_path, demo_corpus, small_corpus, mixture="upsampled", token_budget=20000,
-                   upsample={"threshold": 1000, "keep_short": 0.5})  # fmt: skip
+    cfg = make_cfg(
+        tmp_path,
+        demo_corpus,
+        small_corpus,
+        mixture="upsampled",
+        token_budget=20000,
+        upsample={"threshold": 1000, "keep_short": 0.5},
+    )
     out = prepare_data(cfg, progress=False)
     _, manifest = load_packed(out)
     up = manifest["mixture"]["upsample"]
@@ -280,8 +309,14 @@ def test_deterministic_across_runs_and_workers(small_corpus, demo_corpus, tmp_pa
     kwargs = {"interleave_chunks": True, "domain_tags": True, "tokenize_batch_size": 5}
     outs = []
     for i, workers in enumerate((1, 1, 2)):
-        cfg = make_cfg(tmp_path, demo_corpus, small_corpus, num_workers=workers,
-                       output_dir=str(tmp_path / f"out{i}"), **kwargs)  # fmt: skip
+        cfg = make_cfg(
+            tmp_path,
+            demo_corpus,
+            small_corpus,
+            num_workers=workers,
+            output_dir=str(tmp_path / f"out{i}"),
+            **kwargs,
+        )
         outs.append(prepare_data(cfg, progress=False))
     assert _arrow_bytes(outs[0]) == _arrow_bytes(outs[1]) == _arrow_bytes(outs[2])
     other = make_cfg(tmp_path, demo_corpus, small_corpus, seed=1, **kwargs)
@@ -354,8 +389,9 @@ def test_unreadable_file(demo_corpus, tmp_path):
 def test_budget_larger_than_corpus(demo_corpus, tmp_path):
     data = _bad_corpus(tmp_path, json.dumps(GOOD))
     with pytest.raises(DataError, match="token budget 100000 is larger than the corpus"):
-        prepare_data(make_cfg(tmp_path, demo_corpus, data, seq_len=32, token_budget=100_000),
-                     progress=False)  # fmt: skip
+        prepare_data(
+            make_cfg(tmp_path, demo_corpus, data, seq_len=32, token_budget=100_000), progress=False
+        )
     cfg = make_cfg(
         tmp_path, demo_corpus, data, seq_len=32, token_budget=100_000, on_bad_input="skip"
     )
@@ -386,5 +422,8 @@ def test_anchor_in_content_is_an_error(demo_corpus, tokenizer, tmp_path):
     texts = ["plain words " * 200, f"a document that spells {tokenizer.bos_token} inside " * 20]
     src.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
     cfg = make_cfg(tmp_path, demo_corpus, [{"path": str(src), "domain": "web"}])
-    with pytest.raises(DataError, match=rf"1 sampled documents contain the anchor token id {tokenizer.bos_token_id} .*docs\.jsonl:2"):  # fmt: skip
+    with pytest.raises(
+        DataError,
+        match=rf"1 sampled documents contain the anchor token id {tokenizer.bos_token_id} .*docs\.jsonl:2",
+    ):
         prepare_data(cfg, progress=False)

@@ -29,12 +29,24 @@ def _write_ruler(run_dir: Path, step: int, per_sample: dict[tuple[str, str], lis
         scores.setdefault(task, {})[length] = sum(values) / len(values)
         counts.setdefault(task, {})[length] = len(values)
         for i, v in enumerate(values):
-            row = {"key": f"{task}/{length}/{i}", "task": task, "length": int(length), "index": i,
-                   "prediction": "", "references": [], "score": v}  # fmt: skip
+            row = {
+                "key": f"{task}/{length}/{i}",
+                "task": task,
+                "length": int(length),
+                "index": i,
+                "prediction": "",
+                "references": [],
+                "score": v,
+            }
             lines.append(json.dumps(row))
     (folder / "ruler.samples.jsonl").write_text("\n".join(lines) + "\n")
-    result = {"suite": "ruler", "step": step, "checkpoint_name": f"step-{step:06d}",
-              "scores": scores, "counts": counts}  # fmt: skip
+    result = {
+        "suite": "ruler",
+        "step": step,
+        "checkpoint_name": f"step-{step:06d}",
+        "scores": scores,
+        "counts": counts,
+    }
     (folder / "ruler.json").write_text(json.dumps(result))
 
 
@@ -84,7 +96,10 @@ def test_missing_samples_file_gives_nothing(tmp_path):
     (run / "eval" / "step-000010" / "ruler.samples.jsonl").unlink()
     assert ruler_sample_scores(run, summary) is None
     assert ruler_intervals({"arm": None}, ["arm"]) == {
-        "confidence": 0.95, "arms": {}, "differences": []}  # fmt: skip
+        "confidence": 0.95,
+        "arms": {},
+        "differences": [],
+    }
 
 
 def test_paired_difference_is_the_difference_of_averages_and_cancels_sample_difficulty(tmp_path):

@@ -90,8 +90,9 @@ def holder(tmp_path):
     procs: list[subprocess.Popen] = []
 
     def start(path: Path) -> subprocess.Popen:
-        proc = subprocess.Popen([sys.executable, "-c", HOLD, str(path)], stdout=subprocess.PIPE,
-                                text=True)  # fmt: skip
+        proc = subprocess.Popen(
+            [sys.executable, "-c", HOLD, str(path)], stdout=subprocess.PIPE, text=True
+        )
         assert proc.stdout is not None and proc.stdout.readline().strip() == "held"
         procs.append(proc)
         return proc
@@ -132,8 +133,9 @@ def test_lock_is_inherited_by_a_launched_child(tmp_path):
     """A launcher passes its lock to the process group: held while any of it lives, even when
     the launcher itself was killed."""
     path = tmp_path / ".run.lock"
-    out = subprocess.run([sys.executable, "-c", LAUNCH, str(path)], capture_output=True,
-                         text=True, check=True)  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, "-c", LAUNCH, str(path)], capture_output=True, text=True, check=True
+    )
     child = int(out.stdout.strip())
     try:
         with pytest.raises(LockHeldError, match="it has exited, but processes it launched"):
@@ -233,11 +235,13 @@ def _engine_file(run_dir: Path) -> Path:
 
 CORRUPTIONS = {
     "truncated trainer.json": (lambda d: _truncate(d / "resume" / "trainer.json"), "trainer.json"),
-    "zero-byte rng file": (lambda d: (d / "resume" / "rng-rank00000.json").write_bytes(b""),
-                           r"rng-rank00000\.json: 0 bytes"),
+    "zero-byte rng file": (
+        lambda d: (d / "resume" / "rng-rank00000.json").write_bytes(b""),
+        r"rng-rank00000\.json: 0 bytes",
+    ),
     "truncated engine file": (lambda d: _truncate(_engine_file(d)), r"engine/.*\.pt: \d+ bytes"),
     "missing engine/": (lambda d: shutil.rmtree(d / "resume" / "engine"), r"engine/.*: missing"),
-}  # fmt: skip
+}
 
 
 @pytest.mark.parametrize("case", sorted(CORRUPTIONS))
@@ -283,16 +287,27 @@ def test_resume_state_needs_no_pickle(trained):
     ckpt.set_rng_state(state)
     assert draw() == first  # the state round-trips exactly through JSON
     tree = ast.parse(Path(ckpt.__file__).read_text())
-    assert not [n for n in ast.walk(tree) if isinstance(n, ast.Attribute) and n.attr == "load"
-                and isinstance(n.value, ast.Name) and n.value.id in ("torch", "pickle")]  # fmt: skip
+    assert not [
+        n
+        for n in ast.walk(tree)
+        if isinstance(n, ast.Attribute)
+        and n.attr == "load"
+        and isinstance(n.value, ast.Name)
+        and n.value.id in ("torch", "pickle")
+    ]
     # (DeepSpeed's own engine files are the documented exception: see checkpoints.py.)
 
 
 def test_outputs_follow_the_umask(trained, tmp_path):
     run = trained.run_dir
     ck = list_checkpoints(run)[-1]
-    for path in (run / "config.yaml", run / "manifest.json", ck / "model.safetensors",
-                 ck / "anchorctx.json", run / "resume" / "trainer.json"):  # fmt: skip
+    for path in (
+        run / "config.yaml",
+        run / "manifest.json",
+        ck / "model.safetensors",
+        ck / "anchorctx.json",
+        run / "resume" / "trainer.json",
+    ):
         assert _mode(path) == 0o644, path
     assert _mode(ck) == 0o755 and _mode(run / "resume") == 0o755
     with umask(0o027):  # a group-shared cluster setting: neither 0600 nor 0644
@@ -360,12 +375,14 @@ def test_lone_surrogate_is_a_counted_skip_naming_the_line(tmp_path):
 LINE_KINDS = st.one_of(
     st.builds(lambda t: {"text": t, "meta": {"redpajama_set_name": "Book"}}, st.text(max_size=30)),
     st.builds(lambda t: {"text": t}, st.text(max_size=10)),  # no domain
-    st.builds(lambda v: {"text": v, "meta": {"redpajama_set_name": "Book"}},
-              st.one_of(st.integers(), st.none(), st.lists(st.integers(), max_size=2))),
+    st.builds(
+        lambda v: {"text": v, "meta": {"redpajama_set_name": "Book"}},
+        st.one_of(st.integers(), st.none(), st.lists(st.integers(), max_size=2)),
+    ),
     st.just({"meta": {"redpajama_set_name": "Book"}}),  # no text
     st.just("surrogate"),
     st.binary(max_size=20),  # arbitrary bytes: mostly invalid JSON or invalid UTF-8
-)  # fmt: skip
+)
 
 
 def _encode(kind) -> bytes:
@@ -388,7 +405,7 @@ def _encode(kind) -> bytes:
     kinds=st.lists(LINE_KINDS, max_size=25),
     compressed=st.booleans(),
     damage=st.one_of(st.none(), st.tuples(st.sampled_from(["cut", "flip"]), st.floats(0, 1))),
-)  # fmt: skip
+)
 def test_readers_account_for_every_line(tmp_path_factory, kinds, compressed, damage):
     """No crash on any input, and every input line is either a record (to be packed) or
     exactly one counted skip; a damaged compressed file yields nothing and is counted."""
@@ -401,8 +418,11 @@ def test_readers_account_for_every_line(tmp_path_factory, kinds, compressed, dam
     path = tmp_path_factory.mktemp("prop") / ("in.jsonl.zst" if compressed else "in.jsonl")
     path.write_bytes(data)
     try:  # an independent decoder decides what the file really holds
-        content = zstandard.ZstdDecompressor().decompress(data, max_output_size=1 << 20) \
-            if compressed else data  # fmt: skip
+        content = (
+            zstandard.ZstdDecompressor().decompress(data, max_output_size=1 << 20)
+            if compressed
+            else data
+        )
     except zstandard.ZstdError:
         content = None
     records, bad = _read(path)
@@ -442,8 +462,7 @@ def test_foreign_errors_are_one_line_and_traceback_only_with_debug(monkeypatch, 
     assert _one_line_error(capsys, "train") == (
         "anchorctx train: Permission denied: /shared/runs/demo"
     )
-    monkeypatch.setattr("anchorctx.training.launch.launch",
-                        lambda cfg, **kw: {}["x"])  # fmt: skip
+    monkeypatch.setattr("anchorctx.training.launch.launch", lambda cfg, **kw: {}["x"])
     assert main(["--debug", "train", "configs/demo.yaml"]) == 1
     assert "Traceback" in capsys.readouterr().err
 
@@ -459,10 +478,14 @@ def fake(monkeypatch) -> FakeSuite:
 
 
 def _eval_cfg(tmp_path, checkpoint):
-    return config_from_dict({
-        "name": "t", "run_root": str(tmp_path / "runs"), "model": {"path": str(checkpoint)},
-        "evaluation": {"device": "cpu", "dtype": "float32"},
-    })  # fmt: skip
+    return config_from_dict(
+        {
+            "name": "t",
+            "run_root": str(tmp_path / "runs"),
+            "model": {"path": str(checkpoint)},
+            "evaluation": {"device": "cpu", "dtype": "float32"},
+        }
+    )
 
 
 def test_same_named_checkpoints_in_different_folders_keep_their_results(tmp_path, fake):
@@ -529,8 +552,11 @@ def test_evaluation_output_has_one_writer(tmp_path, fake, holder):
 
 # ------------------------------------------------------------------------ config loading
 def test_variant_override_typo_fails_whenever_the_config_loads(tmp_path, capsys):
-    raw = {"name": "t", "model": {"tiny": {}, "tokenizer": "tok"},
-           "variants": [{"name": "x", "attention": "anchor", "overrides": {"data.tagz": 1}}]}  # fmt: skip
+    raw = {
+        "name": "t",
+        "model": {"tiny": {}, "tokenizer": "tok"},
+        "variants": [{"name": "x", "attention": "anchor", "overrides": {"data.tagz": 1}}],
+    }
     with pytest.raises(ConfigError, match=r"variant 'x'.*unknown key 'data\.tagz'"):
         config_from_dict(raw)
     path = tmp_path / "c.yaml"

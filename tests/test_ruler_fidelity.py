@@ -75,8 +75,12 @@ def test_fwe_vocabulary_and_steps():
 def test_ruler_steps_per_family():
     # niah.py: 500 essay words, 25 lines (5 below 4K); variable_tracking.py: 10 (5 below 4K);
     # common_words_extraction.py and qa.py: 10.
-    assert T.NiahBuilder("niah_single_1", C.TASK_SPECS["niah_single_1"].args, 4096, 42, {}).step == 25  # fmt: skip
-    assert T.NiahBuilder("niah_single_1", C.TASK_SPECS["niah_single_1"].args, 2048, 42, {}).step == 5  # fmt: skip
+    assert (
+        T.NiahBuilder("niah_single_1", C.TASK_SPECS["niah_single_1"].args, 4096, 42, {}).step == 25
+    )
+    assert (
+        T.NiahBuilder("niah_single_1", C.TASK_SPECS["niah_single_1"].args, 2048, 42, {}).step == 5
+    )
     assert T.CWEBuilder(C.TASK_SPECS["cwe"].args, 4096, 42).step == 10
 
 
@@ -90,7 +94,9 @@ def test_cwe_uses_english_words_beyond_wonderwords(tmp_path):
     b = T.CWEBuilder(C.TASK_SPECS["cwe"].args, 131072, 42)
     n = len(b.words)
     assert b._pool(n) is b.words
-    with pytest.raises(D.MissingDataError, match=r"evaluation\.ruler\.english_words_path is not set"):  # fmt: skip
+    with pytest.raises(
+        D.MissingDataError, match=r"evaluation\.ruler\.english_words_path is not set"
+    ):
         b._pool(n + 1)
     words = {str(i): f"word{i}" for i in range(n + 50)}  # english_words.json: its values are words
     path = tmp_path / "english_words.json"

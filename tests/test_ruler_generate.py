@@ -71,10 +71,20 @@ def samples(tokenizer, paths):
 
 def test_thirteen_tasks_in_ruler_order():
     assert TASKS == (
-        "niah_single_1", "niah_single_2", "niah_single_3", "niah_multikey_1", "niah_multikey_2",
-        "niah_multikey_3", "niah_multivalue", "niah_multiquery", "vt", "cwe", "fwe", "qa_1",
+        "niah_single_1",
+        "niah_single_2",
+        "niah_single_3",
+        "niah_multikey_1",
+        "niah_multikey_2",
+        "niah_multikey_3",
+        "niah_multivalue",
+        "niah_multiquery",
+        "vt",
+        "cwe",
+        "fwe",
+        "qa_1",
         "qa_2",
-    )  # fmt: skip
+    )
 
 
 @pytest.mark.parametrize("task", TASKS)
@@ -117,9 +127,17 @@ def test_niah_templates(samples):
     s = samples["niah_single_1"][0]
     key = re.search(r"for (\S+) mentioned in the provided text\?$", s["input"]).group(1)
     assert s["input"].startswith(NIAH_HEAD_SINGULAR)
-    assert s["input"].endswith(f"\nWhat is the special magic number for {key} mentioned in the provided text?")  # fmt: skip
-    assert s["answer_prefix"] == f" The special magic number for {key} mentioned in the provided text is"  # fmt: skip
-    assert "\nThe grass is green. The sky is blue. The sun is yellow. Here we go. There and back again.\n" in s["input"]  # fmt: skip
+    assert s["input"].endswith(
+        f"\nWhat is the special magic number for {key} mentioned in the provided text?"
+    )
+    assert (
+        s["answer_prefix"]
+        == f" The special magic number for {key} mentioned in the provided text is"
+    )
+    assert (
+        "\nThe grass is green. The sky is blue. The sun is yellow. Here we go. There and back again.\n"
+        in s["input"]
+    )
     assert f"One of the special magic numbers for {key} is: {s['outputs'][0]}." in s["input"]
     assert samples["niah_single_3"][0]["input"].startswith(NIAH_HEAD_UUID)
     for task in ("niah_multivalue", "niah_multiquery"):
@@ -133,7 +151,9 @@ def test_niah_templates(samples):
 
 def test_niah_needle_haystack_and_depths(samples):
     lines = samples["niah_multikey_2"][0]["input"].split("\n")[1:-1]
-    assert len(lines) > 20 and all(line.startswith("One of the special magic numbers for ") for line in lines)  # fmt: skip
+    assert len(lines) > 20 and all(
+        line.startswith("One of the special magic numbers for ") for line in lines
+    )
     uuid = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}$")
     assert uuid.match(samples["niah_multikey_3"][0]["outputs"][0])
     assert re.fullmatch(r"\d{7}", samples["niah_single_2"][0]["outputs"][0])
@@ -182,7 +202,9 @@ def test_fwe_zipf_answer(samples):
 def test_qa_documents(samples):
     for task in ("qa_1", "qa_2"):
         s = samples[task][0]
-        assert s["input"].startswith(QA_INSTRUCTION + "\n\nThe following are given documents.\n\nDocument 1:\n")  # fmt: skip
+        assert s["input"].startswith(
+            QA_INSTRUCTION + "\n\nThe following are given documents.\n\nDocument 1:\n"
+        )
         assert f"\n\n{QA_INSTRUCTION}\n\nQuestion: " in s["input"]
         assert s["answer_prefix"] == " Answer:"
         numbers = [int(n) for n in re.findall(r"(?:^|\n\n)Document (\d+):\n", s["input"])]
@@ -198,8 +220,9 @@ def test_samples_independent_of_each_other(tokenizer, paths, samples):
     assert generate("fwe", 4096, tokenizer, 2) == samples["fwe"][:2]
 
 
-@pytest.mark.parametrize("task,key", [("niah_single_2", "essay_path"), ("qa_1", "squad_path"),
-                                      ("qa_2", "hotpotqa_path")])  # fmt: skip
+@pytest.mark.parametrize(
+    "task,key", [("niah_single_2", "essay_path"), ("qa_1", "squad_path"), ("qa_2", "hotpotqa_path")]
+)
 def test_missing_data_file(task, key, tokenizer, tmp_path):
     with pytest.raises(MissingDataError, match=f"evaluation.ruler.{key} is not set"):
         generate(task, 4096, tokenizer, 1)

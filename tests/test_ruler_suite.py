@@ -52,8 +52,9 @@ def test_resume_after_interruption(tiny_config, model, tokenizer):
     assert len(journal) == 3 and {k.split("/")[0] for k in journal} == {"niah_single_1", "fwe"}
 
     new: list[dict] = []
-    result = run_suite(model, tokenizer, cfg, done=dict(journal), on_sample=new.append,
-                       progress=False)  # fmt: skip
+    result = run_suite(
+        model, tokenizer, cfg, done=dict(journal), on_sample=new.append, progress=False
+    )
     assert {r["key"] for r in new}.isdisjoint(journal)  # nothing done is redone
     assert len(new) == 1
     records = [*journal.values(), *new]
@@ -69,8 +70,10 @@ def test_resume_after_interruption(tiny_config, model, tokenizer):
 
     again: list[dict] = []
     done = {r["key"]: r for r in records}
-    assert run_suite(model, tokenizer, cfg, done=done, on_sample=again.append,
-                     progress=False) == result  # fmt: skip
+    assert (
+        run_suite(model, tokenizer, cfg, done=done, on_sample=again.append, progress=False)
+        == result
+    )
     assert again == []  # a finished suite does no work
 
 
@@ -78,8 +81,13 @@ def test_qa_runs_with_its_file(tiny_config, model, tokenizer, tmp_path):
     paths = write_ruler_fixtures(tmp_path)
     # RULER's smallest QA haystack is ten paragraphs (its incremental), ~0.6K demo-tokenizer
     # tokens: run it at 2K.
-    cfg = _cfg(tiny_config, tasks=["qa_2"], hotpotqa_path=str(paths["hotpotqa_path"]),
-               lengths=[2048], num_samples=1)  # fmt: skip
+    cfg = _cfg(
+        tiny_config,
+        tasks=["qa_2"],
+        hotpotqa_path=str(paths["hotpotqa_path"]),
+        lengths=[2048],
+        num_samples=1,
+    )
     recs: list[dict] = []
     result = run_suite(model, tokenizer, cfg, done={}, on_sample=recs.append, progress=False)
     assert result["not_run"] == {} and result["counts"] == {"qa_2": {"2048": 1}}
@@ -88,7 +96,9 @@ def test_qa_runs_with_its_file(tiny_config, model, tokenizer, tmp_path):
 
 def test_length_beyond_model_limit(tiny_config, model, tokenizer):
     cfg = _cfg(tiny_config, lengths=[512, 8192])
-    with pytest.raises(RulerLengthError, match=r"\[8192\] exceed the model's max_position_embeddings=4096"):  # fmt: skip
+    with pytest.raises(
+        RulerLengthError, match=r"\[8192\] exceed the model's max_position_embeddings=4096"
+    ):
         run_suite(model, tokenizer, cfg, done={}, on_sample=lambda r: None, progress=False)
 
 
@@ -96,8 +106,14 @@ def test_exclude_and_unknown_tasks(tiny_config, model, tokenizer):
     assert selected_tasks(None, list(PAPER_EXCLUDE)) == [t for t in TASKS if t not in PAPER_EXCLUDE]
     assert selected_tasks(["cwe", "vt"], ["cwe"]) == ["vt"]
     with pytest.raises(ValueError, match="unknown RULER task 'niah_single_9'"):
-        run_suite(model, tokenizer, _cfg(tiny_config, tasks=["niah_single_9"]), done={},
-                  on_sample=lambda r: None, progress=False)  # fmt: skip
+        run_suite(
+            model,
+            tokenizer,
+            _cfg(tiny_config, tasks=["niah_single_9"]),
+            done={},
+            on_sample=lambda r: None,
+            progress=False,
+        )
 
 
 def test_engine_settings_reach_generation(tiny_config, model, tokenizer, monkeypatch):
@@ -165,8 +181,14 @@ def test_samples_are_generated_once_per_process(tiny_config, model, tokenizer, m
     run_suite(model, tokenizer, more, done=done, on_sample=lambda r: None, progress=False)
     assert calls[2:] == [("fwe", 512, (2,))]
     # Another seed: other samples.
-    run_suite(model, tokenizer, _cfg(tiny_config, tasks=["fwe"], num_samples=1, seed=43),
-              done={}, on_sample=lambda r: None, progress=False)  # fmt: skip
+    run_suite(
+        model,
+        tokenizer,
+        _cfg(tiny_config, tasks=["fwe"], num_samples=1, seed=43),
+        done={},
+        on_sample=lambda r: None,
+        progress=False,
+    )
     assert calls[3:] == [("fwe", 512, (0,))]
     runner.SAMPLES.clear()
 
@@ -198,10 +220,16 @@ def test_prefetched_samples_are_not_generated_again(tiny_config, model, tokenize
     real = runner.generate
     encoded: list[str] = []
     real_encode = generation.encode_prompt
-    monkeypatch.setattr(runner, "generate", lambda task, length, *a, **k: calls.append(
-        (task, length)) or real(task, length, *a, **k))  # fmt: skip
-    monkeypatch.setattr(generation, "encode_prompt",
-                        lambda tok, text: encoded.append(text) or real_encode(tok, text))  # fmt: skip
+    monkeypatch.setattr(
+        runner,
+        "generate",
+        lambda task, length, *a, **k: calls.append((task, length)) or real(task, length, *a, **k),
+    )
+    monkeypatch.setattr(
+        generation,
+        "encode_prompt",
+        lambda tok, text: encoded.append(text) or real_encode(tok, text),
+    )
     assert runner.prefetch_samples(cfg, tokenizer) == 4
     assert [length for _, length in calls] == [768, 768, 512, 512]  # longest first
     assert len(encoded) == 4

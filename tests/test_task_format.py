@@ -39,8 +39,14 @@ def tokenizer(demo_corpus):
 def formatted(demo_corpus, tmp_path_factory):
     """(work dir, documents) of one task_format_documents call."""
     work = tmp_path_factory.mktemp("task_format") / "work"
-    docs = pc.task_format_documents(COUNT, seed=SEED, tokenizer=demo_corpus.tokenizer_dir,
-                                    seq_len=SEQ_LEN, work=work, english_share=ENGLISH)  # fmt: skip
+    docs = pc.task_format_documents(
+        COUNT,
+        seed=SEED,
+        tokenizer=demo_corpus.tokenizer_dir,
+        seq_len=SEQ_LEN,
+        work=work,
+        english_share=ENGLISH,
+    )
     return work, docs
 
 
@@ -49,13 +55,15 @@ def _cells(docs) -> Counter:
     return Counter((task, length) for task, length, _ in docs)
 
 
-def _samples(tokenizer, work: Path, task: str, length: int, n: int, seed: int,
-             haystack: str = "pseudo") -> list[dict]:  # fmt: skip
+def _samples(
+    tokenizer, work: Path, task: str, length: int, n: int, seed: int, haystack: str = "pseudo"
+) -> list[dict]:
     from anchorctx.evaluation.ruler.generate import generate
 
     try:
-        return generate(task, length, tokenizer, n, seed, fit="tight",
-                        **pc.haystack_paths(work, haystack))  # fmt: skip
+        return generate(
+            task, length, tokenizer, n, seed, fit="tight", **pc.haystack_paths(work, haystack)
+        )
     except ValueError:  # too short for this haystack: its documents moved to the next length
         return []
 
@@ -71,9 +79,11 @@ def test_task_format_documents_count_tasks_and_lengths(formatted, tokenizer, dem
     assert len(docs) == COUNT
     per_task = PER_CELL * len(pc.TASK_FORMAT_LENGTHS)
     assert Counter(task for task, _, _ in docs) == dict.fromkeys(pc.TASK_FORMAT_TASKS, per_task)
-    openings = {"niah": ("A special magic", "Some special magic"),
-                "vt": ("Memorize and track the chain(s) of variable assignment",),
-                "fwe": ("Read the following coded text",)}  # fmt: skip
+    openings = {
+        "niah": ("A special magic", "Some special magic"),
+        "vt": ("Memorize and track the chain(s) of variable assignment",),
+        "fwe": ("Read the following coded text",),
+    }
     for task, length, text in docs:
         assert text.startswith(openings[task.split("_")[0]]), (task, text[:80])
         assert length in LENGTHS
@@ -93,8 +103,9 @@ def test_task_format_documents_count_tasks_and_lengths(formatted, tokenizer, dem
     longest = max(len(tokenizer(t).input_ids) for _, _, t in docs)
     assert longest > 0.75 * SEQ_LEN, longest
     # Fewer documents than cells: exactly that many still.
-    few = pc.task_format_documents(7, seed=SEED, tokenizer=demo_corpus.tokenizer_dir,
-                                   seq_len=SEQ_LEN, work=tmp_path / "w")  # fmt: skip
+    few = pc.task_format_documents(
+        7, seed=SEED, tokenizer=demo_corpus.tokenizer_dir, seq_len=SEQ_LEN, work=tmp_path / "w"
+    )
     assert len(few) == 7 and {task for task, _, _ in few} <= set(pc.TASK_FORMAT_TASKS)
 
 
@@ -102,8 +113,13 @@ def test_task_format_documents_too_short_for_every_length_is_an_error(demo_corpu
     """A pretraining length too short for a task at every length: the generator's error, not
     silently fewer documents."""
     with pytest.raises(ValueError, match=r"niah_\w+.*longer length"):
-        pc.task_format_documents(len(pc.TASK_FORMAT_TASKS), seed=SEED, seq_len=300,
-                                 tokenizer=demo_corpus.tokenizer_dir, work=tmp_path / "w")  # fmt: skip
+        pc.task_format_documents(
+            len(pc.TASK_FORMAT_TASKS),
+            seed=SEED,
+            seq_len=300,
+            tokenizer=demo_corpus.tokenizer_dir,
+            work=tmp_path / "w",
+        )
 
 
 def test_task_format_documents_end_with_their_reference_answers(formatted, tokenizer):
@@ -176,9 +192,30 @@ def test_english_haystack_is_english_prose_not_the_evaluation_essay(formatted):
     words = re.findall(r"[a-z]+", text.lower())
     assert len(words) >= 0.9 * pc._HAYSTACK_WORDS
     english = pc.english_words()
-    function = {"a", "can", "the", "of", "many", "when", "is", "it", "to", "with", "every",
-                "will", "its", "in", "time", "we", "because", "was", "and", "nobody", "would",
-                "without"}  # fmt: skip
+    function = {
+        "a",
+        "can",
+        "the",
+        "of",
+        "many",
+        "when",
+        "is",
+        "it",
+        "to",
+        "with",
+        "every",
+        "will",
+        "its",
+        "in",
+        "time",
+        "we",
+        "because",
+        "was",
+        "and",
+        "nobody",
+        "would",
+        "without",
+    }
     assert sum(w in english or w in function for w in words) / len(words) > 0.99
     assert not any(f" near {place}." in text for place in PLACES)
     again = pc.english_prose(random.Random(pc.haystack_seed(SEED, "english")), pc._HAYSTACK_WORDS)
@@ -225,8 +262,13 @@ def test_write_pretrain_corpus_with_task_format_documents(demo_corpus, tmp_path)
     """task_format_documents > 0 writes FILES task_format_<i>.jsonl files with that many
     documents, records the parameters, and a second identical call reuses the corpus."""
     out = tmp_path / "c"
-    kw = {"seed": 1, "documents": 10, "task_format_documents": 12,
-          "tokenizer": demo_corpus.tokenizer_dir, "seq_len": SEQ_LEN}  # fmt: skip
+    kw = {
+        "seed": 1,
+        "documents": 10,
+        "task_format_documents": 12,
+        "tokenizer": demo_corpus.tokenizer_dir,
+        "seq_len": SEQ_LEN,
+    }
     data = pc.write_pretrain_corpus(out, **kw)
     assert data == out / "data"
     formatted = sorted(data.glob("task_format_*.jsonl"))
@@ -234,8 +276,9 @@ def test_write_pretrain_corpus_with_task_format_documents(demo_corpus, tmp_path)
     rows = _lines(formatted)
     assert len(rows) == 12
     assert {r["meta"]["redpajama_set_name"] for r in rows} == {pc.DOMAIN}
-    assert all("special magic" in r["text"] or "VAR " in r["text"] or "coded" in r["text"]
-               for r in rows)  # fmt: skip
+    assert all(
+        "special magic" in r["text"] or "VAR " in r["text"] or "coded" in r["text"] for r in rows
+    )
     plain = [f for f in sorted(data.glob("*.jsonl")) if f not in formatted]
     assert len(plain) == pc.FILES and len(_lines(plain)) == 10
     marker = json.loads((out / "pretrain.json").read_text())
@@ -355,10 +398,18 @@ ARMS = ["full", "anchor"]
 def experiment(tmp_path) -> Path:
     """Two arms at 2K and 4K; the base model at 2K only (its pretraining length)."""
     exp = tmp_path / "exp"
-    _fake_run(exp / "full", 50, {"niah_single_1": {"2048": 90.0, "4096": 40.0},
-                                 "vt": {"2048": 70.0, "4096": 20.0}}, mmlu=30.0)  # fmt: skip
-    _fake_run(exp / "anchor", 50, {"niah_single_1": {"2048": 95.0, "4096": 60.0},
-                                   "vt": {"2048": 75.0, "4096": 30.0}}, mmlu=31.0)  # fmt: skip
+    _fake_run(
+        exp / "full",
+        50,
+        {"niah_single_1": {"2048": 90.0, "4096": 40.0}, "vt": {"2048": 70.0, "4096": 20.0}},
+        mmlu=30.0,
+    )
+    _fake_run(
+        exp / "anchor",
+        50,
+        {"niah_single_1": {"2048": 95.0, "4096": 60.0}, "vt": {"2048": 75.0, "4096": 30.0}},
+        mmlu=31.0,
+    )
     return exp
 
 
@@ -367,8 +418,9 @@ def test_report_has_a_base_model_section_and_first_row(experiment):
     row of Table 5 and Table 12; report.json names it apart from the arms."""
     from anchorctx.evaluation.report import write_experiment_report
 
-    _fake_run(experiment / BASE, 700, {"niah_single_1": {"2048": 80.0}, "vt": {"2048": 60.0}},
-              mmlu=27.0)  # fmt: skip
+    _fake_run(
+        experiment / BASE, 700, {"niah_single_1": {"2048": 80.0}, "vt": {"2048": 60.0}}, mmlu=27.0
+    )
     out = write_experiment_report(experiment, ARMS, base=BASE)
     md = (experiment / "report.md").read_text()
     assert md == out["markdown"]
@@ -386,8 +438,11 @@ def test_report_has_a_base_model_section_and_first_row(experiment):
     # niah_single_1 at 80 meets the bar (>=); its check is named in the section and the JSON.
     assert "**Retrieval check: met** (niah_single_1 80.0 at 2K; the bar is 80 on each)" in section
     report = json.loads((experiment / "report.json").read_text())
-    assert report["base_check"] == {"passed": True, "bar": 80.0,
-                                    "scores": {"niah_single_1": {"2048": 80.0}}}  # fmt: skip
+    assert report["base_check"] == {
+        "passed": True,
+        "bar": 80.0,
+        "scores": {"niah_single_1": {"2048": 80.0}},
+    }
     assert report["base"] == BASE and report["variants"] == ARMS
     assert set(report["runs"]) == {BASE, *ARMS}
     assert list(report["tables"]["ruler"]["rows"]) == [BASE, *ARMS]
@@ -399,12 +454,18 @@ def test_report_says_when_the_base_model_does_not_retrieve(experiment):
     a base model scored on neither task gets no check."""
     from anchorctx.evaluation.report import write_experiment_report
 
-    _fake_run(experiment / BASE, 1200, {"niah_single_1": {"2048": 96.4},
-                                        "niah_single_2": {"2048": 76.8}}, mmlu=25.0)  # fmt: skip
+    _fake_run(
+        experiment / BASE,
+        1200,
+        {"niah_single_1": {"2048": 96.4}, "niah_single_2": {"2048": 76.8}},
+        mmlu=25.0,
+    )
     md = write_experiment_report(experiment, ARMS, base=BASE)["markdown"]
     section = _section(md, f"## Base model: `{BASE}`", "## Scores")
-    assert ("**Retrieval check: not met** (niah_single_1 96.4 at 2K, niah_single_2 76.8 at 2K; "
-            "the bar is 80 on each)") in section  # fmt: skip
+    assert (
+        "**Retrieval check: not met** (niah_single_1 96.4 at 2K, niah_single_2 76.8 at 2K; "
+        "the bar is 80 on each)"
+    ) in section
     assert "say little about the attention variants" in section
     assert not json.loads((experiment / "report.json").read_text())["base_check"]["passed"]
     _fake_run(experiment / BASE, 1200, {"vt": {"2048": 50.0}}, mmlu=25.0)

@@ -31,8 +31,12 @@ def _offline(monkeypatch):
 
 def _cfg(tiny_config, tmp_path, name="trk", backends=ALL, **raw_updates):
     raw = tiny_config.model_dump(mode="json")
-    raw.update(name=name, run_root=str(tmp_path / "runs"), tracking={"backends": backends,
-               "tags": ["unit-test"]}, **raw_updates)  # fmt: skip
+    raw.update(
+        name=name,
+        run_root=str(tmp_path / "runs"),
+        tracking={"backends": backends, "tags": ["unit-test"]},
+        **raw_updates,
+    )
     return config_from_dict(raw)
 
 
@@ -56,7 +60,9 @@ def _mlflow_runs(cfg):
 def test_config_list_shorthand_and_errors(tiny_config):
     raw = tiny_config.model_dump(mode="json")
     assert config_from_dict({**raw, "tracking": ["tensorboard", "wandb"]}).tracking.backends == [
-        "tensorboard", "wandb"]  # fmt: skip
+        "tensorboard",
+        "wandb",
+    ]
     with pytest.raises(ConfigError, match="distinct"):
         config_from_dict({**raw, "tracking": ["mlflow", "mlflow"]})
     with pytest.raises(ConfigError, match=r"tracking\.backends"):
@@ -66,8 +72,9 @@ def test_config_list_shorthand_and_errors(tiny_config):
 
 def test_missing_package_is_one_clear_line(tiny_config, tmp_path, monkeypatch):
     real = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec",
-                        lambda name, *a: None if name == "wandb" else real(name, *a))  # fmt: skip
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "wandb" else real(name, *a)
+    )
     cfg = _cfg(tiny_config, tmp_path)
     with pytest.raises(TrackingError) as err:
         check_backends(cfg)
@@ -94,8 +101,7 @@ def test_training_logs_every_step_to_every_backend(
     for key in ("loss", "grad_norm", "lr", "tokens_per_s", "tflops_per_device", "peak_mem_gib"):
         # float32 event values: compare at float32 resolution
         assert [s for s, _ in tb[f"train/{key}"]] == [1, 2, 3, 4]
-        assert [v for _, v in tb[f"train/{key}"]] == pytest.approx([r[key] for r in rows],
-                                                                   rel=1e-6)  # fmt: skip
+        assert [v for _, v in tb[f"train/{key}"]] == pytest.approx([r[key] for r in rows], rel=1e-6)
     assert "train/mfu" not in tb  # no known peak on CPU: left out, never logged as 0
 
     client, runs = _mlflow_runs(cfg)
@@ -120,8 +126,13 @@ def test_training_logs_every_step_to_every_backend(
 
 # ----------------------------------------------------------------- evaluation and report
 def _result(step: int, scores: dict) -> dict:
-    return {"suite": "ruler", "step": step, "checkpoint_name": f"step-{step:06d}",
-            "scores": scores, "evaluation": {"ruler": {"exclude": []}}}  # fmt: skip
+    return {
+        "suite": "ruler",
+        "step": step,
+        "checkpoint_name": f"step-{step:06d}",
+        "scores": scores,
+        "evaluation": {"ruler": {"exclude": []}},
+    }
 
 
 def test_evaluation_and_report_scores(tiny_config, tmp_path):
@@ -129,8 +140,10 @@ def test_evaluation_and_report_scores(tiny_config, tmp_path):
     from anchorctx.evaluation.report import write_experiment_report
 
     cfg = _cfg(tiny_config, tmp_path, name="trk-eval")
-    scores = {2: {"vt": {"256": 50.0, "512": 25.0}, "fwe": {"256": 100.0, "512": 75.0}},
-              4: {"vt": {"256": 70.0, "512": 35.0}, "fwe": {"256": 90.0, "512": 65.0}}}  # fmt: skip
+    scores = {
+        2: {"vt": {"256": 50.0, "512": 25.0}, "fwe": {"256": 100.0, "512": 75.0}},
+        4: {"vt": {"256": 70.0, "512": 35.0}, "fwe": {"256": 90.0, "512": 65.0}},
+    }
     for step, s in scores.items():
         ckpt_eval = cfg.run_dir / "eval" / f"step-{step:06d}"
         atomic_write_json(ckpt_eval / "ruler.json", _result(step, s))
@@ -175,8 +188,9 @@ def test_cli_refuses_a_missing_tracker_before_any_work(tiny_config, tmp_path, mo
     from anchorctx.cli import main
 
     real = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec",
-                        lambda name, *a: None if name == "mlflow" else real(name, *a))  # fmt: skip
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "mlflow" else real(name, *a)
+    )
     cfg = _cfg(tiny_config, tmp_path, backends=["mlflow"])
     path = tmp_path / "cfg.yaml"
     path.write_text(cfg.to_yaml())

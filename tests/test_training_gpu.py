@@ -17,8 +17,15 @@ from anchorctx.training.loop import train
 def test_bf16_anchor_training_on_one_gpu(tiny_config, packed_demo, zero_stage):
     raw = tiny_config.model_dump(mode="json")
     raw["name"] = f"gpu-z{zero_stage}"
-    raw["training"].update(device="cuda", engine="auto", precision="bf16", zero_stage=zero_stage,
-                           activation_checkpointing=True, nproc=1, steps=2)  # fmt: skip
+    raw["training"].update(
+        device="cuda",
+        engine="auto",
+        precision="bf16",
+        zero_stage=zero_stage,
+        activation_checkpointing=True,
+        nproc=1,
+        steps=2,
+    )
     cfg = config_from_dict(raw)
     summary = train(cfg, data_dir=packed_demo)
     rows = read_jsonl(cfg.run_dir / "metrics.jsonl")

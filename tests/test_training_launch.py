@@ -23,11 +23,29 @@ from anchorctx.process import run_process_group
 def test_cli_sp2_launch_matches_one_process(tiny_config, packed_demo, tmp_path, torch_extensions):  # noqa: F811
     config = tmp_path / "config.yaml"
     config.write_text(tiny_config.to_yaml())
-    common = ["--set", "training.steps=2",
-              "--set", f"data.output_dir={packed_demo}", "--set", f"run_root={tmp_path}"]  # fmt: skip
+    common = [
+        "--set",
+        "training.steps=2",
+        "--set",
+        f"data.output_dir={packed_demo}",
+        "--set",
+        f"run_root={tmp_path}",
+    ]
     assert main(["train", str(config), *common, "--set", "name=one"]) == 0
-    assert main(["train", str(config), *common, "--set", "name=two",
-                 "--set", "training.sequence_parallel=2"]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "train",
+                str(config),
+                *common,
+                "--set",
+                "name=two",
+                "--set",
+                "training.sequence_parallel=2",
+            ]
+        )
+        == 0
+    )
     one, two = (tmp_path / n / "anchor" for n in ("one", "two"))
     manifest = (two / "manifest.json").read_text()
     assert '"sp": 2' in manifest and '"world": 2' in manifest
@@ -98,11 +116,13 @@ def test_one_process_plans_and_checks_once(tiny_config, packed_demo, tmp_path, m
                 return _real(*args, **kwargs)
 
             monkeypatch.setattr(module, name, counted)
-    cfg = tiny_config.model_copy(update={
-        "run_root": tmp_path,
-        "training": tiny_config.training.model_copy(update={"steps": 1}),
-        "data": tiny_config.data.model_copy(update={"output_dir": packed_demo}),
-    })  # fmt: skip
+    cfg = tiny_config.model_copy(
+        update={
+            "run_root": tmp_path,
+            "training": tiny_config.training.model_copy(update={"steps": 1}),
+            "data": tiny_config.data.model_copy(update={"output_dir": packed_demo}),
+        }
+    )
     assert launch_mod.launch(cfg) == 0
     assert calls == {"plan_parallelism": 1, "preflight": 1, "restart_state": 1}
     assert [p.name for p in (cfg.run_dir / "checkpoints").iterdir()] == ["step-000001"]

@@ -57,16 +57,21 @@ def test_last_position_has_no_target_and_lengths_are_checked():
 def test_summed_cross_entropy_matches_dense_reference():
     torch.manual_seed(0)
     logits = torch.randn(2, 9, 100)
-    targets = torch.stack([shifted_targets(IDS, MASK, SEG_LENS, SEG_DOC, v)
-                           for v in ("full", "anchor")])  # fmt: skip
+    targets = torch.stack(
+        [shifted_targets(IDS, MASK, SEG_LENS, SEG_DOC, v) for v in ("full", "anchor")]
+    )
     keep = targets != IGNORE_INDEX
     ref = -F.log_softmax(logits, -1).gather(-1, targets.clamp_min(0)[..., None])[..., 0]
     assert torch.allclose(summed_cross_entropy(logits, targets), ref[keep].sum(), rtol=1e-6)
 
 
 def test_row_is_truncated_and_padded_to_a_multiple_of_sp():
-    record = {"input_ids": IDS.numpy(), "loss_mask": MASK.numpy(), "seg_lens": SEG_LENS,
-              "seg_doc": SEG_DOC}  # fmt: skip
+    record = {
+        "input_ids": IDS.numpy(),
+        "loss_mask": MASK.numpy(),
+        "seg_lens": SEG_LENS,
+        "seg_doc": SEG_DOC,
+    }
     # seq_len 6 reads 7 tokens: 6 inputs, each with a target (the 7th token is a target only).
     row = make_row(record, seq_len=6, sp=4, variant="anchor", pad_id=1)
     assert row.input_ids.shape[0] == 8 and row.real_tokens == 6
@@ -76,19 +81,25 @@ def test_row_is_truncated_and_padded_to_a_multiple_of_sp():
 
 
 def _fake_dataset(rows: int, t: int) -> datasets.Dataset:
-    return datasets.Dataset.from_dict({
-        "input_ids": [[1] + [100 * i + j for j in range(1, t)] for i in range(rows)],
-        "seg_lens": [[t // 2, t - t // 2]] * rows, "seg_doc": [[0, 1]] * rows,
-        "loss_mask": [[0] + [1] * (t - 1)] * rows,
-    })  # fmt: skip
+    return datasets.Dataset.from_dict(
+        {
+            "input_ids": [[1] + [100 * i + j for j in range(1, t)] for i in range(rows)],
+            "seg_lens": [[t // 2, t - t // 2]] * rows,
+            "seg_doc": [[0, 1]] * rows,
+            "loss_mask": [[0] + [1] * (t - 1)] * rows,
+        }
+    )
 
 
 def test_batch_plan_shards_each_global_batch_exactly_once():
     ds = _fake_dataset(rows=5, t=8)
-    par = Parallelism(world=4, sp=2, dp=2, micro=1, accum=2, device="cpu", zero_stage=0,
-                      engine="sdpa")  # fmt: skip
-    plans = [BatchPlan(ds, seed=3, par=par, seq_len=8, variant="anchor", pad_id=1, rank=r)
-             for r in range(4)]  # fmt: skip
+    par = Parallelism(
+        world=4, sp=2, dp=2, micro=1, accum=2, device="cpu", zero_stage=0, engine="sdpa"
+    )
+    plans = [
+        BatchPlan(ds, seed=3, par=par, seq_len=8, variant="anchor", pad_id=1, rank=r)
+        for r in range(4)
+    ]
     for step in range(3):  # crosses an epoch boundary (5 rows, 4 per step)
         rows = plans[0].row_indices(step)
         assert all(p.row_indices(step) == rows for p in plans)

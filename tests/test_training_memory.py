@@ -39,14 +39,21 @@ def _model(seed: int = 0, device: str = "cpu"):
     from anchorctx.attention.hf import register
 
     cfg = AutoConfig.for_model(
-        "llama", vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=64, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=SEQ,
+        "llama",
+        vocab_size=VOCAB,
+        hidden_size=HIDDEN,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=SEQ,
         tie_word_embeddings=False,
-    )  # fmt: skip
+    )
     torch.manual_seed(seed)
     with torch.device(device):
-        model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32,
-                                                 attn_implementation=register())  # fmt: skip
+        model = AutoModelForCausalLM.from_config(
+            cfg, dtype=torch.float32, attn_implementation=register()
+        )
     model.config.use_cache = False
     return model.train()
 
@@ -133,9 +140,13 @@ def test_memory_config_is_validated():
         return config_from_dict({**base, "training": training})
 
     assert cfg().training.memory.model_dump() == {
-        "tiled_mlp": False, "tiled_loss": False, "offload_optimizer": False,
-        "offload_checkpoints": False, "keep_activations": 0, "init_on_device": False,
-    }  # fmt: skip
+        "tiled_mlp": False,
+        "tiled_loss": False,
+        "offload_optimizer": False,
+        "offload_checkpoints": False,
+        "keep_activations": 0,
+        "init_on_device": False,
+    }
     with pytest.raises(ConfigError, match="tiled_mpl"):
         cfg(memory={"tiled_mpl": True})
     with pytest.raises(ConfigError, match="activation_checkpointing"):
@@ -188,10 +199,16 @@ def test_optimizer_offload_reaches_the_deepspeed_config():
     from anchorctx.training.deepspeed_env import deepspeed_config
     from anchorctx.training.plan import Parallelism, TrainingError
 
-    cfg = config_from_dict({"name": "m", "model": {"path": "/nonexistent"},
-                            "training": {"memory": {"offload_optimizer": True}}})  # fmt: skip
-    par = Parallelism(world=1, sp=1, dp=1, micro=1, accum=1, device="cuda", zero_stage=3,
-                      engine="auto")  # fmt: skip
+    cfg = config_from_dict(
+        {
+            "name": "m",
+            "model": {"path": "/nonexistent"},
+            "training": {"memory": {"offload_optimizer": True}},
+        }
+    )
+    par = Parallelism(
+        world=1, sp=1, dp=1, micro=1, accum=1, device="cuda", zero_stage=3, engine="auto"
+    )
     ds = deepspeed_config(cfg, par)
     assert ds["zero_optimization"]["offload_optimizer"]["device"] == "cpu"
     assert ds["zero_force_ds_cpu_optimizer"] is False
@@ -233,8 +250,14 @@ def test_shape_counts_llama2_7b_parameters():
     from transformers import LlamaConfig
 
     assert MM.LLAMA2_7B.params == 6_738_415_616  # the published Llama-2-7B count
-    hf = LlamaConfig(hidden_size=4096, intermediate_size=11008, num_hidden_layers=32,
-                     num_attention_heads=32, num_key_value_heads=32, vocab_size=32000)  # fmt: skip
+    hf = LlamaConfig(
+        hidden_size=4096,
+        intermediate_size=11008,
+        num_hidden_layers=32,
+        num_attention_heads=32,
+        num_key_value_heads=32,
+        vocab_size=32000,
+    )
     assert MM.Shape.from_hf(hf).params == MM.LLAMA2_7B.params
 
 
@@ -246,9 +269,12 @@ def test_memory_model_components():
     assert plain["optimizer_state"] == 12 * s.params
     assert plain["logits"] == t * 32000 * MM.LOGIT_BYTES
     assert plain["peak"] == pytest.approx(
-        sum(plain[k] for k in ("parameters", "gradients", "optimizer_state",
-                               "checkpointed_activations")) + plain["logits"]
-    )  # fmt: skip
+        sum(
+            plain[k]
+            for k in ("parameters", "gradients", "optimizer_state", "checkpointed_activations")
+        )
+        + plain["logits"]
+    )
     opt = MM.Options(tiled_mlp=True, tiled_loss=True, offload_optimizer=True)
     alst = MM.predict(s, t, opt)
     assert alst["optimizer_state"] == 0
@@ -261,8 +287,13 @@ def test_memory_model_components():
     longer = MM.predict(s, 2 * t, opt)
     assert longer["logits"] - alst["logits"] == 2 * t * s.hidden * MM.BF16
     # Two ranks with SP=2: half the parameters and tokens per GPU, Ulysses copies added.
-    two = MM.predict(s, 2 * t, MM.Options(gpus=2, sp=2, **{k: True for k in (
-        "tiled_mlp", "tiled_loss", "offload_optimizer")}))  # fmt: skip
+    two = MM.predict(
+        s,
+        2 * t,
+        MM.Options(
+            gpus=2, sp=2, **{k: True for k in ("tiled_mlp", "tiled_loss", "offload_optimizer")}
+        ),
+    )
     assert two["checkpointed_activations"] == alst["checkpointed_activations"]
     assert two["cpu"] - MM.HOST_PROCESS_BYTES == 8 * s.params
 
@@ -320,8 +351,11 @@ def test_training_loop_with_tiling_matches_the_plain_loop(tiny_config, packed_de
     monkeypatch.setattr(tiling, "LOSS_TILE_BYTES", 1 << 20)  # several loss tiles per row
     tiles = {"mlp": [], "loss": []}
     for kind, fn in (("mlp", tiling.mlp_tiles), ("loss", tiling.loss_tiles)):
-        monkeypatch.setattr(tiling, f"{kind}_tiles",
-                            lambda *a, fn=fn, kind=kind: tiles[kind].append(fn(*a)) or fn(*a))  # fmt: skip
+        monkeypatch.setattr(
+            tiling,
+            f"{kind}_tiles",
+            lambda *a, fn=fn, kind=kind: tiles[kind].append(fn(*a)) or fn(*a),
+        )
     rows = {}
     for name, memory in (("plain", {}), ("tiled", {"tiled_mlp": True, "tiled_loss": True})):
         raw = tiny_config.model_dump(mode="json")

@@ -39,21 +39,41 @@ def hosts():
         yield nodes
 
 
-def _start_node(hosts, rank: int, config: Path, log: Path, *extra: str,
-                private_dir: Path | None = None) -> subprocess.Popen:  # fmt: skip
+def _start_node(
+    hosts, rank: int, config: Path, log: Path, *extra: str, private_dir: Path | None = None
+) -> subprocess.Popen:
     """`anchorctx train` inside node ``rank``'s namespace (optionally with ``private_dir``
     replaced by an empty tmpfs only this node sees: a run_root that is not shared)."""
     ns, _, dev = hosts[rank]
-    cmd = [sys.executable, "-m", "anchorctx", "train", str(config), "--node-rank", str(rank),
-           "--master-addr", hosts[0][1], *extra]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "anchorctx",
+        "train",
+        str(config),
+        "--node-rank",
+        str(rank),
+        "--master-addr",
+        hosts[0][1],
+        *extra,
+    ]
     if private_dir is not None:
         mount = f'mount -t tmpfs anchorctx-private {private_dir} && exec "$@"'
         cmd = ["unshare", "--mount", "--propagation", "private", "sh", "-c", mount, "sh", *cmd]
-    env = {**os.environ, "GLOO_SOCKET_IFNAME": dev, "OMP_NUM_THREADS": "1",
-           "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}  # fmt: skip
+    env = {
+        **os.environ,
+        "GLOO_SOCKET_IFNAME": dev,
+        "OMP_NUM_THREADS": "1",
+        "PYTHONPATH": os.pathsep.join(p for p in sys.path if p),
+    }
     with log.open("w") as out:  # the node writes to its own copy of the file descriptor
-        return subprocess.Popen(["ip", "netns", "exec", ns, *cmd], env=env, stdout=out,
-                                stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+        return subprocess.Popen(
+            ["ip", "netns", "exec", ns, *cmd],
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
 
 
 def _finish(procs: list[subprocess.Popen], timeout: float = 300) -> list[int]:
@@ -70,24 +90,39 @@ def _finish(procs: list[subprocess.Popen], timeout: float = 300) -> list[int]:
 
 
 def _config(tiny_config, packed_demo, tmp_path: Path, name: str, steps: int, **training) -> Path:
-    cfg = tiny_config.model_copy(update={
-        "name": name, "run_root": tmp_path / "runs",
-        "data": tiny_config.data.model_copy(update={"output_dir": packed_demo}),
-        "training": tiny_config.training.model_copy(update={
-            "steps": steps, "attention": "anchor", **training}),
-    })  # fmt: skip
+    cfg = tiny_config.model_copy(
+        update={
+            "name": name,
+            "run_root": tmp_path / "runs",
+            "data": tiny_config.data.model_copy(update={"output_dir": packed_demo}),
+            "training": tiny_config.training.model_copy(
+                update={"steps": steps, "attention": "anchor", **training}
+            ),
+        }
+    )
     path = tmp_path / f"{name}.yaml"
     path.write_text(cfg.to_yaml())
     return path
 
 
 def _two_node(tiny_config, packed_demo, tmp_path, name, steps, **training) -> Path:
-    return _config(tiny_config, packed_demo, tmp_path, name, steps, nnodes=2, nproc=1,
-                   sequence_parallel=2, master_port=free_port(), **training)  # fmt: skip
+    return _config(
+        tiny_config,
+        packed_demo,
+        tmp_path,
+        name,
+        steps,
+        nnodes=2,
+        nproc=1,
+        sequence_parallel=2,
+        master_port=free_port(),
+        **training,
+    )
 
 
-def test_two_nodes_train_like_one_process(hosts, tiny_config, packed_demo, tmp_path,
-                                          torch_extensions):  # noqa: F811  # fmt: skip
+def test_two_nodes_train_like_one_process(
+    hosts, tiny_config, packed_demo, tmp_path, torch_extensions
+):  # noqa: F811
     from anchorctx.cli import main
 
     one = _config(tiny_config, packed_demo, tmp_path, "one", steps=4)
@@ -111,8 +146,9 @@ def test_two_nodes_train_like_one_process(hosts, tiny_config, packed_demo, tmp_p
         assert rel <= RTOL, f"{name}: {rel:.2e}"
 
 
-def test_a_killed_node_fails_the_other_and_the_run_resumes(hosts, tiny_config, packed_demo,
-                                                            tmp_path, torch_extensions):  # noqa: F811  # fmt: skip
+def test_a_killed_node_fails_the_other_and_the_run_resumes(
+    hosts, tiny_config, packed_demo, tmp_path, torch_extensions
+):  # noqa: F811
     steps = 16  # the kill comes after 3: a node waits for the other at every step
     save = tiny_config.training.save.model_copy(update={"every": 1000, "resume_every": 2})
     config = _two_node(tiny_config, packed_demo, tmp_path, "kill", steps=steps, save=save)
@@ -143,13 +179,16 @@ def test_a_killed_node_fails_the_other_and_the_run_resumes(hosts, tiny_config, p
     assert (run_dir / "checkpoints" / f"step-{steps:06d}").is_dir()
 
 
-def test_a_node_without_the_shared_run_root_fails_at_start(hosts, tiny_config, packed_demo,
-                                                           tmp_path, torch_extensions):  # noqa: F811  # fmt: skip
+def test_a_node_without_the_shared_run_root_fails_at_start(
+    hosts, tiny_config, packed_demo, tmp_path, torch_extensions
+):  # noqa: F811
     config = _two_node(tiny_config, packed_demo, tmp_path, "private", steps=2)
     (tmp_path / "runs").mkdir(exist_ok=True)
     logs = [tmp_path / f"node{r}.log" for r in range(2)]
-    procs = [_start_node(hosts, 0, config, logs[0]),
-             _start_node(hosts, 1, config, logs[1], private_dir=tmp_path / "runs")]  # fmt: skip
+    procs = [
+        _start_node(hosts, 0, config, logs[0]),
+        _start_node(hosts, 1, config, logs[1], private_dir=tmp_path / "runs"),
+    ]
     codes = _finish(procs, timeout=240)
     assert all(c != 0 for c in codes)
     for log in logs:

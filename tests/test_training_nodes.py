@@ -11,9 +11,14 @@ from anchorctx.training.plan import TrainingError
 
 @pytest.mark.parametrize(
     ("nodelist", "host"),
-    [("node7", "node7"), ("gpu[07-09,12]", "gpu07"), ("gpu[3,5],cpu1", "gpu3"),
-     ("a-b-01,a-b-02", "a-b-01"), ("rack1-n[001-128]", "rack1-n001")],
-)  # fmt: skip
+    [
+        ("node7", "node7"),
+        ("gpu[07-09,12]", "gpu07"),
+        ("gpu[3,5],cpu1", "gpu3"),
+        ("a-b-01,a-b-02", "a-b-01"),
+        ("rack1-n[001-128]", "rack1-n001"),
+    ],
+)
 def test_first_host_of_a_slurm_node_list(nodelist, host):
     assert first_host(nodelist) == host
 
@@ -33,19 +38,32 @@ def test_slurm_environment():
     env = {"SLURM_NNODES": "4", "SLURM_NODEID": "3", "SLURM_JOB_NODELIST": "gpu[10-13]"}
     spec = resolve_nodes(4, environ=env)
     assert (spec.node_rank, spec.master_addr, spec.master_port, spec.source) == (
-        3, "gpu10", DEFAULT_PORT, "slurm")  # fmt: skip
+        3,
+        "gpu10",
+        DEFAULT_PORT,
+        "slurm",
+    )
     with pytest.raises(TrainingError, match=r"training.nnodes=2 but Slurm allocated 4 .*nnodes=4"):
         resolve_nodes(2, environ=env)
 
 
 def test_torchrun_variables():
-    env = {"PET_NODE_RANK": "1", "PET_MASTER_ADDR": "head", "PET_MASTER_PORT": "29600",
-           "NODE_RANK": "0", "MASTER_ADDR": "other"}  # fmt: skip
+    env = {
+        "PET_NODE_RANK": "1",
+        "PET_MASTER_ADDR": "head",
+        "PET_MASTER_PORT": "29600",
+        "NODE_RANK": "0",
+        "MASTER_ADDR": "other",
+    }
     spec = resolve_nodes(2, environ=env)
     assert (spec.node_rank, spec.master_addr, spec.master_port) == (1, "head", 29600)
     assert rendezvous_args(spec, 8) == [
-        "--nnodes=2", "--node-rank=1", "--nproc-per-node=8", "--master-addr=head",
-        "--master-port=29600"]  # fmt: skip
+        "--nnodes=2",
+        "--node-rank=1",
+        "--nproc-per-node=8",
+        "--master-addr=head",
+        "--master-port=29600",
+    ]
 
 
 def test_missing_or_bad_node_information_is_one_clear_error():

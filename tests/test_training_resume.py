@@ -80,8 +80,11 @@ def test_run_directory_and_checkpoint_contract(runs):
         assert (run_dir / name).exists(), name
     # The log says where a run's time outside its steps went: start-up, saves.
     log_text = (run_dir / "train.log").read_text()
-    assert re.search(r"ready for the first step \d+\.\d s after the process started \(model "
-                     r"and DeepSpeed engine \d+\.\d s", log_text)  # fmt: skip
+    assert re.search(
+        r"ready for the first step \d+\.\d s after the process started \(model "
+        r"and DeepSpeed engine \d+\.\d s",
+        log_text,
+    )
     assert re.search(r"checkpoint \S+step-000004 \(\d+\.\d s\)", log_text)
     assert re.search(r"resume state at step 4 \(\d+\.\d s\)", log_text)
     row = read_jsonl(run_dir / "metrics.jsonl")[-1]

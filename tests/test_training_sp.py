@@ -40,14 +40,22 @@ EPS32 = torch.finfo(torch.float32).eps
 
 def _config(tiny_config, sp: int, world: int):
     return tiny_config.model_copy(
-        update={"training": tiny_config.training.model_copy(update={
-            "attention": "anchor", "sequence_parallel": sp, "nproc": world, "warmup_steps": 0,
-        })},
-    )  # fmt: skip
+        update={
+            "training": tiny_config.training.model_copy(
+                update={
+                    "attention": "anchor",
+                    "sequence_parallel": sp,
+                    "nproc": world,
+                    "warmup_steps": 0,
+                }
+            )
+        },
+    )
 
 
-def _step_outputs(rank: int, world: int, cfg_yaml: str, data_dir: str, out: str,
-                  drop_target: bool = False) -> None:  # fmt: skip
+def _step_outputs(
+    rank: int, world: int, cfg_yaml: str, data_dir: str, out: str, drop_target: bool = False
+) -> None:
     """One rank: for each ZeRO stage, logits of the first micro-batch, then one SGD step."""
     import deepspeed
     import torch.distributed as dist
@@ -63,7 +71,7 @@ def _step_outputs(rank: int, world: int, cfg_yaml: str, data_dir: str, out: str,
         loss_scale,
         register_sequence_parallel,
         shutdown_distributed,
-    )  # fmt: skip
+    )
     from anchorctx.training.loop import preflight
     from anchorctx.training.loss import IGNORE_INDEX
     from anchorctx.training.plan import plan_parallelism
@@ -75,8 +83,10 @@ def _step_outputs(rank: int, world: int, cfg_yaml: str, data_dir: str, out: str,
     pre = preflight(cfg, base, data_dir=Path(data_dir))
     dataset, _ = load_packed(pre.data_dir)
     # Every stage's model runs inside the Ulysses wrapper (one wrapper and mpu per layout).
-    models = {z: load_model(cfg.model, seq_len=cfg.data.seq_len, dtype="float32",
-                            tokenizer=pre.tokenizer) for z in STAGES}  # fmt: skip
+    models = {
+        z: load_model(cfg.model, seq_len=cfg.data.seq_len, dtype="float32", tokenizer=pre.tokenizer)
+        for z in STAGES
+    }
     for model in models.values():
         mpu = register_sequence_parallel(model, base, cfg.data.seq_len)
     results = {}
@@ -86,8 +96,15 @@ def _step_outputs(rank: int, world: int, cfg_yaml: str, data_dir: str, out: str,
         before = {n: p.detach().clone() for n, p in model.named_parameters()}
         sgd = torch.optim.SGD(model.parameters(), lr=SGD_LR)
         engine = build_engine(model, cfg, par, mpu, optimizer=sgd)
-        plan = BatchPlan(dataset, seed=cfg.seed, par=par, seq_len=cfg.data.seq_len,
-                         variant="anchor", pad_id=0, rank=rank)  # fmt: skip
+        plan = BatchPlan(
+            dataset,
+            seed=cfg.seed,
+            par=par,
+            seq_len=cfg.data.seq_len,
+            variant="anchor",
+            pad_id=0,
+            rank=rank,
+        )
         data = plan.step_data(0, "cpu")
         if drop_target and rank == 0:  # the bug a broken shard would cause: one target lost
             targets = data.micro_batches[0].targets
@@ -102,8 +119,13 @@ def _step_outputs(rank: int, world: int, cfg_yaml: str, data_dir: str, out: str,
             step = {n: p.detach() - before[n] for n, p in engine.module.named_parameters()}
         # What storing p1 and subtracting p0 may round away: one fp32 ulp of each element.
         ulp = {n: float(torch.linalg.vector_norm(EPS32 * p.abs())) for n, p in before.items()}
-        results[stage] = {"logits": torch.cat(shards, dim=1), "loss": stats.loss,
-                          "grad_norm": stats.grad_norm, "step": step, "ulp": ulp}  # fmt: skip
+        results[stage] = {
+            "logits": torch.cat(shards, dim=1),
+            "loss": stats.loss,
+            "grad_norm": stats.grad_norm,
+            "step": step,
+            "ulp": ulp,
+        }
     if rank == 0:
         torch.save(results, out)
     shutdown_distributed()
@@ -161,8 +183,9 @@ def test_sp2_and_dp2_equal_one_process(single, tiny_config, packed_demo, tmp_pat
 def test_comparison_catches_one_dropped_token(single, tiny_config, packed_demo, tmp_path):
     """The criterion above is not vacuous: losing one target of the batch (what a shard that
     drops or duplicates a token boundary does) fails it, on the gradients and not only the loss."""
-    broken = _run(tiny_config, packed_demo, sp=1, world=1, out=tmp_path / "drop.pt",
-                  drop_target=True)  # fmt: skip
+    broken = _run(
+        tiny_config, packed_demo, sp=1, world=1, out=tmp_path / "drop.pt", drop_target=True
+    )
     for stage in STAGES:
         with pytest.raises(AssertionError, match="gradient of"):
             _compare_gradients(stage, single[stage], broken[stage])
@@ -198,8 +221,9 @@ def _wrapped_then_loaded(rank: int, world: int, cfg_yaml: str, data_dir: str) ->
     dataset, _ = load_packed(pre.data_dir)
 
     def load():
-        return load_model(cfg.model, seq_len=cfg.data.seq_len, dtype="float32",
-                          tokenizer=pre.tokenizer)  # fmt: skip
+        return load_model(
+            cfg.model, seq_len=cfg.data.seq_len, dtype="float32", tokenizer=pre.tokenizer
+        )
 
     wrapped = load()
     mpu = register_sequence_parallel(wrapped, par, cfg.data.seq_len)
@@ -209,8 +233,19 @@ def _wrapped_then_loaded(rank: int, world: int, cfg_yaml: str, data_dir: str) ->
     assert ALL_ATTENTION_FUNCTIONS["anchorctx"] is anchorctx_attention
     assert ALL_ATTENTION_FUNCTIONS["anchorctx+ulysses"] is not anchorctx_attention
 
-    mb = BatchPlan(dataset, seed=cfg.seed, par=par, seq_len=cfg.data.seq_len, variant="anchor",
-                   pad_id=0, rank=rank).step_data(0, "cpu").micro_batches[0]  # fmt: skip
+    mb = (
+        BatchPlan(
+            dataset,
+            seed=cfg.seed,
+            par=par,
+            seq_len=cfg.data.seq_len,
+            variant="anchor",
+            pad_id=0,
+            rank=rank,
+        )
+        .step_data(0, "cpu")
+        .micro_batches[0]
+    )
     with torch.no_grad():
         local = forward_logits(wrapped, mb, "sdpa")  # [B, T/SP, V]: this rank's shard
         shards = [torch.empty_like(local) for _ in range(world)]
@@ -218,8 +253,11 @@ def _wrapped_then_loaded(rank: int, world: int, cfg_yaml: str, data_dir: str) ->
         ids = [torch.empty_like(mb.input_ids) for _ in range(world)]
         dist.all_gather(ids, mb.input_ids.contiguous())
         # The reference: the plain model on the whole row (no SP involved).
-        full = later(input_ids=torch.cat(ids, dim=1), use_cache=False,
-                     **model_inputs(mb.layouts, engine="sdpa")).logits  # fmt: skip
+        full = later(
+            input_ids=torch.cat(ids, dim=1),
+            use_cache=False,
+            **model_inputs(mb.layouts, engine="sdpa"),
+        ).logits
     assert _rel(torch.cat(shards, dim=1), full) <= RTOL, "the Ulysses wrapper was undone"
     shutdown_distributed()
 

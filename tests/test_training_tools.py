@@ -63,8 +63,9 @@ def test_a_cpu_run_on_a_gpu_host_uses_deepspeeds_cpu_accelerator():
     import subprocess
 
     def accelerators(mode: str) -> list[str]:
-        out = subprocess.run([sys.executable, "-c", _GPU_HOST, mode], capture_output=True,
-                             text=True, check=True)  # fmt: skip
+        out = subprocess.run(
+            [sys.executable, "-c", _GPU_HOST, mode], capture_output=True, text=True, check=True
+        )
         return out.stdout.split()
 
     assert accelerators("detected") == ["cuda"]  # the failure this guards against

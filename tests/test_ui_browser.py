@@ -18,14 +18,22 @@ CHROMIUM = Path("/usr/bin/chromium")
 
 pytestmark = [
     pytest.mark.slow,
-    pytest.mark.skipif(not CHROMIUM.exists(),
-                       reason="needs Debian chromium at /usr/bin/chromium: apt-get install -y chromium"),
-    pytest.mark.skipif(importlib.util.find_spec("playwright") is None,
-                       reason="needs the playwright package: pip install -e .[dev]"),
-]  # fmt: skip
+    pytest.mark.skipif(
+        not CHROMIUM.exists(),
+        reason="needs Debian chromium at /usr/bin/chromium: apt-get install -y chromium",
+    ),
+    pytest.mark.skipif(
+        importlib.util.find_spec("playwright") is None,
+        reason="needs the playwright package: pip install -e .[dev]",
+    ),
+]
 
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-                 "--disable-background-networking"]  # fmt: skip
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-dev-shm-usage",
+    "--disable-background-networking",
+]
 TIMEOUT_MS = 60_000
 
 
@@ -46,8 +54,12 @@ def test_demo_run_completed_with_artifacts_in_ui(served, page, tmp_path):  # noq
     page.goto(f"{served.server.ui_url}/v2/runs/flow-run/{served.demo_run_id}?tab=Artifacts")
     page.get_by_text("Completed").first.wait_for()
     page.get_by_text("full-experiment-flowtest").first.wait_for()
-    for key in ("flowtest-report", "flowtest-ruler-by-length", "flowtest-mmlu-hellaswag",
-                "flowtest-ruler-by-length-plot"):  # fmt: skip
+    for key in (
+        "flowtest-report",
+        "flowtest-ruler-by-length",
+        "flowtest-mmlu-hellaswag",
+        "flowtest-ruler-by-length-plot",
+    ):
         page.get_by_text(key, exact=True).first.wait_for()
     page.screenshot(path=str(tmp_path / "demo-run-artifacts.png"), full_page=True)
 
@@ -73,8 +85,9 @@ def test_cached_runs_are_marked_in_ui(served, page, tmp_path):  # noqa: F811
 
     # The demo run evaluated the full arm: evaluating its RULER results again reuses them all.
     # (Through the CLI: playwright's sync API runs an event loop in this thread.)
-    proc, run_id = run_deployment_cli(served.env, "evaluate/default", "variant=full",
-                                      'suites=["ruler"]', cwd=served.tmp)  # fmt: skip
+    proc, run_id = run_deployment_cli(
+        served.env, "evaluate/default", "variant=full", 'suites=["ruler"]', cwd=served.tmp
+    )
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     with client_for(served) as client:
         run = client.read_flow_run(run_id)
@@ -84,7 +97,8 @@ def test_cached_runs_are_marked_in_ui(served, page, tmp_path):  # noqa: F811
     evals = [t for t in tasks if t.name.startswith("evaluate-")]
     assert evals and all(t.state.name == "Cached" for t in evals), [t.name for t in tasks]
     assert all(t.name.endswith(CACHED_SUFFIX) and CACHED_TAG in t.tags for t in evals), [
-        (t.name, t.tags) for t in evals]  # fmt: skip
+        (t.name, t.tags) for t in evals
+    ]
     assert CACHED_TAG in run.tags
     cached = evals
 

@@ -69,8 +69,12 @@ def history(path: Path) -> list[dict[str, Any]]:
     rows = []
     for r in records(path):
         if r.WhichOneof("record_type") == "history":
-            rows.append({(i.key or "/".join(i.nested_key)): json.loads(i.value_json)
-                         for i in r.history.item})  # fmt: skip
+            rows.append(
+                {
+                    (i.key or "/".join(i.nested_key)): json.loads(i.value_json)
+                    for i in r.history.item
+                }
+            )
     return rows
 
 

@@ -121,7 +121,11 @@ def _two_node(tiny_config, packed_demo, tmp_path, name, steps, **training) -> Pa
 
 
 def test_two_nodes_train_like_one_process(
-    hosts, tiny_config, packed_demo, tmp_path, torch_extensions  # noqa: F811 (fixture)
+    hosts,
+    tiny_config,
+    packed_demo,
+    tmp_path,
+    torch_extensions,  # noqa: F811 (fixture)
 ):
     from anchorctx.cli import main
 
@@ -147,7 +151,11 @@ def test_two_nodes_train_like_one_process(
 
 
 def test_a_killed_node_fails_the_other_and_the_run_resumes(
-    hosts, tiny_config, packed_demo, tmp_path, torch_extensions  # noqa: F811 (fixture)
+    hosts,
+    tiny_config,
+    packed_demo,
+    tmp_path,
+    torch_extensions,  # noqa: F811 (fixture)
 ):
     steps = 16  # the kill comes after 3: a node waits for the other at every step
     save = tiny_config.training.save.model_copy(update={"every": 1000, "resume_every": 2})
@@ -180,7 +188,11 @@ def test_a_killed_node_fails_the_other_and_the_run_resumes(
 
 
 def test_a_node_without_the_shared_run_root_fails_at_start(
-    hosts, tiny_config, packed_demo, tmp_path, torch_extensions  # noqa: F811 (fixture)
+    hosts,
+    tiny_config,
+    packed_demo,
+    tmp_path,
+    torch_extensions,  # noqa: F811 (fixture)
 ):
     config = _two_node(tiny_config, packed_demo, tmp_path, "private", steps=2)
     (tmp_path / "runs").mkdir(exist_ok=True)

@@ -65,26 +65,14 @@ def essay_words(path: Path) -> tuple[str, ...]:
     blank lines), so the first and last entries are empty strings; they count as haystack words,
     as they do in niah.py's ``haystack[:num_haystack]``.
     """
-    text = path.read_text(encoding="utf-8")
-    if path.suffix == ".json":
-        text = _essay_text(path, text)
+    if path.suffix == ".json":  # RULER's PaulGrahamEssays.json layout: {"text": "..."}
+        text = _field(_load_json(path, "essay"), "text", path, "the top-level object", str)
+    else:
+        text = path.read_text(encoding="utf-8")
     words = tuple(re.sub(r"\s+", " ", text).split(" "))
     if len(_core(words)) < 50:
         raise ValueError(f"essay file {path} has only {len(_core(words))} words: not a haystack")
     return words
-
-
-def _essay_text(path: Path, raw: str) -> str:
-    try:
-        data = json.loads(raw)
-    except json.JSONDecodeError as err:
-        raise ValueError(f"essay file {path} is not valid JSON ({err.msg})") from None
-    if not isinstance(data, dict) or not isinstance(data.get("text"), str):
-        raise ValueError(
-            f"essay file {path} has no string field 'text' (RULER's PaulGrahamEssays.json "
-            'layout: {"text": "..."})'
-        )
-    return data["text"]
 
 
 def _core(words: tuple[str, ...]) -> tuple[str, ...]:

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from anchorctx.models.checkpoints import list_checkpoints
-from anchorctx.training.checkpoints import should_save
+from anchorctx.training.checkpoints import should_save, should_save_resume
 from anchorctx.training.data import BatchPlan, make_row
 from anchorctx.training.loss import IGNORE_INDEX, shifted_targets, summed_cross_entropy
 from anchorctx.training.plan import Parallelism
@@ -130,6 +130,14 @@ def test_save_schedule_matches_the_paper():
         6,
         7,
     ]
+
+
+def test_resume_state_schedule_and_the_checkpoints_only_option():
+    save = SaveConfig(every=10, last=None, resume_every=4)
+    assert [s for s in range(1, 13) if should_save_resume(s, 12, save)] == [4, 8, 10, 12]
+    off = save.model_copy(update={"resume": False})
+    assert [s for s in range(1, 13) if should_save_resume(s, 12, off)] == []
+    assert [s for s in range(1, 13) if should_save(s, 12, off)] == [10, 12]
 
 
 def test_list_checkpoints_ignores_incomplete_directories(tmp_path):

@@ -67,6 +67,8 @@ def should_save(step: int, total: int, save: SaveConfig) -> bool:
 
 
 def should_save_resume(step: int, total: int, save: SaveConfig) -> bool:
+    if not save.resume:
+        return False
     periodic = save.resume_every is not None and step % save.resume_every == 0
     return periodic or should_save(step, total, save)
 

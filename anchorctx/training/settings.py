@@ -24,6 +24,12 @@ class SaveConfig(Strict):
     resume_every: int | None = Field(
         50, gt=0, description="Write resume state every N steps (also at checkpoints and the end)."
     )
+    resume: bool = Field(
+        True,
+        description="Write resume state at all (false: model checkpoints only, so the run cannot "
+        "be resumed; for rehearsals whose disk cannot hold a 7B model's fp32 optimizer state, "
+        "about 12 bytes per parameter).",
+    )
 
 
 class MemoryConfig(Strict):

@@ -25,7 +25,7 @@ from anchorctx.analysis import commands as analysis_commands
 from anchorctx.config import ConfigError
 from anchorctx.demo import commands as demo_commands
 from anchorctx.evaluation import commands as evaluation_commands
-from anchorctx.experiment import load_config
+from anchorctx.experiment import check_layout, load_config
 from anchorctx.flows import commands as flows_commands
 from anchorctx.packing import commands as packing_commands
 from anchorctx.training import commands as training_commands
@@ -128,6 +128,12 @@ COMMANDS: dict[str, Command] = {
         "Run one evaluation worker (one GPU slot) of a Prefect work pool.",
         False,
     ),
+    "lm-eval": Command(
+        evaluation_commands.lm_eval,
+        evaluation_commands.lm_eval_arguments,
+        "lm-eval's command line with the 'anchorctx' model (the static decoder) registered.",
+        False,
+    ),
 }
 
 
@@ -191,15 +197,28 @@ def error_line(err: BaseException) -> str:
     return " ".join(text.split())
 
 
+PASSTHROUGH = "lm-eval"  # everything after it is lm-eval's own command line, verbatim
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    passed: list[str] | None = None
+    if PASSTHROUGH in argv:  # argparse would read lm-eval's --options as its own
+        at = argv.index(PASSTHROUGH)
+        alone = argv[at + 1 :] in (["-h"], ["--help"])  # this command's help, not lm-eval's
+        if all(a.startswith("-") for a in argv[:at]) and not alone:  # global options before it
+            argv, passed = argv[: at + 1], argv[at + 1 :]
     args = parser.parse_args(argv)
+    if passed is not None:
+        args.lm_eval_args = passed
     cmd = COMMANDS[args.command]
     if args.debug:
         os.environ["ANCHORCTX_DEBUG"] = "1"  # launched workers print tracebacks too
     try:
         if cmd.takes_config:
             args.cfg = load_config(args.config, args.overrides)
+            check_layout(args.cfg, source=args.config)  # what `train` would refuse at launch
         return int(cmd.run(args) or 0)
     except KeyboardInterrupt:
         print(f"anchorctx {args.command}: interrupted", file=sys.stderr)

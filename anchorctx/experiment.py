@@ -17,14 +17,16 @@ from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from anchorctx.analysis.settings import AnalysisConfig
 from anchorctx.config import (
     ConfigError,
     RunName,
+    Seed,
     Strict,
     apply_overrides,
+    path_under,
     read_yaml,
     set_dotted,
     to_yaml,
@@ -46,6 +48,12 @@ _NOT_PRETRAINING = ("evaluation", "analysis", "tracking", "variants", "variant")
 # in place, model_copy carries private attributes), and a content key never serves a stale one.
 _PRETRAINING: OrderedDict[str, ExperimentConfig] = OrderedDict()
 _PRETRAINING_CACHED = 32
+# Entries of <run_root>/<name>/ that are not runs: an arm of one of these names would share its
+# directory with the packed datasets or the report's event files (and `train --force` would move
+# them aside with it).
+RESERVED_RUN_NAMES = frozenset({"data", "tensorboard"})
+# Entries of <run_root>/ that are not experiments (tracking_settings.MlflowConfig's local store).
+RESERVED_EXPERIMENT_NAMES = frozenset({"mlflow.db", "mlartifacts"})
 
 
 # ---------------------------------------------------------------------------------- pretrain
@@ -53,7 +61,7 @@ class PretrainCorpusConfig(Strict):
     """The generated retrieval-bearing documents (anchorctx.demo.pretrain_corpus)."""
 
     dir: Path = Path(".demo/pretrain")
-    seed: int = 0
+    seed: Seed = 0
     documents: int = Field(2000, gt=0, description="Documents, the five kinds in turn.")
     task_format_documents: int = Field(
         0,
@@ -102,9 +110,9 @@ class VariantSpec(Strict):
 
 
 class ExperimentConfig(Strict):
-    name: RunName
+    name: RunName = Field(description="The experiment: <run_root>/<name>/ (one directory name).")
     run_root: Path = Path("runs")
-    seed: int = 0
+    seed: Seed = 0
     model: ModelConfig
     data: DataConfig = Field(default_factory=DataConfig)
     training: TrainingConfig = Field(default_factory=TrainingConfig)
@@ -117,7 +125,33 @@ class ExperimentConfig(Strict):
     variants: list[VariantSpec] = Field(
         default_factory=list, description="Arms of full-experiment; empty: training.attention."
     )
-    variant: str | None = Field(None, description="Run name under the experiment (set per arm).")
+    variant: RunName | None = Field(
+        None, description="Run name under the experiment (set per arm; one directory name)."
+    )
+
+    @model_validator(mode="after")
+    def _run_names(self) -> ExperimentConfig:
+        names = [v.name for v in self.variants]
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice:
+            raise ValueError(
+                "variants: names must be distinct (each is a run directory); used more than "
+                f"once: {', '.join(map(repr, twice))}"
+            )
+        if self.name in RESERVED_EXPERIMENT_NAMES:
+            raise ValueError(
+                f"name: {self.name!r} is reserved (<run_root>/{self.name} is the local MLflow "
+                "store); choose another experiment name"
+            )
+        for key, name in [("variant", self.variant)] + [
+            (f"variants.{i}.name", n) for i, n in enumerate(names)
+        ]:
+            if name in RESERVED_RUN_NAMES:
+                raise ValueError(
+                    f"{key}: {name!r} is reserved (<run_root>/<name>/{name} holds the "
+                    f"experiment's {name}); choose another run name"
+                )
+        return self
 
     # -- derived paths ------------------------------------------------------------------
     @property
@@ -126,12 +160,14 @@ class ExperimentConfig(Strict):
 
     @property
     def experiment_dir(self) -> Path:
-        return self.run_root / self.name
+        """``<run_root>/<name>/``, checked to lie inside ``run_root`` (config.path_under)."""
+        return path_under(self.run_root, self.name, key="name")
 
     @property
     def run_dir(self) -> Path:
-        """``<run_root>/<experiment>/<variant>/`` (docs/ARCHITECTURE.md, run directory contract)."""
-        return self.experiment_dir / self.variant_name
+        """``<run_root>/<experiment>/<variant>/`` (docs/ARCHITECTURE.md, run directory contract),
+        checked to lie inside ``run_root``: every name in it is one directory name."""
+        return path_under(self.run_root, self.name, self.variant_name, key="name/variant")
 
     def for_variant(self, spec: VariantSpec) -> ExperimentConfig:
         """The config of one experiment arm: overrides applied, attention and name set."""
@@ -229,7 +265,34 @@ def config_from_dict(
 ) -> ExperimentConfig:
     cfg = validate(ExperimentConfig, apply_overrides(ExperimentConfig, raw, overrides), source)
     # Every arm's overrides are checked now, not when that arm first runs: a typo in a variant
-    # fails `config`, a single-arm run and the whole experiment alike.
+    # fails `config`, a single-arm run and the whole experiment alike. So are the pretraining
+    # run's (derived once per content, so this costs the later callers nothing).
+    if cfg.pretrain is not None:
+        _named(cfg.pretraining, source)
     for spec in cfg.variants:
-        cfg.for_variant(spec)
+        _named(lambda spec=spec: cfg.for_variant(spec), source)
     return cfg
+
+
+def check_layout(cfg: ExperimentConfig, source: str = "config") -> None:
+    """Every run of ``cfg`` (its arms and its pretraining run) has batch sizes its processes can
+    split, as far as the config tells (``TrainingConfig.layout_problem``); the first that cannot
+    is a :class:`ConfigError` naming the key. The CLI runs this on every config it loads, so
+    ``anchorctx config`` refuses what ``train`` would refuse at launch."""
+    runs = ([cfg.pretraining()] if cfg.pretrain is not None else []) + cfg.arms()
+    for run in runs:
+        if (problem := run.training.layout_problem()) is not None:
+            where = (
+                f"variant {run.variant!r}: " if run.variant and run.variant != cfg.variant else ""
+            )
+            raise ConfigError(f"{source}: {where}{problem}")
+
+
+def _named(derive: Any, source: str) -> Any:
+    """``derive()``, its ConfigError prefixed with the file it came from."""
+    try:
+        return derive()
+    except ConfigError as err:
+        if str(err).startswith(f"{source}: "):
+            raise
+        raise ConfigError(f"{source}: {err}") from None

@@ -62,3 +62,14 @@ def test_config_command_imports_no_heavy_package():
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stderr.strip().splitlines()[-1] == "[]"
+
+
+def test_lm_eval_passes_its_command_line_on_verbatim(monkeypatch):
+    """lm-eval's own options (``--model``, ``--help``) reach lm-eval, not anchorctx's parser."""
+    import anchorctx.evaluation.lm_eval_model as lm_eval_model
+
+    seen: list[list[str]] = []
+    monkeypatch.setattr(lm_eval_model, "main", lambda argv: seen.append(list(argv)))
+    line = ["--model", "anchorctx", "--model_args", "pretrained=DIR", "--tasks", "ruler", "-h"]
+    assert main(["--debug", "lm-eval", *line]) == 0
+    assert seen == [line]

@@ -72,7 +72,7 @@ def cfg(tmp_path: Path, checkpoint: Path):
     return config_from_dict(
         {
             "name": "t",
-            "run_root": str(tmp_path / "runs"),
+            "run_root": str(tmp_path),  # the checkpoint's run lies inside run_root
             "model": {"path": str(checkpoint)},
             "evaluation": {"device": "cpu", "dtype": "float32"},
         }

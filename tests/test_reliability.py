@@ -481,7 +481,7 @@ def _eval_cfg(tmp_path, checkpoint):
     return config_from_dict(
         {
             "name": "t",
-            "run_root": str(tmp_path / "runs"),
+            "run_root": str(tmp_path),  # the checkpoint's run lies inside run_root
             "model": {"path": str(checkpoint)},
             "evaluation": {"device": "cpu", "dtype": "float32"},
         }

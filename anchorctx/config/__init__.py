@@ -7,11 +7,24 @@ with ``load_config`` and ``config_from_dict``, is :mod:`anchorctx.experiment`. T
 imports no schema and no stage.
 """
 
-from anchorctx.config.core import ConfigError, Device, Dtype, RunName, Strict
+from anchorctx.config.core import (
+    NAME_MAX,
+    ConfigError,
+    Device,
+    Dtype,
+    RunName,
+    Seed,
+    Strict,
+    name_problem,
+    path_under,
+)
 from anchorctx.config.loader import (
+    MAX_YAML_BYTES,
+    MAX_YAML_NODES,
     apply_overrides,
     check_key,
     dump_config,
+    load_yaml,
     read_yaml,
     set_dotted,
     to_yaml,
@@ -19,14 +32,21 @@ from anchorctx.config.loader import (
 )
 
 __all__ = [
+    "MAX_YAML_BYTES",
+    "MAX_YAML_NODES",
+    "NAME_MAX",
     "ConfigError",
     "Device",
     "Dtype",
     "RunName",
+    "Seed",
     "Strict",
     "apply_overrides",
     "check_key",
     "dump_config",
+    "load_yaml",
+    "name_problem",
+    "path_under",
     "read_yaml",
     "set_dotted",
     "to_yaml",

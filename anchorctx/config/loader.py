@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import difflib
+import re
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -22,18 +23,124 @@ from anchorctx.io import atomic_write_text
 Model = TypeVar("Model", bound=BaseModel)
 
 
+MAX_YAML_BYTES = 1 << 20
+"""Largest config file read (configs are a few KB; a larger one is a mistake or an attack)."""
+
+MAX_YAML_NODES = 100_000
+"""Most values a YAML document may expand to, every use of an alias counted in full (the
+shipped configs hold under 1000). A "billion laughs" document (aliases of aliases) is refused
+while it is still a few hundred composed nodes, before anything is built from it."""
+
+
+class YamlLimitError(yaml.YAMLError):
+    """A YAML document over a bound (:data:`MAX_YAML_NODES`, a duplicate key, nesting)."""
+
+    def __init__(self, message: str, line: int | None = None) -> None:
+        super().__init__(message)
+        self.message, self.line = message, line
+
+    def __str__(self) -> str:
+        return self.message if self.line is None else f"line {self.line}: {self.message}"
+
+
+def load_yaml(text: str, max_nodes: int = MAX_YAML_NODES) -> Any:
+    """``yaml.safe_load`` with bounds: aliases may not expand the document beyond ``max_nodes``
+    values, an alias may not contain itself, and a mapping may not repeat a key (YAML requires
+    keys to be unique; PyYAML silently keeps the last). Raises :class:`yaml.YAMLError`
+    (:class:`YamlLimitError` for the bounds)."""
+    loader = yaml.SafeLoader(text)
+    try:
+        try:
+            node = loader.get_single_node()
+        except RecursionError:
+            raise YamlLimitError("nested too deeply") from None
+        if node is None:
+            return None
+        _check_nodes(node, max_nodes)
+        return loader.construct_document(node)
+    finally:
+        loader.dispose()
+
+
+def _check_nodes(root: yaml.Node, limit: int) -> None:
+    """Count ``root``'s values with every alias expanded (memoised per node, so the count costs
+    one visit per composed node however far aliases would expand), refuse cycles and duplicate
+    mapping keys."""
+    sizes: dict[int, int] = {}
+    open_nodes: set[int] = set()
+
+    def size(node: yaml.Node, key: str) -> int:
+        if id(node) in sizes:
+            return sizes[id(node)]
+        if id(node) in open_nodes:
+            raise YamlLimitError(f"{key or 'the document'}: an alias contains itself", _line(node))
+        open_nodes.add(id(node))
+        total = 1
+        if isinstance(node, yaml.SequenceNode):
+            for i, child in enumerate(node.value):
+                total += size(child, f"{key}.{i}" if key else str(i))
+                if total > limit:
+                    break
+        elif isinstance(node, yaml.MappingNode):
+            seen: dict[tuple[str, str], int | None] = {}
+            for key_node, value_node in node.value:
+                if isinstance(key_node, yaml.ScalarNode) and key_node.tag != _MERGE:
+                    ident = (key_node.tag, key_node.value)
+                    name = f"{key}.{key_node.value}" if key else str(key_node.value)
+                    if ident in seen:
+                        first = seen[ident]
+                        also = f" (first at line {first})" if first is not None else ""
+                        raise YamlLimitError(f"duplicate key {name!r}{also}", _line(key_node))
+                    seen[ident] = _line(key_node)
+                else:
+                    name = f"{key}.<key>" if key else "<key>"
+                total += size(key_node, name) + size(value_node, name)
+                if total > limit:
+                    break
+        open_nodes.discard(id(node))
+        if total > limit:
+            raise YamlLimitError(
+                f"{key or 'the document'} expands to more than {limit} values "
+                "(YAML aliases of aliases?); refused",
+                _line(node),
+            )
+        sizes[id(node)] = total
+        return total
+
+    try:
+        size(root, "")
+    except RecursionError:
+        raise YamlLimitError("nested too deeply") from None
+
+
+_MERGE = "tag:yaml.org,2002:merge"
+
+
+def _line(node: yaml.Node) -> int | None:
+    mark = getattr(node, "start_mark", None)
+    return mark.line + 1 if mark is not None else None
+
+
 def read_yaml(path: str | Path) -> dict[str, Any]:
-    """The top-level mapping of a YAML config file.
+    """The top-level mapping of a YAML config file, read within bounds (:func:`load_yaml`):
+    every failure is one :class:`ConfigError` line naming the file.
 
     Relative paths inside the file stay relative to the working directory (like every CLI).
     """
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"config file not found: {path}")
+    size = path.stat().st_size
+    if size > MAX_YAML_BYTES:
+        raise ConfigError(f"{path}: {size} bytes; a config file is at most {MAX_YAML_BYTES}")
     try:
-        raw = yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError as err:
-        raise ConfigError(f"{path}: invalid YAML: {err}") from err
+        raw = load_yaml(path.read_text(encoding="utf-8")) or {}
+    except UnicodeDecodeError as err:
+        raise ConfigError(f"{path}: not UTF-8 text ({err.reason} at byte {err.start})") from None
+    except YamlLimitError as err:
+        raise ConfigError(f"{path}: {err}") from None
+    except (yaml.YAMLError, ValueError) as err:  # ValueError: e.g. an int of 5000 digits
+        raise ConfigError(f"{path}: invalid YAML: {_first_line(err)}") from None
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: top level must be a mapping, got {type(raw).__name__}")
     return raw
@@ -51,8 +158,8 @@ def apply_overrides(
             raise ConfigError(f"override {item!r} must look like a.b=value")
         check_key(schema, key.strip())
         try:
-            value = yaml.safe_load(text) if text.strip() else None
-        except yaml.YAMLError as err:
+            value = load_yaml(text) if text.strip() else None
+        except (yaml.YAMLError, ValueError) as err:
             raise ConfigError(
                 f"override {item!r}: invalid YAML value ({_first_line(err)})"
             ) from None
@@ -121,11 +228,25 @@ def _explain(schema: type[BaseModel], err: ValidationError) -> str:
     lines = []
     for e in err.errors():
         loc = ".".join(str(p) for p in e["loc"])
+        msg = e["msg"].removeprefix("Value error, ")
         if e["type"] == "extra_forbidden":
             lines.append(_unknown_key_message(schema, loc))
+        elif isinstance(e.get("input"), dict) and e["type"] == "value_error":
+            # A section's own check ("hidden_size=... must be ..."): name the full key.
+            lines.append(_section_message(schema, loc, msg))
         else:
-            lines.append(f"{loc or '<root>'}: {e['msg']} (got {_short(e.get('input'))})")
+            lines.append(f"{loc or '<root>'}: {msg} (got {_short(e.get('input'))})")
     return "; ".join(lines)  # one line: CLI errors are single lines
+
+
+def _section_message(schema: type[BaseModel], loc: str, msg: str) -> str:
+    """A model validator's message under its section's key: ``model.tiny`` and
+    ``hidden_size=130 must be ...`` give ``model.tiny.hidden_size=130 must be ...``."""
+    first = re.match(r"[A-Za-z_][A-Za-z0-9_]*", msg)
+    model, _ = _model_at(schema, f"{loc}.x" if loc else "x")
+    if first and model is not None and first.group() in model.model_fields:
+        return f"{loc}.{msg}" if loc else msg
+    return f"{loc}: {msg}" if loc else msg
 
 
 def _short(value: Any, limit: int = 120) -> str:

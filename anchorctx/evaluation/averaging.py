@@ -21,6 +21,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from anchorctx.evaluation.integrity import ResultIntegrityError, check_result_file
 from anchorctx.io import atomic_write_json, atomic_write_text, read_json
 from anchorctx.models.checkpoints import step_from_name
 
@@ -84,8 +85,15 @@ def result_step(result: dict[str, Any]) -> int | None:
     return step_from_name(str(result.get("checkpoint_name", "")))
 
 
-def collect_results(run_dir: str | Path) -> dict[str, list[dict[str, Any]]]:
-    """Every readable result JSON under ``<run_dir>/eval/*/``, grouped by suite."""
+def collect_results(
+    run_dir: str | Path, *, verify: bool = False
+) -> dict[str, list[dict[str, Any]]]:
+    """Every readable result JSON under ``<run_dir>/eval/*/``, grouped by suite.
+
+    ``verify`` (the report): each result must be the file ``evaluate`` wrote, its own digest
+    and its per-sample records' hash matching (:mod:`anchorctx.evaluation.integrity`), the
+    check ``evaluate`` makes before serving it; one that is not is refused with
+    :class:`ResultIntegrityError` naming the file, never averaged."""
     out: dict[str, list[dict[str, Any]]] = {}
     eval_root = Path(run_dir) / "eval"
     for path in sorted(eval_root.glob("*/*.json")):
@@ -94,9 +102,16 @@ def collect_results(run_dir: str | Path) -> dict[str, list[dict[str, Any]]]:
         try:
             result = read_json(path)
         except (OSError, ValueError):
+            if verify and path.parent.joinpath(f"{path.stem}.samples.jsonl").is_file():
+                raise ResultIntegrityError(
+                    f"{path}: refused: not readable JSON (torn or edited); run `anchorctx "
+                    "evaluate` on its checkpoint to recompute it from the per-sample records"
+                ) from None
             continue  # a foreign or torn file is not a result
         if not isinstance(result, dict) or "suite" not in result or "scores" not in result:
             continue
+        if verify:
+            check_result_file(path, result)
         result.setdefault("checkpoint_name", path.parent.name)
         result["eval_key"] = path.parent.name  # where its per-sample records are
         out.setdefault(result["suite"], []).append(result)
@@ -169,15 +184,17 @@ def summarize_results(suite: str, results: list[dict[str, Any]]) -> dict[str, An
     return out
 
 
-def summarize_run(run_dir: str | Path, last_k: int) -> dict[str, Any]:
+def summarize_run(run_dir: str | Path, last_k: int, *, verify: bool = False) -> dict[str, Any]:
     """Average every suite over the last ``last_k`` evaluated checkpoints of a run.
 
     Writes ``eval/summary.json`` and ``eval/summary.md`` atomically and returns the summary.
+    ``verify``: refuse (:class:`ResultIntegrityError`) a result that does not match its
+    per-sample records instead of averaging it (``anchorctx report`` and the flows' summary).
     """
     if last_k < 1:
         raise ValueError(f"last_k must be >= 1, got {last_k}")
     run_dir = Path(run_dir)
-    grouped = collect_results(run_dir)
+    grouped = collect_results(run_dir, verify=verify)
     summary: dict[str, Any] = {
         "run_dir": str(run_dir.resolve()),
         "last_k": last_k,

@@ -138,7 +138,9 @@ def report(args: argparse.Namespace) -> int:
     arms = cfg.arms()
     for arm in arms:
         if (arm.run_dir / "eval").is_dir():
-            summarize_run(arm.run_dir, last_k)
+            # Every result averaged is the one `evaluate` wrote (hashes of it and its records):
+            # a hand-edited file is a one-line error naming it, never averaged.
+            summarize_run(arm.run_dir, last_k, verify=True)
             log_evaluation(arm)
         else:
             print(f"note: {arm.run_dir} has no evaluation results yet", file=sys.stderr)
@@ -269,4 +271,28 @@ def plan(args: argparse.Namespace) -> int:
         shape_name=args.shape,
     )
     print(json.dumps(result.to_dict(), indent=2) if args.json else format_plan(result))
+    return 0
+
+
+# ----------------------------------------------------------------------------------- lm-eval
+def lm_eval_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.epilog = (
+        "Example: anchorctx lm-eval --model anchorctx --model_args pretrained=DIR,dtype=bfloat16 "
+        "--device cuda --batch_size 8 --tasks ruler. Pass --device and --batch_size as options, "
+        "not in --model_args (lm-eval sends both to the model itself)."
+    )
+    parser.add_argument(
+        "lm_eval_args",
+        nargs="*",
+        metavar="ARGS",
+        help="lm-eval's own options, passed on verbatim (lm_eval --help lists them).",
+    )
+
+
+def lm_eval(args: argparse.Namespace) -> int:
+    """lm-eval's command line with the ``anchorctx`` model registered (the project's static
+    decoder and anchor rule behind lm-eval's LM interface)."""
+    from anchorctx.evaluation.lm_eval_model import main  # imports lm-eval and torch
+
+    main(args.lm_eval_args)
     return 0

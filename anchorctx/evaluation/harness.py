@@ -32,6 +32,10 @@ tokenizers without BOS get their EOS anchor too. The lm-eval version is recorded
 
 Resume: MMLU records one sample per subject, HellaSwag one per chunk of documents; finished
 ones (in ``done``) are not evaluated again.
+
+Empty input: a HellaSwag file, or an MMLU test file (a dev file too, with few-shot examples),
+without a question is one error naming the file and the config key, raised before the model
+loads (the suites' ``preflight``): a suite is never scored, and never cached, on 0 questions.
 """
 
 from __future__ import annotations
@@ -116,6 +120,8 @@ MMLU_SUBJECTS: tuple[str, ...] = tuple(
 )
 HELLASWAG_FILES = ("validation.jsonl", "hellaswag_val.jsonl")
 HELLASWAG_CHUNK = 500  # documents per resumable unit
+MMLU_KEY = "evaluation.harness.mmlu_dir"
+HELLASWAG_KEY = "evaluation.harness.hellaswag_dir"
 _TASK_PREFIX = "anchorctx"
 OnSample = Callable[[dict[str, Any]], None]
 
@@ -209,6 +215,45 @@ def _count_lines(path: Path) -> int:
         return sum(1 for line in fh if line.strip())
 
 
+def count_records(path: Path, key: str, what: str, source: Path | None = None) -> int:
+    """The records of a data file; an empty (or blank, or undecodable) file is an error naming
+    it and the config key: a suite never scores (and caches) 0 questions. ``source``: the file
+    the user gave, when ``path`` is a converted copy of it."""
+    shown = source or path
+    try:
+        n = _count_lines(path)
+    except UnicodeDecodeError as err:
+        raise HarnessDataError(
+            f"{shown} ({key}): not UTF-8 text ({err.reason} at byte {err.start})"
+        ) from None
+    if n == 0:
+        raise HarnessDataError(
+            f"{shown} ({key}): no {what} records (empty file): a suite is never scored on 0 "
+            "questions; write the data again (see the layout in anchorctx/evaluation/harness.py)"
+        )
+    return n
+
+
+def check_mmlu_data(cfg: ExperimentConfig) -> None:
+    """Before the model loads: every MMLU subject present has a non-empty test file (and dev
+    file, with few-shot examples); else one error naming the file."""
+    hcfg = cfg.evaluation.harness
+    if hcfg.mmlu_dir is None:
+        return
+    found, _ = mmlu_layout(hcfg.mmlu_dir)
+    for files in found.values():
+        for split, path in files.items():
+            if split == "test" or hcfg.mmlu_fewshot > 0:
+                count_records(path, MMLU_KEY, f"MMLU {split}")
+
+
+def check_hellaswag_data(cfg: ExperimentConfig) -> None:
+    """Before the model loads: the HellaSwag file holds questions; else one error naming it."""
+    hcfg = cfg.evaluation.harness
+    if hcfg.hellaswag_dir is not None:
+        count_records(hellaswag_file(hcfg.hellaswag_dir), HELLASWAG_KEY, "HellaSwag validation")
+
+
 # ----------------------------------------------------------------------------- task YAMLs
 def _lm_eval_tasks_dir() -> Path:
     # Imported here: lm_eval imports torch and transformers, which the suite registry skips.
@@ -222,18 +267,26 @@ def _data_kwargs(files: dict[str, Path], cache: Path) -> dict[str, Any]:
     return {"data_files": {k: str(v.resolve()) for k, v in files.items()}, "cache_dir": str(cache)}
 
 
-def write_mmlu_yaml(task_dir: Path, subject: str, files: dict[str, Path]) -> str:
-    """A task that includes lm-eval's ``mmlu_<subject>.yaml`` with local data; returns its name."""
+def write_mmlu_yaml(
+    task_dir: Path, subject: str, files: dict[str, Path], *, fewshot: int = 0
+) -> str:
+    """A task that includes lm-eval's ``mmlu_<subject>.yaml`` with local data; returns its name.
+    An empty test file, or an empty dev file when ``fewshot`` examples are drawn from it, is an
+    error naming the file."""
     base = _lm_eval_tasks_dir() / "mmlu" / "default" / f"mmlu_{subject}.yaml"
     if not base.is_file():
         raise HarnessDataError(f"lm-eval has no MMLU task file {base}; check the lm-eval version")
+    given = dict(files)
     files = {
         split: _csv_to_jsonl(p, task_dir / "data" / "mmlu" / split / f"{subject}.jsonl")
         if p.suffix == ".csv"
         else p
         for split, p in files.items()
     }
-    for path in files.values():
+    for split, path in files.items():
+        if split == "test" or fewshot > 0:
+            source = given[split] if given[split] != path else None
+            count_records(path, MMLU_KEY, f"MMLU {split}", source=source)
         check_jsonl_fields(path, MMLU_FIELDS, "MMLU (cais/mmlu)")
     name = f"{_TASK_PREFIX}_mmlu_{subject}"
     spec = {
@@ -404,10 +457,12 @@ def _mmlu_units(
     cfg: ExperimentConfig, task_dir: Path, found: dict[str, dict[str, Path]]
 ) -> Iterator[tuple[str, str, list[int]]]:
     for subject, files in found.items():
-        name = write_mmlu_yaml(task_dir, subject, files)
+        hcfg = cfg.evaluation.harness
+        # Checks the files too: an empty test file (or dev file, with few-shot) is an error.
+        name = write_mmlu_yaml(task_dir, subject, files, fewshot=hcfg.mmlu_fewshot)
         test = task_dir / "data" / "mmlu" / "test" / f"{subject}.jsonl"
         n = _count_lines(test if files["test"].suffix == ".csv" else files["test"])
-        yield subject, name, _limit(n, cfg.evaluation.harness.limit)
+        yield subject, name, _limit(n, hcfg.limit)
 
 
 def _mmlu_record(subject: str, rows: list[dict[str, Any]]) -> dict[str, Any]:
@@ -507,7 +562,8 @@ def run_suite_hellaswag(
     if hcfg.hellaswag_dir is None:
         raise HarnessDataError("evaluation.harness.hellaswag_dir is not set")
     path = hellaswag_file(hcfg.hellaswag_dir)
-    chunks = _chunks(_limit(_count_lines(path), hcfg.limit), HELLASWAG_CHUNK)
+    n = count_records(path, HELLASWAG_KEY, "HellaSwag validation")
+    chunks = _chunks(_limit(n, hcfg.limit), HELLASWAG_CHUNK)
     records = []
     with tempfile.TemporaryDirectory(prefix="anchorctx-hellaswag-") as tmp:
         todo = [c for c in chunks if _chunk_key(c) not in done]

@@ -11,6 +11,11 @@ The key identifies the checkpoint, not just its folder name: a run's own checkpo
 is keyed ``<name>@<folder>``, so two checkpoints of one name in different folders never share
 (and overwrite) results. Each evaluation output has its own writer lock.
 
+Nothing is written outside ``run_root``: a checkpoint whose ``run_dir`` lies outside the
+config's ``run_root`` (a base model under ``/models``, another experiment's checkpoint) is
+evaluated into ``<run_root>/<name>/external/<sanitised folder name>-<hash of its resolved
+path>/`` instead (:func:`eval_dir` with ``cfg``).
+
 The first line of the samples file is a header holding the identity of the evaluation: the
 checkpoint's content hash, the fingerprint of the evaluation config that affects this suite
 (settings and input data) and the code version. A rerun with the same identity resumes (the
@@ -30,6 +35,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
+import os
+import re
 import sys
 import threading
 import time
@@ -39,6 +47,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from anchorctx.evaluation import harness, longbench, ruler
+from anchorctx.evaluation.integrity import records_problem, result_digest
 from anchorctx.io import (
     WriterLock,
     append_jsonl,
@@ -56,6 +65,7 @@ if TYPE_CHECKING:
     from anchorctx.experiment import ExperimentConfig
 
 Runner = Callable[..., dict[str, Any]]
+log = logging.getLogger(__name__)
 
 HEADER_KEY = "__header__"
 RESULT_SCHEMA = 1
@@ -69,6 +79,9 @@ SCORE_NEUTRAL_SOURCES = tuple(
         "__init__.py",
         "averaging.py",
         "commands.py",
+        "cost_plan.py",
+        "integrity.py",
+        "lm_eval_model.py",  # the lm-eval command's model, not used by the suites
         "report.py",
         "sharding.py",
         "weights.py",
@@ -81,6 +94,12 @@ class EvaluationError(ValueError):
     """A checkpoint, suite or data file cannot be evaluated; the message says what to fix."""
 
     exit_code = 2  # a wrong path, suite or setting (anchorctx.cli)
+
+
+class EmptyEvaluationError(EvaluationError):
+    """A suite scored a task from no items (an empty data file): nothing is cached."""
+
+    exit_code = 1  # the data on disk is wrong
 
 
 class CheckpointLoadError(EvaluationError):
@@ -100,6 +119,9 @@ class Suite:
     # Top-level cfg.evaluation fields that affect it (generation batching pads prompts; the
     # engine and the decode kernel change floating-point rounding, so tokens can differ).
     common: tuple[str, ...] = ("dtype", "batch_size", "engine", "deterministic_decode")
+    # Cheap checks of the data files' content before the model loads (an empty file is an
+    # error naming it, not a model load followed by a score from 0 items).
+    preflight: Callable[[ExperimentConfig], None] | None = None
 
 
 SUITES: dict[str, Suite] = {
@@ -111,6 +133,7 @@ SUITES: dict[str, Suite] = {
         ignore=("hellaswag_dir",),
         required=("mmlu_dir",),
         common=("dtype",),
+        preflight=harness.check_mmlu_data,
     ),
     "hellaswag": Suite(
         harness.run_suite_hellaswag,
@@ -118,6 +141,7 @@ SUITES: dict[str, Suite] = {
         ignore=("mmlu_dir", "mmlu_fewshot"),
         required=("hellaswag_dir",),
         common=("dtype",),
+        preflight=harness.check_hellaswag_data,
     ),
 }
 
@@ -249,27 +273,53 @@ def identity(cfg: ExperimentConfig, checkpoint: str | Path, suite: str) -> dict[
 
 
 # ---------------------------------------------------------------------------------- paths
-def checkpoint_key(checkpoint: str | Path) -> str:
+def checkpoint_key(checkpoint: str | Path, cfg: ExperimentConfig | None = None) -> str:
     """The checkpoint's name under ``<run_dir>/eval``: ``step-N`` for a run's own checkpoints,
-    ``<name>@<folder>`` for any other (unique within the run directory, stable if it moves)."""
+    ``<name>@<folder>`` for any other (unique within the run directory, stable if it moves);
+    with ``cfg``, a checkpoint outside its ``run_root`` gets :func:`external_key`."""
     ckpt = Path(checkpoint).resolve()
+    if cfg is not None and is_external(ckpt, cfg):
+        return external_key(ckpt)
     if ckpt.parent.name == "checkpoints":
         return ckpt.name
     return f"{ckpt.name}@{ckpt.parent.name}"
 
 
-def eval_dir(checkpoint: str | Path) -> Path:
-    """``<run_dir>/eval/<checkpoint_key>`` with ``run_dir = checkpoint.parent.parent``."""
+def is_external(checkpoint: str | Path, cfg: ExperimentConfig) -> bool:
+    """Whether the checkpoint's own ``eval`` directory (``checkpoint.parent.parent/eval``) lies
+    outside ``cfg.run_root``: then its results go under the experiment directory instead."""
+    run_dir = Path(checkpoint).resolve().parent.parent
+    root = Path(cfg.run_root).resolve()
+    return run_dir != root and root not in run_dir.parents
+
+
+def external_key(checkpoint: str | Path) -> str:
+    """``<folder name, sanitised>-<12 hex digits of the resolved path's SHA-256>``: readable,
+    and distinct for two folders of one name."""
     ckpt = Path(checkpoint).resolve()
+    name = re.sub(r"[^A-Za-z0-9._-]+", "_", ckpt.name).strip("._-")[:64] or "checkpoint"
+    return f"{name}-{hashlib.sha256(os.fsencode(ckpt)).hexdigest()[:12]}"
+
+
+def eval_dir(checkpoint: str | Path, cfg: ExperimentConfig | None = None) -> Path:
+    """``<run_dir>/eval/<checkpoint_key>`` with ``run_dir = checkpoint.parent.parent``.
+
+    With ``cfg`` (every writer passes it), a checkpoint outside ``cfg.run_root`` is evaluated
+    into ``<run_root>/<name>/external/<external_key>`` instead: nothing is written beside a
+    checkpoint that is not the experiment's. Without ``cfg``: the checkpoint's own run
+    directory (the same place for every checkpoint inside ``run_root``)."""
+    ckpt = Path(checkpoint).resolve()
+    if cfg is not None and is_external(ckpt, cfg):
+        return Path(cfg.experiment_dir).resolve() / "external" / external_key(ckpt)
     return ckpt.parent.parent / "eval" / checkpoint_key(ckpt)
 
 
-def result_path(checkpoint: str | Path, suite: str) -> Path:
-    return eval_dir(checkpoint) / f"{suite}.json"
+def result_path(checkpoint: str | Path, suite: str, cfg: ExperimentConfig | None = None) -> Path:
+    return eval_dir(checkpoint, cfg) / f"{suite}.json"
 
 
-def samples_path(checkpoint: str | Path, suite: str) -> Path:
-    return eval_dir(checkpoint) / f"{suite}.samples.jsonl"
+def samples_path(checkpoint: str | Path, suite: str, cfg: ExperimentConfig | None = None) -> Path:
+    return eval_dir(checkpoint, cfg) / f"{suite}.samples.jsonl"
 
 
 def load_result(path: str | Path) -> dict[str, Any] | None:
@@ -286,26 +336,18 @@ def result_matches(result: dict[str, Any] | None, ident: dict[str, str], samples
     written, and its per-sample records are the ones it was computed from."""
     if result is None or not all(result.get(k) == v for k, v in ident.items()):
         return False
-    if result.get("result_sha256") != result_digest(result):
-        return False
-    recorded = (result.get("samples") or {}).get("sha256")
-    return samples.is_file() and recorded == sha256_file(samples)  # samples: same directory
+    return records_problem(result, samples) is None  # samples: same directory
 
 
-def result_is_intact(checkpoint: str | Path, suite: str) -> bool:
+def result_is_intact(
+    checkpoint: str | Path, suite: str, cfg: ExperimentConfig | None = None
+) -> bool:
     """The result file of ``checkpoint``/``suite`` exists and is exactly what was written (its
     own digest and its per-sample records' hash match); identity is the caller's to check."""
-    result = load_result(result_path(checkpoint, suite))
-    if result is None or result.get("result_sha256") != result_digest(result):
-        return False
-    samples = samples_path(checkpoint, suite)
-    return samples.is_file() and (result.get("samples") or {}).get("sha256") == sha256_file(samples)
-
-
-def result_digest(result: dict[str, Any]) -> str:
-    """SHA-256 of a result's content without its own digest (canonical JSON)."""
-    body = {k: v for k, v in result.items() if k != "result_sha256"}
-    return hashlib.sha256(json.dumps(body, sort_keys=True, default=str).encode()).hexdigest()
+    result = load_result(result_path(checkpoint, suite, cfg))
+    return (
+        result is not None and records_problem(result, samples_path(checkpoint, suite, cfg)) is None
+    )
 
 
 # ------------------------------------------------------------------------- input checks
@@ -325,6 +367,8 @@ def check_inputs(cfg: ExperimentConfig, suite: str) -> None:
                 f"evaluation.{spec.section}.{name} = {path} does not exist: fix the path, or "
                 "unset it to report the tasks that need it as not run"
             )
+    if spec.preflight is not None:
+        spec.preflight(cfg)
 
 
 # ---------------------------------------------------------------------- samples (resume)
@@ -334,6 +378,42 @@ def load_done(path: Path, ident: dict[str, str]) -> dict[str, dict[str, Any]] | 
     if not rows or rows[0].get(HEADER_KEY) != ident:
         return None
     return {row["key"]: row for row in rows[1:] if "key" in row}
+
+
+def repair_torn_tail(path: Path) -> int:
+    """Cut an unterminated last line (a crash mid-append) off a JSON-lines file, so the next
+    append starts a line of its own; returns the bytes dropped. The dropped record is not in
+    ``done`` afterwards, so the runner computes it again."""
+    try:
+        fh = path.open("rb+")
+    except FileNotFoundError:
+        return 0
+    with fh:
+        size = fh.seek(0, os.SEEK_END)
+        if size == 0:
+            return 0
+        fh.seek(size - 1)
+        if fh.read(1) == b"\n":
+            return 0
+        end = size  # find the last newline, reading back in blocks
+        keep = 0
+        while end > 0:
+            start = max(0, end - (1 << 16))
+            fh.seek(start)
+            block = fh.read(end - start)
+            if (i := block.rfind(b"\n")) >= 0:
+                keep = start + i + 1
+                break
+            end = start
+        fh.truncate(keep)
+        fh.flush()
+        os.fsync(fh.fileno())
+    log.warning(
+        "%s: dropped a torn last line (%d bytes, a write cut short); its record is computed again",
+        path,
+        size - keep,
+    )
+    return size - keep
 
 
 def start_samples(path: Path, ident: dict[str, str]) -> None:
@@ -400,8 +480,8 @@ def evaluate_checkpoint(
     ckpt = check_checkpoint(checkpoint)
     check_inputs(cfg, suite)
     ident = identity(cfg, ckpt, suite)
-    out = result_path(ckpt, suite)
-    samples = samples_path(ckpt, suite)
+    out = result_path(ckpt, suite, cfg)  # under run_root, also for an external checkpoint
+    samples = samples_path(ckpt, suite, cfg)
     if not force and result_matches(load_result(out), ident, samples):
         return out
     with WriterLock(out.parent / f".{suite}.lock", f"evaluation output {out}"):
@@ -411,6 +491,8 @@ def evaluate_checkpoint(
 
 
 def _evaluate(cfg, ckpt, suite, spec, ident, out: Path, samples: Path, force, progress) -> Path:
+    # A crash mid-append leaves a torn last line; the next record must not be glued to it.
+    repair_torn_tail(samples)
     done = None if force else load_done(samples, ident)
     if done is None:
         done = {}
@@ -428,6 +510,11 @@ def _evaluate(cfg, ckpt, suite, spec, ident, out: Path, samples: Path, force, pr
     model, tokenizer = cached_model(ckpt, cfg, ident["checkpoint_hash"])
     started = time.time()
     raw = spec.runner(model, tokenizer, cfg, done=done, on_sample=on_sample, progress=progress)
+    if isinstance(raw, dict) and (empty := unscored(raw)):
+        raise EmptyEvaluationError(
+            f"suite {suite!r} scored {', '.join(empty[:5])} from 0 items: no result is written "
+            f"(an empty data file? check the paths under evaluation.{spec.section or suite})"
+        )
     result = _result_record(cfg, ckpt, suite, ident, raw, started)
     result["samples"] = {
         "resumed": len(done),
@@ -439,6 +526,20 @@ def _evaluate(cfg, ckpt, suite, spec, ident, out: Path, samples: Path, force, pr
     result["result_sha256"] = result_digest(result)
     atomic_write_text(out, json.dumps(result, indent=2) + "\n")
     return out
+
+
+def unscored(raw: dict[str, Any]) -> list[str]:
+    """The scores of a runner's output that were computed from 0 items (``counts`` says 0):
+    ``task`` or ``task/key``. A score without a count is not judged here."""
+    counts = raw.get("counts") or {}
+    empty = []
+    for task, by_key in (raw.get("scores") or {}).items():
+        count = counts.get(task)
+        if isinstance(count, dict) and isinstance(by_key, dict):
+            empty += [f"{task}/{key}" for key in by_key if count.get(key) == 0]
+        elif count == 0:
+            empty.append(task)
+    return empty
 
 
 def _result_record(

@@ -6,17 +6,19 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, PositiveInt
 
-from anchorctx.config import Device, Dtype, Strict
+from anchorctx.config import Device, Dtype, Seed, Strict
 
 
 class RulerConfig(Strict):
     tasks: list[str] | None = Field(None, description="Default: all 13 RULER tasks.")
     exclude: list[str] = Field(default_factory=list, description="Paper (Llama-2): cwe, mk3.")
-    lengths: list[int] = Field(default_factory=lambda: [4096, 8192, 16384, 32768, 65536, 131072])
+    lengths: list[PositiveInt] = Field(
+        default_factory=lambda: [4096, 8192, 16384, 32768, 65536, 131072]
+    )
     num_samples: int = Field(500, gt=0)
-    seed: int = 42
+    seed: Seed = 42
     essay_path: Path | None = None
     squad_path: Path | None = None
     hotpotqa_path: Path | None = None
@@ -60,7 +62,7 @@ class LongBenchConfig(Strict):
 class HarnessConfig(Strict):
     mmlu_dir: Path | None = None
     hellaswag_dir: Path | None = None
-    mmlu_fewshot: int = 5
+    mmlu_fewshot: int = Field(5, ge=0)
     limit: int | None = Field(None, gt=0)
     batch_size: int = Field(8, gt=0)
 

@@ -5,7 +5,8 @@ The unit of work is the group inside which a suite batches its samples: RULER's
 generated in the same batch as without sharding (on identical GPUs) and its record, hence every
 score, does not depend on the sharding.
 
-Files (next to the suite's samples file, see :mod:`anchorctx.evaluation.results`)::
+Files (next to the suite's samples file, see :mod:`anchorctx.evaluation.results`; under
+``run_root`` for a checkpoint outside it)::
 
     <suite>.samples.shard-<i>-of-<n>.jsonl   one shard's records (same header as the samples file)
 
@@ -42,6 +43,7 @@ from anchorctx.evaluation.results import (
     identity,
     load_done,
     load_result,
+    repair_torn_tail,
     result_matches,
     result_path,
     samples_path,
@@ -107,13 +109,17 @@ def plan_shards(cfg: ExperimentConfig, suite: str, count: int) -> list[list[str]
     return shards
 
 
-def shard_path(checkpoint: str | Path, suite: str, index: int, count: int) -> Path:
-    main = samples_path(checkpoint, suite)
+def shard_path(
+    checkpoint: str | Path, suite: str, index: int, count: int, cfg: ExperimentConfig | None = None
+) -> Path:
+    main = samples_path(checkpoint, suite, cfg)
     return main.with_name(f"{suite}.samples.shard-{index}-of-{count}.jsonl")
 
 
-def _shard_files(checkpoint: str | Path, suite: str) -> list[Path]:
-    main = samples_path(checkpoint, suite)
+def _shard_files(
+    checkpoint: str | Path, suite: str, cfg: ExperimentConfig | None = None
+) -> list[Path]:
+    main = samples_path(checkpoint, suite, cfg)
     return sorted(main.parent.glob(f"{suite}.samples.shard-*.jsonl"))
 
 
@@ -121,7 +127,7 @@ def _records(cfg: ExperimentConfig, checkpoint: Path, suite: str) -> dict[str, d
     """Records of this identity from the samples file and every shard file."""
     ident = identity(cfg, checkpoint, suite)
     done: dict[str, dict[str, Any]] = {}
-    for path in [samples_path(checkpoint, suite), *_shard_files(checkpoint, suite)]:
+    for path in [samples_path(checkpoint, suite, cfg), *_shard_files(checkpoint, suite, cfg)]:
         done.update(load_done(path, ident) or {})
     return done
 
@@ -132,15 +138,16 @@ def prepare(cfg: ExperimentConfig, checkpoint: str | Path, suite: str, force: bo
     and result deleted, so that shards starting together never race to reset it."""
     ckpt = check_checkpoint(checkpoint)
     ident = identity(cfg, ckpt, suite)
-    samples = samples_path(ckpt, suite)
-    if not force and result_matches(load_result(result_path(ckpt, suite)), ident, samples):
+    samples = samples_path(ckpt, suite, cfg)
+    if not force and result_matches(load_result(result_path(ckpt, suite, cfg)), ident, samples):
         return False
+    repair_torn_tail(samples)
     if force or load_done(samples, ident) is None:
         samples.parent.mkdir(parents=True, exist_ok=True)
         start_samples(samples, ident)
-        for path in _shard_files(ckpt, suite):
+        for path in _shard_files(ckpt, suite, cfg):
             path.unlink()
-        result_path(ckpt, suite).unlink(missing_ok=True)
+        result_path(ckpt, suite, cfg).unlink(missing_ok=True)
     return True
 
 
@@ -184,7 +191,8 @@ def run_shard(
     ckpt = check_checkpoint(checkpoint)
     check_inputs(cfg, suite)
     ident = identity(cfg, ckpt, suite)
-    out = shard_path(ckpt, suite, index, count)
+    out = shard_path(ckpt, suite, index, count, cfg)
+    repair_torn_tail(out)  # a shard killed mid-append: the next record gets a line of its own
     if not out.is_file() or (read_jsonl(out)[:1] or [{}])[0].get(HEADER_KEY) != ident:
         start_samples(out, ident)
     done = _records(cfg, ckpt, suite)
@@ -219,8 +227,8 @@ def merge_shards(cfg: ExperimentConfig, checkpoint: str | Path, suite: str) -> i
     done = _records(cfg, ckpt, suite)
     lines = [json.dumps({HEADER_KEY: ident})]
     lines += [json.dumps(done[k], default=str) for k in sorted(done)]
-    atomic_write_text(samples_path(ckpt, suite), "\n".join(lines) + "\n")
-    for path in _shard_files(ckpt, suite):
+    atomic_write_text(samples_path(ckpt, suite, cfg), "\n".join(lines) + "\n")
+    for path in _shard_files(ckpt, suite, cfg):
         path.unlink()
     return len(done)
 
@@ -229,7 +237,9 @@ def is_done(cfg: ExperimentConfig, checkpoint: str | Path, suite: str) -> bool:
     """An up-to-date result exists (this identity, intact, from the current samples file)."""
     ckpt = check_checkpoint(checkpoint)
     ident = identity(cfg, ckpt, suite)
-    return result_matches(load_result(result_path(ckpt, suite)), ident, samples_path(ckpt, suite))
+    return result_matches(
+        load_result(result_path(ckpt, suite, cfg)), ident, samples_path(ckpt, suite, cfg)
+    )
 
 
 def _complete(cfg: ExperimentConfig, checkpoint: Path, suite: str, count: int) -> bool:
@@ -256,7 +266,7 @@ def finalize_if_complete(
     The check runs under a lock on the evaluation directory: each shard's records are written
     before it checks, so of shards finishing together the last to check sees them all."""
     ckpt = check_checkpoint(checkpoint)
-    out = result_path(ckpt, suite)
+    out = result_path(ckpt, suite, cfg)
     with open(out.with_name(f"{suite}.finalize.lock"), "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if is_done(cfg, ckpt, suite):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from uuid import UUID
 
 EPHEMERAL_TRAP = """\
 PREFECT_API_URL is not set. Without it every process starts its own throw-away (ephemeral)
@@ -143,6 +144,13 @@ def run_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--no-follow", action="store_true", help="Print the flow run's UI link and return at once."
     )
+    parser.add_argument(
+        "--follow",
+        metavar="FLOW_RUN_ID",
+        default=None,
+        help="Follow an existing flow run instead of starting one (e.g. after the Prefect "
+        "server restarted, or after Ctrl-C).",
+    )
 
 
 STAGES = ("pretrain", "data", "train", "evaluate", "report")
@@ -195,23 +203,39 @@ def run(args: argparse.Namespace) -> int:
         print(f"anchorctx run: {err}", file=sys.stderr)
         return 2
     from prefect.client.orchestration import get_client
-    from prefect.deployments import run_deployment
     from prefect.exceptions import ObjectNotFound
 
     from anchorctx.flows.follow import flow_run_url, follow  # imports Prefect (see serve)
+    from anchorctx.tasks.api import ServerUnreachable, unreachable  # (the same)
 
     try:
-        flow_run = run_deployment(args.deployment, parameters=params, timeout=0)
+        flow_run = _start_or_find(args, params)
     except ObjectNotFound:
+        what = f"flow run {args.follow}" if args.follow else f"deployment {args.deployment!r}"
         print(
-            f"anchorctx run: no deployment {args.deployment!r} on {url} (is `anchorctx serve` "
-            "running? `prefect deployment ls` lists them)",
+            f"anchorctx run: no {what} on {url} (is `anchorctx serve` running? "
+            "`prefect deployment ls` and `prefect flow-run ls` list them)",
             file=sys.stderr,
         )
         return 2
+    except ValueError as err:  # --follow with something that is not a flow run id
+        print(f"anchorctx run: {err}", file=sys.stderr)
+        return 2
+    except Exception as err:
+        if (lost := unreachable(err)) is None:
+            raise
+        hint = (
+            "start it (scripts/demo.sh does, or `prefect server start`) or point PREFECT_API_URL "
+            "at the running one, then run this command again"
+        )
+        print(f"anchorctx run: {ServerUnreachable(url, lost, hint)}", file=sys.stderr)
+        return 1
     link = flow_run_url(flow_run.id) or url
-    shown = ", ".join(f"{k}={v}" for k, v in params.items()) or "deployment defaults"
-    print(f"[run] {args.deployment}: flow run {flow_run.name} ({shown})", flush=True)
+    if args.follow:
+        print(f"[run] following flow run {flow_run.name} ({flow_run.id})", flush=True)
+    else:
+        shown = ", ".join(f"{k}={v}" for k, v in params.items()) or "deployment defaults"
+        print(f"[run] {args.deployment}: flow run {flow_run.name} ({shown})", flush=True)
     print(f"[run] UI: {link}", flush=True)
     if args.no_follow:
         return 0
@@ -221,9 +245,34 @@ def run(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         print(
             f"[run] stopped following; the run goes on: {link} "
-            f"(cancel: prefect flow-run cancel {flow_run.id})",
+            f"(follow again: anchorctx run --follow {flow_run.id}; "
+            f"cancel: prefect flow-run cancel {flow_run.id})",
             file=sys.stderr,
         )
         return 130
-    print(f"[run] {flow_run.name}: {state.name}. UI: {link}", flush=True)
+    except ServerUnreachable as err:
+        print(f"anchorctx run: {err}", file=sys.stderr)
+        return 1
+    why = (
+        f" ({' '.join(state.message.split())})"
+        if state.message and not state.is_completed()
+        else ""
+    )
+    print(f"[run] {flow_run.name}: {state.name}{why}. UI: {link}", flush=True)
     return 0 if state.is_completed() else 1
+
+
+def _start_or_find(args: argparse.Namespace, params: dict[str, object]):
+    """The flow run to follow: ``--follow ID``'s, else a new run of the deployment."""
+    # Imported here: Prefect, which `anchorctx --help` and the other commands skip (see serve).
+    from prefect.client.orchestration import get_client
+    from prefect.deployments import run_deployment
+
+    if args.follow:
+        try:
+            run_id = UUID(args.follow)
+        except ValueError:
+            raise ValueError(f"--follow {args.follow!r} is not a flow run id (a UUID)") from None
+        with get_client(sync_client=True) as client:
+            return client.read_flow_run(run_id)
+    return run_deployment(args.deployment, parameters=params, timeout=0)

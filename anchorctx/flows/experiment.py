@@ -16,6 +16,10 @@ parameter (the UI renders it as a form) and a ``force`` flag that recomputes ins
 reusing cached results. A cache record only proves that a result *was* computed: it is reused
 only while its files are intact, else the task recomputes (:func:`anchorctx.tasks.reuse.submission`,
 the one place where Prefect's cache and the library's own reuse meet).
+
+Every flow body is wrapped in :func:`anchorctx.tasks.api.api_errors`: a lost Prefect server is
+one line naming it and how to resume, and a cancel still stops the run (and kills its training
+process group) after the server restarted (:class:`anchorctx.tasks.api.CancelWatch`).
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ from prefect.task_runners import ThreadPoolTaskRunner
 from anchorctx.evaluation.tracking import log_evaluation, log_report
 from anchorctx.experiment import ExperimentConfig
 from anchorctx.flows.sharded import evaluate_sharded, wait_all
+from anchorctx.tasks.api import api_errors
 from anchorctx.tasks.artifacts import (
     Progress,
     artifact_key,
@@ -102,6 +107,7 @@ Suite = Literal["ruler", "longbench", "mmlu", "hellaswag"]
 
 # --------------------------------------------------------------------------- prepare-data
 @flow(name="prepare-data", flow_run_name=lambda: _run_name("prepare-data", per_arm=False))
+@api_errors
 def prepare_data_flow(cfg: ExperimentConfig, force: bool = False) -> str:
     """Pack the training data of ``cfg`` (cached by inputs, data config and tokenizer)."""
     ensure_demo_corpus_task(cfg)
@@ -126,6 +132,7 @@ def prepare_data_flow(cfg: ExperimentConfig, force: bool = False) -> str:
 
 # ---------------------------------------------------------------------------------- train
 @flow(name="train", flow_run_name=lambda: _run_name("train"))
+@api_errors
 def train_flow(
     cfg: ExperimentConfig,
     force: bool = False,
@@ -173,6 +180,7 @@ def train_flow(
 
 # ------------------------------------------------------------------------------- pretrain
 @flow(name="pretrain", flow_run_name=lambda: _run_name("pretrain", per_arm=False))
+@api_errors
 def pretrain_flow(
     cfg: ExperimentConfig,
     force: bool = False,
@@ -220,6 +228,7 @@ def _arm(cfg: ExperimentConfig, variant: str | None) -> ExperimentConfig:
     flow_run_name=lambda: _run_name("evaluate"),
     task_runner=ThreadPoolTaskRunner(max_workers=EVAL_WORKERS),
 )
+@api_errors
 def evaluate_flow(
     cfg: ExperimentConfig,
     variant: str | None = None,
@@ -321,15 +330,15 @@ def _submit_evaluations(
     planned = []
     for c, s in pairs:
         params = {"cfg": cfg, "checkpoint": c, "suite": s}
-        sub = submission(evaluate_task, params, force=force, intact=_result_intact(c, s))
+        sub = submission(evaluate_task, params, force=force, intact=_result_intact(cfg, c, s))
         planned.append((0 if sub.reused else 2 if sub.refresh else 1, c, s, sub.task))
     planned.sort(key=lambda p: p[0])
     return [task.submit(cfg=cfg, checkpoint=c, suite=s, force=force) for _, c, s, task in planned]
 
 
-def _result_intact(checkpoint: str, suite: str) -> Callable[[Any], bool]:
+def _result_intact(cfg: ExperimentConfig, checkpoint: str, suite: str) -> Callable[[Any], bool]:
     """Whether a cached evaluation's result file (the recorded value) is still as written."""
-    return lambda _path: result_exists(checkpoint, suite)
+    return lambda _path: result_exists(checkpoint, suite, cfg)
 
 
 # Never a cache hit of its own: the evaluate flow inside decides what is cached (by content).
@@ -349,6 +358,7 @@ def evaluate_arm_task(
 
 # ------------------------------------------------------------------------ full-experiment
 @flow(name="full-experiment", flow_run_name=lambda: _run_name("full-experiment", per_arm=False))
+@api_errors
 def full_experiment(
     cfg: ExperimentConfig,
     force: bool = False,
@@ -443,6 +453,10 @@ def _prefetch_samples(scope: Scope, stop: threading.Event) -> PrefectFuture | No
     if not Path(tok.model.tokenizer_path).is_dir():
         return None
     ensure_eval_fixtures_task(arms[0])
+    # transformers' lazy module is not thread-safe: two threads resolving it at once fail with
+    # "cannot import name 'AutoTokenizer'". Resolve what both import before the second starts.
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer  # noqa: F401
+
     return prefetch_ruler_task.submit(arms[0], tok, stop)
 
 
@@ -605,6 +619,7 @@ def _publish_report(
 
 # --------------------------------------------------------------------------- rope-precision
 @flow(name="rope-precision", flow_run_name=lambda: _run_name("rope-precision"))
+@api_errors
 def rope_precision_flow(cfg: ExperimentConfig, out_dir: str | None = None) -> str:
     """The paper's Section 2 study: BF16 vs FP32 attention-score discrepancy under RoPE."""
     from anchorctx.tasks.analysis import rope_precision_task

@@ -8,7 +8,8 @@ new log lines, and prints one short line when something changes:
     [01:24:02] evaluate · anchor · 3/8 checkpoint × suite done (2 cached)
     [01:24:30] train · full · Completed (cached)
 
-Step lines are throttled (``min_interval_s``); stage changes always print.
+Step lines are throttled (``min_interval_s``); stage changes always print. A server that stops
+answering is waited for (a restart), then reported in one line with how to resume.
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 from uuid import UUID
+
+from anchorctx.tasks.api import ServerUnreachable, api_url, describe, unreachable
 
 if TYPE_CHECKING:
     from prefect.client.orchestration import SyncPrefectClient
@@ -213,6 +216,16 @@ def flow_run_url(flow_run_id: UUID) -> str | None:
     return url_for("flow-run", obj_id=flow_run_id)
 
 
+def resume_hint(flow_run_id: UUID) -> str:
+    """How to pick a run up again after losing the server (one line's tail)."""
+    return (
+        f"the flow run goes on in its own process (`anchorctx serve`) as long as it needs no "
+        f"answer from the server: when the server is back, follow it again with `anchorctx run "
+        f"--follow {flow_run_id}`; if it failed meanwhile, run the same `anchorctx run` command "
+        "again (finished stages are reused from the caches, training resumes)"
+    )
+
+
 def follow(
     client: SyncPrefectClient,
     flow_run_id: UUID,
@@ -220,12 +233,42 @@ def follow(
     poll_s: float = 2.0,
     out: Callable[[str], None] = print,
     min_interval_s: float = 5.0,
+    reconnect_s: float = 120.0,
+    clock: Callable[[], float] = time.monotonic,
 ) -> Any:
-    """Print progress until the flow run is final; returns its final state."""
+    """Print progress until the flow run is final; returns its final state.
+
+    The server going away (a restart) is waited out for ``reconnect_s`` seconds, with one line
+    saying so; after that :class:`~anchorctx.tasks.api.ServerUnreachable` says in one line which
+    server did not answer and how to resume."""
     follower = Follower(client, flow_run_id, out=out, min_interval_s=min_interval_s)
+    lost_since: float | None = None
+    final_state = None
     while True:
-        state = follower.poll()
+        try:
+            if final_state is not None:
+                follower.poll()  # the last log lines arrive after the final state
+                return final_state
+            state = follower.poll()
+        except Exception as err:
+            lost = unreachable(err)
+            if lost is None:
+                raise
+            now = clock()
+            if lost_since is None:
+                lost_since = now
+                follower._say(
+                    f"the Prefect server at {api_url()} does not answer ({describe(lost)}); "
+                    f"waiting up to {reconnect_s:.0f} s for it"
+                )
+            elif now - lost_since >= reconnect_s:
+                raise ServerUnreachable(api_url(), lost, resume_hint(flow_run_id)) from None
+            time.sleep(poll_s)
+            continue
+        if lost_since is not None:
+            follower._say(f"the Prefect server at {api_url()} answers again")
+            lost_since = None
         if state is not None and state.is_final():
-            follower.poll()  # the last log lines arrive after the final state
-            return state
+            final_state = state
+            continue
         time.sleep(poll_s)

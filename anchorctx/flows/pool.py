@@ -32,6 +32,7 @@ from anchorctx.evaluation.sharding import plan_shards, prepare
 from anchorctx.experiment import ExperimentConfig
 from anchorctx.flows.sharded import config_file
 from anchorctx.process import run_process_group
+from anchorctx.tasks.api import api_errors
 from anchorctx.tasks.sharding import shard_command
 
 SHARD_FLOW = "evaluate-shard"
@@ -61,6 +62,7 @@ def _shard_name() -> str:
 
 
 @flow(name=SHARD_FLOW, flow_run_name=_shard_name)
+@api_errors
 def evaluate_shard_flow(
     config_json: str,
     checkpoint: str,
@@ -159,7 +161,7 @@ def evaluate_on_pool(
         logger.info("%d pairs to evaluate: %d shards on work pool %r", len(todo), len(shards), pool)
         _run_all(pool, shards)  # each shard's log says which node ran it
         _run_all(pool, [{"config_json": config_json, "checkpoint": c, "suite": s} for c, s in todo])
-    return [str(result_path(c, s)) for c, s in pairs]
+    return [str(result_path(c, s, cfg)) for c, s in pairs]
 
 
 def register(pool: str) -> None:

@@ -85,4 +85,4 @@ def evaluate_sharded(
                 if not is_done(cfg, c, s)
             ]
             wait_all(merges, "evaluation merges")
-    return [str(result_path(c, s)) for c, s in pairs]
+    return [str(result_path(c, s, cfg)) for c, s in pairs]

@@ -9,18 +9,26 @@ and the anchorctx attention implementation is selected by name through transform
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
+import logging
+import re
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from anchorctx.models.checkpoints import model_dir_problem
+from anchorctx.io import read_json
+from anchorctx.models.checkpoints import META_FILE, model_dir_problem
 
 if TYPE_CHECKING:
     import torch
     from transformers import PretrainedConfig, PreTrainedModel, PreTrainedTokenizerBase
 
     from anchorctx.models.settings import ModelConfig
+
+log = logging.getLogger("anchorctx.models")
+_NOTED: set[str] = set()
 
 DTYPES = {"bfloat16": "bfloat16", "float32": "float32", "float16": "float16"}
 
@@ -68,14 +76,89 @@ def load_tokenizer(model_cfg: ModelConfig) -> PreTrainedTokenizerBase:
     return AutoTokenizer.from_pretrained(str(path))
 
 
+class AnchorTokenError(ModelLoadError):
+    """The tokenizer's anchor token is not a real BOS, or disagrees with the model or with the
+    anchor a checkpoint was trained with; the message names the tokenizer or checkpoint."""
+
+
 def anchor_token_id(tokenizer: PreTrainedTokenizerBase) -> int:
-    """The shared anchor: BOS, or EOS for tokenizers without BOS (Qwen)."""
-    tok_id = (
-        tokenizer.bos_token_id if tokenizer.bos_token_id is not None else tokenizer.eos_token_id
-    )
-    if tok_id is None:
-        raise ModelLoadError("tokenizer has neither a BOS nor an EOS token: no anchor token")
+    """The shared anchor: the tokenizer's BOS, or its EOS for a tokenizer that has no BOS token
+    at all (Qwen). Either must be a real token of the vocabulary: a BOS that resolves to the
+    unknown token (``bos_token="<unk>"``, or a name the vocabulary lacks) is an error, never a
+    silent ``<unk>`` anchor. The model-side rule is :func:`anchor_decision`."""
+    if tokenizer.bos_token is not None:
+        role, token, tok_id = "BOS", tokenizer.bos_token, tokenizer.bos_token_id
+    elif tokenizer.eos_token is not None:
+        role, token, tok_id = "EOS", tokenizer.eos_token, tokenizer.eos_token_id
+    else:
+        raise AnchorTokenError(
+            f"tokenizer {_tokenizer_name(tokenizer)} has neither a BOS nor an EOS token: no "
+            "anchor token (set bos_token in its tokenizer_config.json)"
+        )
+    unk = tokenizer.unk_token_id
+    if tok_id is None or (unk is not None and tok_id == unk):
+        resolves = "nothing" if tok_id is None else f"the unknown token, id {unk}"
+        raise AnchorTokenError(
+            f"tokenizer {_tokenizer_name(tokenizer)}: its {role} token {token!r} is not a real "
+            f"token (it resolves to {resolves}), so it cannot be the anchor; set bos_token in "
+            "its tokenizer_config.json to the model's BOS"
+        )
     return int(tok_id)
+
+
+def _tokenizer_name(tokenizer: PreTrainedTokenizerBase) -> str:
+    return str(getattr(tokenizer, "name_or_path", "") or "(in memory)")
+
+
+def anchor_decision(
+    tokenizer: PreTrainedTokenizerBase, hf_config: PretrainedConfig, where: str
+) -> tuple[int, str | None]:
+    """The one anchor rule between a tokenizer and a model config: ``(anchor id, note)``.
+
+    The tokenizer decides (:func:`anchor_token_id`: its BOS; EOS only without a BOS token).
+    Where the model's ``config.json`` names another ``bos_token_id`` the tokenizer wins and
+    ``note`` records the decision (callers set the config's ``bos_token_id`` to the anchor, so
+    a checkpoint written later is consistent, and log or record the note); ``note`` is None
+    when they agree. One case is an error instead: a tokenizer without a BOS token for a model
+    that declares one (other than that EOS): its BOS went missing, and the EOS fallback would
+    give the model an anchor it was never trained with. ``where`` names the model in messages.
+    """
+    anchor = anchor_token_id(tokenizer)
+    declared = getattr(hf_config, "bos_token_id", None)
+    if isinstance(declared, list | tuple):
+        declared = declared[0] if len(declared) == 1 else (anchor if anchor in declared else None)
+    if declared is None or int(declared) == anchor:
+        return anchor, None
+    if tokenizer.bos_token is None:
+        raise AnchorTokenError(
+            f"tokenizer {_tokenizer_name(tokenizer)} has no BOS token, but the model "
+            f"({where}) declares bos_token_id={declared}: the anchor would be its EOS "
+            f"{tokenizer.eos_token!r} (id {anchor}) instead of the BOS the model was trained "
+            "with; use the model's own tokenizer (or set its bos_token)"
+        )
+    return anchor, (
+        f"the model config ({where}) names bos_token_id={declared}, the tokenizer "
+        f"{_tokenizer_name(tokenizer)} BOS {tokenizer.bos_token!r}={anchor}: the tokenizer's "
+        "BOS is the anchor (config bos_token_id set to it)"
+    )
+
+
+def check_trained_anchor(checkpoint: str | Path, anchor: int) -> None:
+    """A checkpoint written by anchorctx records the anchor it was trained with
+    (``anchorctx.json`` ``anchor_token_id``); another anchor now is an error naming it."""
+    meta_path = Path(checkpoint) / META_FILE
+    if not meta_path.is_file():
+        return
+    try:
+        trained = read_json(meta_path).get("anchor_token_id")
+    except (OSError, ValueError, AttributeError):
+        return  # unreadable meta: the checkpoint checks name it where it matters
+    if isinstance(trained, int) and trained != anchor:
+        raise AnchorTokenError(
+            f"checkpoint {checkpoint} was trained with anchor token id {trained} "
+            f"({META_FILE}), but its tokenizer now gives {anchor}: restore the checkpoint's "
+            "tokenizer files (tokenizer_config.json, special_tokens_map.json)"
+        )
 
 
 def tokenizer_fingerprint(tokenizer: PreTrainedTokenizerBase) -> str:
@@ -94,9 +177,17 @@ def tokenizer_fingerprint(tokenizer: PreTrainedTokenizerBase) -> str:
 
 
 def build_hf_config(
-    model_cfg: ModelConfig, *, seq_len: int | None, vocab_size: int | None = None
+    model_cfg: ModelConfig,
+    *,
+    seq_len: int | None,
+    vocab_size: int | None = None,
+    tokenizer: PreTrainedTokenizerBase | None = None,
 ) -> PretrainedConfig:
-    """The HF config with the RoPE base override and the position limit it implies."""
+    """The HF config with the RoPE base override and the position limit it implies.
+
+    With ``tokenizer``, the anchor rule is applied (:func:`anchor_decision`): a tiny model takes
+    the tokenizer's special-token ids, and a model directory's ``bos_token_id`` becomes the
+    tokenizer's anchor (logged when they differed)."""
     # Imported here: transformers costs seconds to import, which the light callers of this module
     # skip.
     from transformers import AutoConfig
@@ -106,7 +197,9 @@ def build_hf_config(
             raise ModelLoadError(f"model.path has {problem}: {model_cfg.path}")
         hf = AutoConfig.from_pretrained(str(model_cfg.path))
     else:
-        hf = _tiny_config(model_cfg, vocab_size)
+        hf = _tiny_config(model_cfg, vocab_size, tokenizer)
+    if tokenizer is not None:
+        _apply_anchor(hf, tokenizer, model_cfg)
     if model_cfg.rope_theta is not None:
         _set_rope_theta(hf, model_cfg.rope_theta)
     limit = model_cfg.max_position_embeddings or (seq_len if model_cfg.rope_theta else None)
@@ -114,6 +207,20 @@ def build_hf_config(
         hf.max_position_embeddings = int(limit)
     hf.use_cache = False
     return hf
+
+
+def _apply_anchor(
+    hf: PretrainedConfig, tokenizer: PreTrainedTokenizerBase, model_cfg: ModelConfig
+) -> None:
+    where = str(model_cfg.path) if model_cfg.path is not None else "model.tiny"
+    anchor, note = anchor_decision(tokenizer, hf, where)
+    if model_cfg.path is not None:
+        check_trained_anchor(model_cfg.path, anchor)
+    if note is not None:
+        hf.bos_token_id = anchor
+        if note not in _NOTED:  # once per process: training builds the config twice
+            _NOTED.add(note)
+            log.warning("anchorctx: %s", note)
 
 
 def _set_rope_theta(hf: PretrainedConfig, theta: float) -> None:
@@ -124,7 +231,11 @@ def _set_rope_theta(hf: PretrainedConfig, theta: float) -> None:
     hf.rope_theta = float(theta)
 
 
-def _tiny_config(model_cfg: ModelConfig, vocab_size: int | None) -> PretrainedConfig:
+def _tiny_config(
+    model_cfg: ModelConfig,
+    vocab_size: int | None,
+    tokenizer: PreTrainedTokenizerBase | None = None,
+) -> PretrainedConfig:
     # Imported here: transformers costs seconds to import, which the light callers of this module
     # skip.
     from transformers import AutoConfig
@@ -135,6 +246,12 @@ def _tiny_config(model_cfg: ModelConfig, vocab_size: int | None) -> PretrainedCo
     if vocab is None:
         raise ModelLoadError("model.tiny.vocab_size unknown: pass the tokenizer's length")
     head_dim = tiny.head_dim or tiny.hidden_size // tiny.num_attention_heads
+    # BOS and EOS ids are the tokenizer's (transformers' Llama defaults, bos=1 and eos=2, are
+    # another tokenizer's: the demo's has <s>=0, </s>=1), so its checkpoints are consistent.
+    # Not pad_token_id: it would zero that embedding row and change the random weights.
+    specials = {}
+    if tokenizer is not None:
+        specials = {"bos_token_id": tokenizer.bos_token_id, "eos_token_id": tokenizer.eos_token_id}
     return AutoConfig.for_model(
         tiny.architecture,
         vocab_size=vocab,
@@ -146,6 +263,7 @@ def _tiny_config(model_cfg: ModelConfig, vocab_size: int | None) -> PretrainedCo
         head_dim=head_dim,
         max_position_embeddings=4096,
         tie_word_embeddings=False,
+        **specials,
     )
 
 
@@ -179,7 +297,7 @@ def load_model(
     if attn_implementation == "anchorctx":
         attn_implementation = register()
     vocab = len(tokenizer) if tokenizer is not None else None
-    hf = build_hf_config(model_cfg, seq_len=seq_len, vocab_size=vocab)
+    hf = build_hf_config(model_cfg, seq_len=seq_len, vocab_size=vocab, tokenizer=tokenizer)
     extra = {"attn_implementation": attn_implementation} if attn_implementation else {}
     if model_cfg.path is not None:
         try:
@@ -187,15 +305,24 @@ def load_model(
             # memory and then copied: no host copy of a 7B model per evaluation shard process.
             if torch.device(device).type != "cpu":
                 extra["device_map"] = str(device)
-            model = AutoModelForCausalLM.from_pretrained(
-                str(model_cfg.path), config=hf, dtype=torch_dtype, **extra
-            )
+            # Mismatched shapes are reported in the loading info (checked below, naming the
+            # key) rather than raised after a page-long report; that report is muted.
+            with _quiet_load_report():
+                model, info = AutoModelForCausalLM.from_pretrained(
+                    str(model_cfg.path),
+                    config=hf,
+                    dtype=torch_dtype,
+                    output_loading_info=True,
+                    ignore_mismatched_sizes=True,
+                    **extra,
+                )
         except Exception as err:  # SafetensorError, torn or foreign files: name model.path
             detail = " ".join(str(err).split())
             raise ModelFileError(
                 f"cannot load the weights in model.path {model_cfg.path} ({type(err).__name__}: "
                 f"{detail}); they may be truncated or corrupt"
             ) from err
+        check_loaded_weights(model_cfg.path, info)
     else:
         assert model_cfg.tiny is not None
         torch.manual_seed(model_cfg.tiny.init_seed)  # the same tiny weights on every rank
@@ -205,3 +332,56 @@ def load_model(
         # Anything that wraps attention by name must then use attention_name(model).
         model = enable_fp32_rope(model)
     return model.to(device)
+
+
+@contextlib.contextmanager
+def _quiet_load_report() -> Iterator[None]:
+    """Mute transformers' weight-loading report (a table on stderr): its findings are raised by
+    :func:`check_loaded_weights` as one line."""
+    logger = logging.getLogger("transformers.modeling_utils")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
+def _natural(key: str) -> list:
+    """Sort key: ``layers.2`` before ``layers.10``."""
+    return [int(p) if p.isdigit() else p for p in re.split(r"(\d+)", key)]
+
+
+def check_loaded_weights(path: str | Path, info: dict) -> None:
+    """The checkpoint's tensors are exactly the model's: none missing (they would be randomly
+    initialised), none unexpected (dropped: e.g. a ``config.json`` with fewer layers than the
+    weights) and every shape equal. ``info`` is transformers' ``output_loading_info`` (which
+    already accounts for tied embeddings and the buffers it recomputes). Raises
+    :class:`ModelFileError` naming ``path`` and the first offending key."""
+    problems = []
+    missing = sorted(info.get("missing_keys") or (), key=_natural)
+    unexpected = sorted(info.get("unexpected_keys") or (), key=_natural)
+    mismatched = sorted(info.get("mismatched_keys") or (), key=lambda m: _natural(m[0]))
+    if unexpected:
+        problems.append(
+            f"{len(unexpected)} tensor(s) in the weights that config.json has no place for "
+            f"(first: {unexpected[0]}; they would be dropped)"
+        )
+    if missing:
+        problems.append(
+            f"{len(missing)} tensor(s) config.json needs but the weights lack (first: "
+            f"{missing[0]}; they would be random)"
+        )
+    if mismatched:
+        key, theirs, ours = [*mismatched[0], None, None][:3]
+        shapes = f": weights {_shape(theirs)}, config.json {_shape(ours)}" if ours else ""
+        problems.append(f"{len(mismatched)} tensor(s) of another shape (first: {key}{shapes})")
+    if problems:
+        raise ModelFileError(
+            f"checkpoint {path}: its weights do not match its config.json: "
+            f"{'; '.join(problems)}; fix config.json (layers, sizes) or use the matching weights"
+        )
+
+
+def _shape(shape) -> str:
+    return "[" + ", ".join(str(int(d)) for d in shape) + "]" if shape is not None else "?"

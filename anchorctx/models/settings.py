@@ -9,7 +9,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from anchorctx.config import Dtype, Strict
+from anchorctx.config import Dtype, Seed, Strict
 
 
 class TinyModelConfig(Strict):
@@ -21,19 +21,33 @@ class TinyModelConfig(Strict):
     num_hidden_layers: int = Field(2, gt=0)
     num_attention_heads: int = Field(4, gt=0)
     num_key_value_heads: int = Field(2, gt=0)
-    head_dim: int | None = None
-    vocab_size: int | None = Field(None, description="Default: the tokenizer's length.")
-    init_seed: int = 0
+    head_dim: int | None = Field(
+        None, gt=0, description="Default: hidden_size // num_attention_heads (even: RoPE)."
+    )
+    vocab_size: int | None = Field(None, gt=0, description="Default: the tokenizer's length.")
+    init_seed: Seed = 0
 
     @model_validator(mode="after")
-    def _heads_divide(self) -> TinyModelConfig:
+    def _shapes_fit(self) -> TinyModelConfig:
+        """The shape rules transformers enforces when it builds the model (after pages of its
+        own output), checked when the config is read; each message starts with the key."""
         if self.num_attention_heads % self.num_key_value_heads:
             raise ValueError(
-                f"num_attention_heads={self.num_attention_heads} must be a multiple of "
-                f"num_key_value_heads={self.num_key_value_heads}"
+                f"num_key_value_heads={self.num_key_value_heads} must divide "
+                f"num_attention_heads={self.num_attention_heads} (grouped-query attention)"
             )
-        if self.head_dim is None and self.hidden_size % self.num_attention_heads:
-            raise ValueError("hidden_size must be a multiple of num_attention_heads")
+        if self.hidden_size % self.num_attention_heads:  # LlamaConfig.validate_architecture
+            raise ValueError(
+                f"hidden_size={self.hidden_size} must be a multiple of "
+                f"num_attention_heads={self.num_attention_heads}"
+            )
+        head_dim = self.head_dim or self.hidden_size // self.num_attention_heads
+        if head_dim % 2:  # RoPE rotates pairs of dimensions
+            key = "head_dim" if self.head_dim else "hidden_size"
+            raise ValueError(
+                f"{key}={getattr(self, key)} gives head_dim={head_dim}; RoPE needs an even "
+                "head_dim (hidden_size / num_attention_heads)"
+            )
         return self
 
 

@@ -79,9 +79,34 @@ def data_fingerprint(
 def dataset_fingerprint(cfg: ExperimentConfig) -> str:
     """:func:`data_fingerprint` of ``cfg``'s packed dataset, computed without packing (loads the
     tokenizer and lists the inputs)."""
+    return dataset_identity(cfg)[0]
+
+
+def dataset_identity(cfg: ExperimentConfig) -> tuple[str, list[dict[str, Any]]]:
+    """``(fingerprint, input fingerprints)`` of ``cfg``'s packed dataset, without packing: what
+    prepare-data would build now (its ``manifest.json`` records both)."""
     files = _resolve_inputs(cfg.data, BadInput(skip=cfg.data.on_bad_input == "skip"))
     tok = tokenizer_fingerprint(load_tokenizer(cfg.model))
-    return data_fingerprint(cfg.data, cfg.seed, tok, input_fingerprints(files))
+    inputs = input_fingerprints(files)
+    return data_fingerprint(cfg.data, cfg.seed, tok, inputs), inputs
+
+
+def input_change(before: list[dict[str, Any]], now: list[dict[str, Any]]) -> str | None:
+    """The first input file that differs between two input-fingerprint lists (a manifest's
+    ``inputs`` and :func:`dataset_identity`'s), in words; None when they are equal."""
+    old = {i.get("path"): i for i in before if isinstance(i, dict)}
+    new = {i.get("path"): i for i in now if isinstance(i, dict)}
+    for path in sorted(set(old) | set(new), key=str):
+        a, b = old.get(path), new.get(path)
+        if a is None:
+            return f"{path} is new"
+        if b is None:
+            return f"{path} is gone"
+        if a.get("size") != b.get("size"):
+            return f"{path} changed size ({a.get('size')} -> {b.get('size')} bytes)"
+        if a.get("mtime_ns") != b.get("mtime_ns"):
+            return f"{path} was modified (same size, new modification time)"
+    return None
 
 
 def _is_complete(out: Path, fingerprint: str) -> bool:

@@ -9,7 +9,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from anchorctx.config import Strict
+from anchorctx.config import Seed, Strict
 
 
 class SourceConfig(Strict):
@@ -57,12 +57,18 @@ class UpsampleConfig(Strict):
         description="long_share only: target share of tokens from long documents, per domain.",
     )
 
+    @model_validator(mode="after")
+    def _shares(self) -> UpsampleConfig:
+        if isinstance(self.shares, dict) and (problem := _shares_problem(self.shares)):
+            raise ValueError(f"shares {problem}")
+        return self
+
 
 class DemoCorpusConfig(Strict):
     """Generate the seeded synthetic demo corpus and tokenizer here when missing."""
 
     dir: Path = Path(".demo/corpus")
-    seed: int = 0
+    seed: Seed = 0
     docs_per_domain: int = Field(40, gt=0)
 
 
@@ -104,4 +110,16 @@ class DataConfig(Strict):
             raise ValueError(
                 f"chunks_per_document must be (min, max) with 1 <= min <= max, got {(lo, hi)}"
             )
+        if isinstance(self.mixture, dict) and (problem := _shares_problem(self.mixture)):
+            raise ValueError(f"mixture {problem}")
         return self
+
+
+def _shares_problem(shares: dict[str, float]) -> str | None:
+    """Why a mapping of shares (domain -> weight) cannot be normalised, or None."""
+    negative = sorted(k for k, v in shares.items() if v < 0)
+    if negative:
+        return f"must be >= 0 (negative for {', '.join(negative)})"
+    if sum(shares.values()) <= 0:
+        return f"must have a positive sum (got {shares})"
+    return None

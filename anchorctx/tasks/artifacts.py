@@ -24,6 +24,7 @@ from prefect.artifacts import (
 
 from anchorctx.io import read_json
 from anchorctx.manifest import base_manifest
+from anchorctx.tasks.api import Reporting
 
 if TYPE_CHECKING:
     from uuid import UUID
@@ -161,7 +162,11 @@ def publish_plot(key: str, path: str | Path, description: str) -> None:
 
 
 class Progress:
-    """A progress artifact updated at most every ``min_interval_s`` seconds (API-friendly)."""
+    """A progress artifact updated at most every ``min_interval_s`` seconds (API-friendly).
+
+    An update while the Prefect server is unreachable (a restart) is skipped with one warning,
+    never raised: it is called from the training task's tick, where an exception would kill
+    the training process group."""
 
     def __init__(self, key: str, description: str, min_interval_s: float = 2.0) -> None:
         self.artifact_id: UUID = create_progress_artifact(
@@ -170,11 +175,13 @@ class Progress:
         self.min_interval_s = min_interval_s
         self._last_sent = 0.0
         self._last_value = 0.0
+        self._api = Reporting(f"progress artifact {artifact_key(key)!r}")
 
     def update(self, fraction: float, *, force: bool = False) -> None:
         value = round(max(0.0, min(1.0, fraction)) * 100, 1)
         now = time.monotonic()
         if value == self._last_value or (not force and now - self._last_sent < self.min_interval_s):
             return
-        update_progress_artifact(artifact_id=self.artifact_id, progress=value)
-        self._last_sent, self._last_value = now, value
+        self._last_sent = now
+        if self._api.call(update_progress_artifact, artifact_id=self.artifact_id, progress=value):
+            self._last_value = value

@@ -67,4 +67,4 @@ def train_cache_key(context: TaskRunContext | None, parameters: dict[str, Any]) 
 def evaluate_cache_key(context: TaskRunContext | None, parameters: dict[str, Any]) -> str:
     cfg: ExperimentConfig = parameters["cfg"]
     ckpt, suite = Path(parameters["checkpoint"]), parameters["suite"]
-    return digest("evaluate", str(result_path(ckpt, suite)), identity(cfg, ckpt, suite))
+    return digest("evaluate", str(result_path(ckpt, suite, cfg)), identity(cfg, ckpt, suite))

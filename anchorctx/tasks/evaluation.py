@@ -51,8 +51,10 @@ def prefetch_ruler_task(
 
 @task(name="summarize-run")
 def summarize_task(run_dir: str, last_k: int) -> dict[str, Any]:
-    """Mean ± std over the last k checkpoints (writes ``eval/summary.json`` and ``.md``)."""
-    return summarize_run(run_dir, last_k)
+    """Mean ± std over the last k checkpoints (writes ``eval/summary.json`` and ``.md``); a
+    result that does not match its per-sample records is refused, as ``anchorctx report``
+    refuses it."""
+    return summarize_run(run_dir, last_k, verify=True)
 
 
 @task(name="experiment-report")
@@ -69,7 +71,8 @@ def arm_comparison_task(cfg: ExperimentConfig, datasets: dict[str, str]) -> dict
     return write_arm_comparison(cfg, datasets)
 
 
-def result_exists(checkpoint: str | Path, suite: str) -> bool:
+def result_exists(checkpoint: str | Path, suite: str, cfg: ExperimentConfig | None = None) -> bool:
     """The result file exists and is intact (not edited since it was written): otherwise a
-    cached task is refreshed, and the library recomputes it from the per-sample records."""
-    return result_is_intact(checkpoint, suite)
+    cached task is refreshed, and the library recomputes it from the per-sample records.
+    ``cfg``: where the result of a checkpoint outside its ``run_root`` lives."""
+    return result_is_intact(checkpoint, suite, cfg)

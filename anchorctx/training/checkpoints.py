@@ -16,16 +16,24 @@ data cursor is the step itself (batches are a pure function of seed and step). W
 ``.resume.partial`` -> ``resume``); a crash between the two renames is undone by
 :func:`recover_resume`. Multi-node runs need ``run_root`` on a shared filesystem.
 
-Trust boundary: ``trainer.json`` and the RNG files are JSON, read without pickle. DeepSpeed
-reads its own engine files with ``torch.load(weights_only=False)`` (they hold optimizer and
-config objects, not only tensors), so ``resume/engine`` can run code when loaded: resume only
-from run directories that you (or your own jobs) wrote. Checkpoints under ``checkpoints/`` are
-safetensors and are safe to load from anywhere.
+Trust boundary: ``trainer.json`` and the RNG files are JSON, read without pickle. DeepSpeed's
+engine files (``resume/engine``) are pickles; they are read with ``torch.load(weights_only=True)``
+and an allow-list of the three DeepSpeed classes they hold
+(:mod:`anchorctx.training.engine_state`), so a tampered file is refused, naming it, instead of
+running its payload. Checkpoints under ``checkpoints/`` are safetensors.
+
+Write failures (a full disk above all: torch reports it as ``[enforce fail at
+inline_container.cc] ... file write failed``) are one :class:`SaveError` naming the file, after
+every rank has finished DeepSpeed's collectives and agreed that the save failed; the previous
+``resume/`` and checkpoints are untouched and the partial directory is removed.
 """
 
 from __future__ import annotations
 
 import base64
+import contextlib
+import copy
+import errno
 import json
 import os
 import random
@@ -45,6 +53,8 @@ from anchorctx.models.checkpoints import (
     checkpoint_name,
     list_checkpoints,
 )
+from anchorctx.models.safetensors_stream import save_weights_streamed
+from anchorctx.training.engine_state import UnsafeStateError, guarded
 from anchorctx.training.plan import ResumeStateError
 from anchorctx.training.settings import SaveConfig
 
@@ -74,11 +84,38 @@ def should_save_resume(step: int, total: int, save: SaveConfig) -> bool:
 
 
 # ------------------------------------------------------------------------------ HF checkpoints
-def _gathered_state_dict(ds_engine: DeepSpeedEngine) -> dict[str, torch.Tensor] | None:
-    """Full weights on rank 0 under ZeRO-3 (a collective: every rank must call it)."""
-    if ds_engine.zero_optimization_stage() == 3:
-        return ds_engine._zero3_consolidated_16bit_state_dict()
-    return None
+def _stage_weights(
+    ds_engine: DeepSpeedEngine, final: Path
+) -> tuple[Path | None, tuple[str, BaseException] | None]:
+    """Under ZeRO-3, the weights streamed one tensor at a time into a staging directory beside
+    ``final`` (every rank joins each gather, rank 0 writes), so the host never holds the whole
+    model (anchorctx.models.safetensors_stream says why). Returns (staging dir, failure)."""
+    if ds_engine.zero_optimization_stage() != 3:
+        return None, None
+    stage = None
+    if dist.get_rank() == 0:
+        stage = final.parent / f".{final.name}.weights.tmp"
+        shutil.rmtree(stage, ignore_errors=True)
+        stage.mkdir(parents=True)
+    try:
+        save_weights_streamed(ds_engine.module, stage)
+    except Exception as err:
+        if stage is not None:
+            shutil.rmtree(stage, ignore_errors=True)
+        return None, (str(stage), err)
+    return stage, None
+
+
+def _finish_streamed(model: torch.nn.Module, staged: Path, tmp: Path) -> None:
+    """Move the streamed weights in and write what ``save_pretrained`` writes beside them."""
+    for path in staged.iterdir():
+        path.rename(tmp / path.name)
+    staged.rmdir()
+    config = copy.deepcopy(model.config)
+    config.architectures = [type(model).__name__]
+    config.save_pretrained(tmp)
+    if model.can_generate() and getattr(model, "generation_config", None) is not None:
+        model.generation_config.save_pretrained(tmp)
 
 
 def save_checkpoint(
@@ -89,19 +126,39 @@ def save_checkpoint(
     meta: dict[str, Any],
     save: SaveConfig,
 ) -> Path:
-    """Write ``checkpoints/step-NNNNNN`` (rank 0 writes; all ranks must call)."""
-    state = _gathered_state_dict(ds_engine)
+    """Write ``checkpoints/step-NNNNNN`` (rank 0 writes; all ranks must call). A failed write
+    (a full disk) is a :class:`SaveError` on every rank, naming the file; nothing is left
+    half-written."""
     final = Path(run_dir) / CHECKPOINT_DIR / checkpoint_name(step)
-    if dist.get_rank() == 0:
-        with atomic_directory(final) as tmp:
-            model = ds_engine.module
-            model.save_pretrained(tmp, state_dict=state, safe_serialization=True)
-            _portable_config(tmp)
-            tokenizer.save_pretrained(tmp)
-            atomic_write_json(tmp / META_FILE, {"step": step, **meta})
-        prune_checkpoints(run_dir, save.keep)
-    dist.barrier()
+    staged, failure = _stage_weights(ds_engine, final)
+    if dist.get_rank() == 0 and failure is None:
+        current = final
+        try:
+            with atomic_directory(final) as tmp:
+                model = ds_engine.module
+                current = tmp / "model.safetensors"
+                if staged is None:
+                    model.save_pretrained(tmp, safe_serialization=True)
+                else:
+                    _finish_streamed(model, staged, tmp)
+                current = tmp / "config.json"
+                _portable_config(tmp)
+                current = tmp / "tokenizer.json"
+                tokenizer.save_pretrained(tmp)
+                current = tmp / META_FILE
+                atomic_write_json(tmp / META_FILE, {"step": step, **meta})
+        except Exception as err:
+            failure = (str(final if current == final else final / current.name), err)
+        else:
+            prune_checkpoints(run_dir, save.keep)
+    if _any_rank_failed(failure is not None):
+        raise _save_error(failure, f"checkpoint {final}", _newest_checkpoint_hint(run_dir))
     return final
+
+
+def _newest_checkpoint_hint(run_dir: Path) -> str:
+    found = list_checkpoints(run_dir)
+    return f"the newest complete checkpoint, {found[-1]}, is intact" if found else ""
 
 
 def _portable_config(ckpt: Path) -> None:
@@ -134,6 +191,8 @@ class ResumeState:
     loss: float | None = None  # of the last step done
     parallel: dict[str, Any] = field(default_factory=dict)  # Parallelism.to_dict() of the run
     config_fingerprint: str | None = None  # training.loop.resume_fingerprint of the run's config
+    data_fingerprint: str | None = None  # the packed dataset trained on (its manifest's)
+    data_dir: str | None = None  # where that dataset was
     found: bool = False
 
     @classmethod
@@ -149,6 +208,8 @@ class ResumeState:
             loss=trainer.get("loss"),
             parallel=trainer.get("parallel", {}),
             config_fingerprint=trainer.get("config_fingerprint"),
+            data_fingerprint=trainer.get("data_fingerprint"),
+            data_dir=trainer.get("data_dir"),
             found=True,
         )
 
@@ -160,6 +221,8 @@ class ResumeState:
             "loss": self.loss,
             "parallel": self.parallel,
             "config_fingerprint": self.config_fingerprint,
+            "data_fingerprint": self.data_fingerprint,
+            "data_dir": self.data_dir,
         }
 
 
@@ -199,9 +262,73 @@ def rng_file(rank: int) -> str:
     return f"rng-rank{rank:05d}.json"
 
 
+class SaveError(RuntimeError):
+    """A checkpoint or the resume state could not be written (a full disk, most often); the
+    message names the file and what is still intact."""
+
+    exit_code = 1
+
+
+def _is_disk_full(err: BaseException) -> bool:
+    if isinstance(err, OSError) and err.errno in (errno.ENOSPC, errno.EDQUOT):
+        return True
+    text = str(err)
+    return any(
+        s in text
+        for s in (
+            "No space left on device",
+            "Disk quota exceeded",
+            "os error 28",  # safetensors (Rust)
+            # torch.save's zip writer: its message names neither the cause nor the file.
+            "inline_container",
+            "file write failed",
+        )
+    )
+
+
+def _free_space(path: Path) -> str:
+    for candidate in (path, *path.parents):
+        try:
+            free = shutil.disk_usage(candidate).free
+        except OSError:
+            continue
+        return f"{free / (1 << 30):.1f} GiB free there now"
+    return "free space unknown"
+
+
+def _save_error(failure: tuple[str, BaseException] | None, what: str, intact: str) -> SaveError:
+    """One line: the file, the cause (the disk is full, or the error itself) and what is
+    intact. ``failure`` None: another rank failed (its own message names the file)."""
+    tail = f"; {intact}" if intact else ""
+    if failure is None:
+        return SaveError(f"cannot write the {what}: another rank failed to write its part{tail}")
+    path, err = failure
+    if _is_disk_full(err):
+        cause = f"the disk is full (no space left on device; {_free_space(Path(path))})"
+    else:
+        detail = " ".join(str(err).split()) or "no message"
+        cause = f"{type(err).__name__}: {detail}"
+    return SaveError(f"cannot write the {what}: {path}: {cause}{tail}")
+
+
+def _any_rank_failed(failed: bool) -> bool:
+    """Every rank learns whether any rank failed (a collective: all ranks must call)."""
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return failed
+    device = (
+        torch.device("cuda", torch.cuda.current_device())
+        if dist.get_backend() == "nccl"
+        else torch.device("cpu")
+    )
+    flag = torch.tensor([1 if failed else 0], dtype=torch.int32, device=device)
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    return bool(flag.item())
+
+
 def save_resume(ds_engine: DeepSpeedEngine, run_dir: Path, state: ResumeState) -> Path:
     """Write ``resume/`` atomically (collective): ``state`` with the engine's and every rank's
-    RNG state."""
+    RNG state. A failed write (a full disk) is a :class:`SaveError` on every rank naming the
+    file; the previous ``resume/`` is untouched and ``.resume.partial`` removed."""
     rank = dist.get_rank()
     final = Path(run_dir) / RESUME_DIR
     tmp = Path(run_dir) / PARTIAL_RESUME
@@ -209,22 +336,69 @@ def save_resume(ds_engine: DeepSpeedEngine, run_dir: Path, state: ResumeState) -
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
     dist.barrier()
-    ds_engine.save_checkpoint(
-        str(tmp), tag=ENGINE_TAG, client_state={"step": state.step}, save_latest=False
-    )
-    atomic_write_json(tmp / rng_file(rank), rng_state())
-    dist.barrier()
-    if rank == 0:
-        files = {
-            p.relative_to(tmp).as_posix(): p.stat().st_size
-            for p in sorted(tmp.rglob("*"))
-            if p.is_file()
-        }
-        trainer = {**state.trainer_json(), "world": dist.get_world_size(), "files": files}
-        atomic_write_json(tmp / TRAINER_FILE, trainer)
-        _swap_into_place(tmp, final)
-    dist.barrier()
+    failure: tuple[str, BaseException] | None = None
+    try:
+        with guarded(ds_engine) as guard:
+            ds_engine.save_checkpoint(
+                str(tmp), tag=ENGINE_TAG, client_state={"step": state.step}, save_latest=False
+            )
+        failure = guard.failure
+    except OSError as err:  # DeepSpeed's own directory or metadata writes
+        failure = (str(err.filename or tmp / ENGINE_TAG), err)
+    if failure is None:
+        try:
+            atomic_write_json(tmp / rng_file(rank), rng_state())
+        except OSError as err:
+            failure = (str(tmp / rng_file(rank)), err)
+    if not _any_rank_failed(failure is not None) and rank == 0:
+        try:
+            files = {
+                p.relative_to(tmp).as_posix(): p.stat().st_size
+                for p in sorted(tmp.rglob("*"))
+                if p.is_file()
+            }
+            trainer = {**state.trainer_json(), "world": dist.get_world_size(), "files": files}
+            atomic_write_json(tmp / TRAINER_FILE, trainer)
+        except OSError as err:
+            failure = (str(tmp / TRAINER_FILE), err)
+        else:
+            _swap_into_place(tmp, final)
+    if _any_rank_failed(failure is not None):
+        if rank == 0:
+            shutil.rmtree(tmp, ignore_errors=True)  # frees what the partial state took
+        raise _save_error(_as_final(failure, tmp, final), "resume state", _intact_resume(run_dir))
     return final
+
+
+def _as_final(
+    failure: tuple[str, BaseException] | None, tmp: Path, final: Path
+) -> tuple[str, BaseException] | None:
+    """Name the file as it would have been in ``resume/`` (``.resume.partial`` is removed)."""
+    if failure is None:
+        return None
+    path, err = failure
+    with contextlib.suppress(ValueError):
+        path = str(final / Path(path).relative_to(tmp))
+    return path, err
+
+
+def resume_step(run_dir: Path) -> int | None:
+    """The step of the complete resume state in ``resume/`` (None: none, or unreadable)."""
+    try:
+        step = read_json(Path(run_dir) / RESUME_DIR / TRAINER_FILE).get("step")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return step if isinstance(step, int) else None
+
+
+def _intact_resume(run_dir: Path) -> str:
+    step = resume_step(run_dir)
+    if step is None:
+        return "no earlier resume state was touched"
+    return (
+        f"the resume state of step {step} in {Path(run_dir) / RESUME_DIR} is intact: free "
+        "space, then continue with --resume"
+    )
 
 
 def _swap_into_place(tmp: Path, final: Path) -> None:
@@ -276,7 +450,9 @@ def _corrupt(run_dir: Path, path: Path, problem: str) -> ResumeStateError:
 def read_trainer_state(run_dir: Path, world: int | None = None) -> ResumeState:
     """``resume/trainer.json`` after checking every file of the resume state is there and
     whole (:meth:`ResumeState.none`: no resume state). Raises :class:`ResumeStateError` naming
-    the bad file."""
+    the bad file. The per-rank RNG files are checked for the process count the state was
+    written with; ``world`` (this launch's) only skips that check when it differs, since
+    the layout comparison then explains the refusal."""
     run_dir = Path(run_dir)
     root = run_dir / RESUME_DIR
     if not root.exists():
@@ -308,7 +484,12 @@ def read_trainer_state(run_dir: Path, world: int | None = None) -> ResumeState:
             )
     if not (root / ENGINE_TAG).is_dir():
         raise _corrupt(run_dir, root / ENGINE_TAG, "missing (DeepSpeed's engine state)")
-    for rank in range(world if world is not None else state.get("world", 1)):
+    recorded = state.get("world", 1)
+    if world is not None and world != recorded:
+        # Another process count is a layout change, which the caller reports as such
+        # (training.loop.restart_state), not a missing rank file.
+        return ResumeState.from_trainer_json(state)
+    for rank in range(recorded if isinstance(recorded, int) else 1):
         if rng_file(rank) not in files:
             raise _corrupt(run_dir, root / rng_file(rank), "missing")
     return ResumeState.from_trainer_json(state)
@@ -316,12 +497,19 @@ def read_trainer_state(run_dir: Path, world: int | None = None) -> ResumeState:
 
 def load_resume(ds_engine: DeepSpeedEngine, run_dir: Path) -> None:
     """Restore the DeepSpeed engine (weights, optimizer, scheduler) and this rank's RNG from
-    ``resume/``."""
+    ``resume/``. The engine files are read without running code
+    (:mod:`anchorctx.training.engine_state`): one that would is refused, naming it."""
     root = Path(run_dir) / RESUME_DIR
     try:
-        path, _ = ds_engine.load_checkpoint(
-            str(root), tag=ENGINE_TAG, load_optimizer_states=True, load_lr_scheduler_states=True
-        )
+        with guarded(ds_engine):
+            path, _ = ds_engine.load_checkpoint(
+                str(root),
+                tag=ENGINE_TAG,
+                load_optimizer_states=True,
+                load_lr_scheduler_states=True,
+            )
+    except UnsafeStateError as err:
+        raise _corrupt(run_dir, Path(err.path), str(err)[len(err.path) + 2 :]) from None
     except Exception as err:  # DeepSpeed raises anything from AssertionError to pickle errors
         detail = " ".join(str(err).split()) or "no message"
         raise _corrupt(

@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+import signal
+import threading
+from collections.abc import Iterator
 
 from anchorctx.demo import ensure_demo_corpus
 from anchorctx.tracking import check_backends
@@ -53,11 +57,35 @@ def train(args: argparse.Namespace) -> int:
     check_backends(args.cfg)  # before any work: a missing tracker package is one line
     # Demo configs: the launcher writes the corpus where it prepares the data (node 0, under
     # the run lock), before its checks read the tokenizer.
-    return launch(
-        args.cfg,
-        resume=args.resume,
-        force=args.force,
-        node_rank=args.node_rank,
-        master_addr=args.master_addr,
-        prepare_inputs=ensure_demo_corpus,
-    )
+    with sigterm_as_interrupt():
+        return launch(
+            args.cfg,
+            resume=args.resume,
+            force=args.force,
+            node_rank=args.node_rank,
+            master_addr=args.master_addr,
+            prepare_inputs=ensure_demo_corpus,
+        )
+
+
+@contextlib.contextmanager
+def sigterm_as_interrupt() -> Iterator[None]:
+    """SIGTERM (``kill``, a scheduler's stop, a cancelled orchestration task) stops training as
+    Ctrl-C does: ``KeyboardInterrupt`` in the main thread, so the same cleanup runs (the
+    launched process group is terminated, the run lock released, partial writes removed) and
+    ``anchorctx.cli`` prints the same ``interrupted`` line with the same exit status (130).
+    Only the first SIGTERM interrupts; more during the cleanup are ignored. The previous
+    handler is restored afterwards (the command may run inside a longer-lived process)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield  # signal handlers belong to the main thread; the caller handles its own
+        return
+
+    def interrupt(signum: int, frame: object) -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)

@@ -17,8 +17,12 @@
 
 The child gets its own session (process group) and inherits this process's stdout/stderr, so
 its output (and its progress bar on a terminal) is forwarded as is. On any exception here —
-Ctrl-C, a cancelled orchestration task — the whole group is terminated, then killed.
-All pre-flight checks run here first, so a bad config fails before any GPU is touched.
+Ctrl-C, SIGTERM (which ``anchorctx train`` turns into the same interrupt), a cancelled
+orchestration task — the whole group is terminated, then killed. The child is torchrun through
+:mod:`anchorctx.training.torchrun`, which folds torchrun's traceback on such a stop (and its
+``ChildFailedError`` block when a rank fails) into one line.
+All pre-flight checks run here first, so a bad config fails before any GPU is touched; with
+``--resume`` the data is checked against the resume state before anything is packed.
 
 The run directory's writer lock (:class:`anchorctx.io.WriterLock`) is taken here, before
 anything is written, and held for the whole run: in-process, or passed to the launcher child
@@ -39,6 +43,7 @@ from anchorctx.process import free_port, run_process_group
 from anchorctx.training import checkpoints as ckpt
 from anchorctx.training.loop import (
     Prepared,
+    check_resume_data,
     preflight,
     restart_state,
     run_lock,
@@ -53,6 +58,8 @@ from anchorctx.training.plan import (
 )
 
 LAUNCH_CONFIG = ".launch-config.yaml"
+# torchrun (``torch.distributed.run``) with its stop-by-signal traceback folded into one line.
+TORCHRUN = "anchorctx.training.torchrun"
 
 
 def launch(
@@ -93,12 +100,18 @@ def launch(
     with run_lock(cfg) as lock:
         if prepare_inputs is not None:
             prepare_inputs(cfg)
+        if resume:
+            if note := ckpt.recover_resume(cfg.run_dir):
+                print(note, flush=True)
+            # Before preflight packs: changed inputs would be packed into a new dataset (or over
+            # the old one, with a fixed data.output_dir) only to be refused.
+            check_resume_data(cfg)
         pre = preflight(cfg, par)  # first: a bad config moves nothing aside
         if force and (old := move_aside(cfg.run_dir)) is not None:
             print(f"earlier run moved aside to {old}", flush=True)
         if note := ckpt.recover_resume(cfg.run_dir):
             print(note, flush=True)
-        state = restart_state(cfg, par, resume)
+        state = restart_state(cfg, par, resume, pre=pre)
         if par.world == 1:
             train(cfg, resume=resume, hold_lock=False, prepared=Prepared(par, pre, state))
             return 0
@@ -156,7 +169,7 @@ def launcher_command(
         return [
             sys.executable,
             "-m",
-            "torch.distributed.run",
+            TORCHRUN,
             *rendezvous_args(nodes, nproc),
             *worker,
         ]
@@ -180,7 +193,7 @@ def launcher_command(
     return [
         sys.executable,
         "-m",
-        "torch.distributed.run",
+        TORCHRUN,
         "--nnodes=1",
         f"--nproc-per-node={nproc}",
         "--master-addr=127.0.0.1",

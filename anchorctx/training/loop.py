@@ -4,7 +4,9 @@ One process, or one rank of a ``torchrun``/``deepspeed`` launch (see
 :mod:`anchorctx.training.launch`). The order is: pre-flight checks (config, dataset,
 tokenizer, heads — nothing on the GPU yet), process group, run directory, model, Ulysses
 registration, DeepSpeed engine, optional resume, then the step loop with logging,
-checkpoints and resume state.
+checkpoints and resume state. A non-finite loss or gradient norm stops the loop before that
+step is logged or saved (:func:`check_finite`); ``--resume`` continues only on the packed
+dataset the resume state was trained on (:func:`check_resume_data`).
 
 The parallel plan, the pre-flight result and the restart state are computed once per process:
 a launcher that already has them (``anchorctx train`` of one process) passes them in as
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import sys
 import time
@@ -33,13 +36,21 @@ from anchorctx.io import (
     append_jsonl,
     atomic_write_json,
     atomic_write_text,
+    read_json,
     read_jsonl,
     sha256_file,
 )
 from anchorctx.manifest import base_manifest
 from anchorctx.models.checkpoints import list_checkpoints
-from anchorctx.models.loading import build_hf_config, load_model, load_tokenizer, resolve_device
+from anchorctx.models.loading import (
+    anchor_decision,
+    build_hf_config,
+    load_model,
+    load_tokenizer,
+    resolve_device,
+)
 from anchorctx.packing import load_packed, prepare_data
+from anchorctx.packing.pipeline import MANIFEST, dataset_identity, input_change
 from anchorctx.tracking import Tracker, train_metrics
 from anchorctx.training import checkpoints as ckpt
 from anchorctx.training import metrics as M
@@ -55,11 +66,15 @@ from anchorctx.training.kernels import use_kernels
 from anchorctx.training.nodes import check_shared_run_dir
 from anchorctx.training.plan import (
     Parallelism,
+    ResumeDataError,
     TrainingError,
+    TrainingStopped,
+    check_batch_memory,
     check_dataset,
     check_heads,
     check_model_source,
     check_vocab,
+    layout_change,
     padded_length,
     plan_parallelism,
 )
@@ -85,6 +100,7 @@ class Preflight:
     manifest: dict[str, Any]
     tokenizer: Any
     hf_config: Any
+    anchor_note: str | None = None  # the anchor rule's recorded decision (models.loading)
 
 
 @dataclass
@@ -117,14 +133,22 @@ def preflight(
     launcher already prepared it), else built by ``prepare_data`` if missing."""
     check_model_source(cfg)
     tokenizer = load_tokenizer(cfg.model)
-    hf_config = build_hf_config(cfg.model, seq_len=cfg.data.seq_len, vocab_size=len(tokenizer))
+    where = str(cfg.model.path) if cfg.model.path is not None else "model.tiny"
+    if cfg.model.path is not None:  # the config as the directory has it, before the rule
+        _, note = anchor_decision(tokenizer, build_hf_config(cfg.model, seq_len=None), where)
+    else:
+        note = None
+    hf_config = build_hf_config(
+        cfg.model, seq_len=cfg.data.seq_len, vocab_size=len(tokenizer), tokenizer=tokenizer
+    )
     check_heads(hf_config, par.sp)
     check_vocab(hf_config, tokenizer)
+    check_batch_memory(cfg, par)  # before the data is built or a batch allocated
     if data_dir is None:
         data_dir = prepare_data(cfg, progress=True)
     _, manifest = load_packed(data_dir)
     check_dataset(cfg, manifest, tokenizer)
-    return Preflight(Path(data_dir), manifest, tokenizer, hf_config)
+    return Preflight(Path(data_dir), manifest, tokenizer, hf_config, note)
 
 
 def train(
@@ -191,7 +215,8 @@ def _prepare_rank(
     dist.barrier()  # rank 0 built the dataset; the others now find it finished
     if rank != 0:
         pre = preflight(cfg, par, data_dir=data_dir)
-    state = restart_state(cfg, par, resume)  # every rank checks: none waits on a failed one
+    # Every rank checks: none waits on a failed one.
+    state = restart_state(cfg, par, resume, pre=pre)
     return Prepared(par, pre, state)
 
 
@@ -205,6 +230,8 @@ def _train(run: RunContext) -> dict[str, Any]:
     if state.step >= cfg.training.steps:
         log.info("run already complete at step %d: %s", state.step, cfg.run_dir)
         return _summary(cfg, state.step, state.tokens_seen, state.loss, state.step)
+    if run.par.device == "cuda":  # its device part needs CUDA initialised (plan.py)
+        check_batch_memory(cfg, run.par)
     built = time.perf_counter()
     ds_engine = _build(run)
     if state.found:
@@ -278,6 +305,7 @@ def _loop(run: RunContext, ds_engine: DeepSpeedEngine, plan: BatchPlan) -> dict[
             data = plan.step_data(step - 1, run.device)
             stats = train_step(ds_engine, data, par.engine, scale, loss_fn)
             _sync(par.device)
+            check_finite(cfg, step, stats.loss, stats.grad_norm)
             dt = time.perf_counter() - t0
             tokens_seen += data.global_tokens
             loss = stats.loss
@@ -301,6 +329,28 @@ def _loop(run: RunContext, ds_engine: DeepSpeedEngine, plan: BatchPlan) -> dict[
     if bar is not None:
         bar.close()
     return _summary(cfg, t.steps, tokens_seen, loss, start)
+
+
+def check_finite(cfg: ExperimentConfig, step: int, loss: float, grad_norm: float | None) -> None:
+    """Stop at a non-finite loss or gradient norm, before this step is logged or saved: its
+    update has already changed the weights in memory, and nothing of it reaches the disk. Every
+    rank holds the same global values, so every rank stops here together."""
+    bad = not math.isfinite(loss) or (grad_norm is not None and not math.isfinite(grad_norm))
+    if not bad:
+        return
+    found = list_checkpoints(cfg.run_dir)
+    good = f"the last good checkpoint is {found[-1]}" if found else "there is no checkpoint yet"
+    state = ckpt.resume_step(cfg.run_dir)
+    resume = (
+        f"; the resume state is at step {state} (--resume repeats the steps after it)"
+        if state is not None
+        else ""
+    )
+    norm = "not tracked" if grad_norm is None else f"{grad_norm}"
+    raise TrainingStopped(
+        f"step {step}: the loss is {loss} and the gradient norm {norm}: training stopped "
+        f"before saving this step; {good}{resume}"
+    )
 
 
 def _report(cfg, row: dict, eta_s: float, bar) -> None:
@@ -332,6 +382,8 @@ def _save(
             loss=loss,
             parallel=run.par.to_dict(),
             config_fingerprint=resume_fingerprint(cfg),
+            data_fingerprint=pre.manifest.get("fingerprint"),
+            data_dir=str(pre.data_dir),
         )
         ckpt.save_resume(ds_engine, cfg.run_dir, state)
         log.info("resume state at step %d (%.1f s)", step, time.perf_counter() - t0)
@@ -347,6 +399,10 @@ def _checkpoint_meta(cfg, pre: Preflight, tokens_seen: int, loss: float) -> dict
         "config_hash": cfg.fingerprint(),
         "data_manifest_hash": sha256_file(pre.data_dir / "manifest.json"),
         "data_fingerprint": pre.manifest.get("fingerprint"),
+        # The anchor training used: evaluation refuses a checkpoint whose tokenizer now gives
+        # another (models.loading.check_trained_anchor).
+        "anchor_token_id": pre.manifest.get("anchor_token_id"),
+        **({"anchor_note": pre.anchor_note} if pre.anchor_note else {}),
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
 
@@ -373,13 +429,16 @@ def resume_fingerprint(cfg: ExperimentConfig) -> str:
     return copy.fingerprint("seed", "model", "data", "training")
 
 
-def restart_state(cfg: ExperimentConfig, par: Parallelism, resume: bool) -> ckpt.ResumeState:
+def restart_state(
+    cfg: ExperimentConfig, par: Parallelism, resume: bool, pre: Preflight | None = None
+) -> ckpt.ResumeState:
     """The resume state to continue from (``ResumeState.none()``: a fresh start), after checking
     it is safe.
 
     Never a silent restart: a run directory with resume state or checkpoints needs ``resume``
     (continue) or the caller's ``--force`` (which moves it aside first); corrupt resume state
-    is a :class:`ResumeStateError` naming the file.
+    is a :class:`ResumeStateError` naming the file. ``pre``: the pre-flight result, whose
+    packed dataset is the one the run continues on (default: the one ``cfg`` packs now).
     """
     run_dir = cfg.run_dir
     if not resume:
@@ -395,7 +454,7 @@ def restart_state(cfg: ExperimentConfig, par: Parallelism, resume: bool) -> ckpt
         return ckpt.ResumeState.none()
     state = ckpt.read_trainer_state(run_dir, par.world)
     if state.found:
-        _check_resumable(cfg, par, state)
+        _check_resumable(cfg, par, state, pre)
     elif list_checkpoints(run_dir):
         raise TrainingError(
             f"{run_dir} holds checkpoints of an earlier run but no resume state to continue "
@@ -404,19 +463,67 @@ def restart_state(cfg: ExperimentConfig, par: Parallelism, resume: bool) -> ckpt
     return state
 
 
-def _check_resumable(cfg: ExperimentConfig, par: Parallelism, state: ckpt.ResumeState) -> None:
+def _check_resumable(
+    cfg: ExperimentConfig, par: Parallelism, state: ckpt.ResumeState, pre: Preflight | None
+) -> None:
+    """The recorded parallel layout first (another process count also changes which per-rank
+    files exist), then the config, then the data."""
+    saved = state.parallel
+    if saved != par.to_dict():
+        raise TrainingError(
+            f"the resume state in {cfg.run_dir / 'resume'} was written with another parallel "
+            f"layout ({layout_change(saved, par.to_dict())}): resume with the same processes, "
+            "SP size, batch and ZeRO stage as the run that wrote it"
+        )
     if state.config_fingerprint != resume_fingerprint(cfg):
         raise TrainingError(
             f"the resume state in {cfg.run_dir / 'resume'} was written with a different config "
             f"(only training.{', training.'.join(RESUMABLE_CHANGES)} may change on --resume); "
             "compare with its config.yaml, or start a new run under another name"
         )
-    saved = state.parallel
-    if saved != par.to_dict():
-        raise TrainingError(
-            f"the resume state was written with parallel layout {saved}, this launch is "
-            f"{par.to_dict()}: resume with the same processes, SP size, batch and ZeRO stage"
-        )
+    check_resume_data(cfg, state, pre)
+
+
+def check_resume_data(
+    cfg: ExperimentConfig, state: ckpt.ResumeState | None = None, pre: Preflight | None = None
+) -> None:
+    """``--resume`` trains on the data the resume state was trained on: the packed dataset
+    the run continues on (``pre``'s, else the one ``cfg`` packs now) must have the fingerprint
+    recorded in ``trainer.json`` (an input file edited in place gives another one). Without
+    ``pre`` it is cheap (inputs are listed, nothing is packed), so the launcher calls it
+    before packing; ``state`` None: read ``resume/trainer.json`` leniently (its full checks
+    come later, in :func:`restart_state`). A finished run is not checked."""
+    if state is None:
+        try:
+            state = ckpt.ResumeState.from_trainer_json(
+                read_json(cfg.run_dir / ckpt.RESUME_DIR / ckpt.TRAINER_FILE)
+            )
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            return
+    recorded = state.data_fingerprint
+    if not recorded or state.step >= cfg.training.steps:
+        return  # written before data fingerprints were recorded, or nothing left to train
+    if pre is not None:
+        now, inputs = pre.manifest.get("fingerprint"), pre.manifest.get("inputs") or []
+    else:
+        now, inputs = dataset_identity(cfg)
+    if now == recorded:
+        return
+    was = f" ({state.data_dir})" if state.data_dir else ""
+    change = None
+    if state.data_dir:
+        try:
+            change = input_change(read_json(Path(state.data_dir) / MANIFEST)["inputs"], inputs)
+        except (OSError, ValueError, KeyError, TypeError):
+            change = None
+    sources = ", ".join(str(s.path) for s in cfg.data.sources)
+    raise ResumeDataError(
+        f"the resume state in {cfg.run_dir / ckpt.RESUME_DIR} was trained on the packed "
+        f"dataset {recorded}{was}, but data.sources ({sources}) now pack to {now}"
+        f"{f': {change}' if change else ' (an input file or the data config changed)'}; "
+        "resuming would train its remaining steps on other data: restore the inputs, or start "
+        "over with --force (or under another name)"
+    )
 
 
 def _prepare_run_dir(run: RunContext) -> None:

@@ -9,6 +9,7 @@ group layout), so DP = world / SP. A global batch of ``G`` sequences is
 from __future__ import annotations
 
 import math
+import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -31,6 +32,20 @@ class ResumeStateError(TrainingError):
     """The resume state on disk is incomplete or corrupt; the message names the file."""
 
     exit_code = 1  # the files are bad, not the command
+
+
+class ResumeDataError(TrainingError):
+    """``--resume`` would train on other data than the resume state was trained on (an input
+    file changed); the message names both dataset fingerprints and the data."""
+
+    exit_code = 1  # the files changed, not the command
+
+
+class TrainingStopped(RuntimeError):
+    """Training stopped at run time (a non-finite loss or gradient norm); the message names
+    the step and the last good checkpoint."""
+
+    exit_code = 1
 
 
 @dataclass(frozen=True)
@@ -180,6 +195,108 @@ def check_vocab(hf_config: PretrainedConfig, tokenizer: PreTrainedTokenizerBase)
         raise TrainingError(
             f"the tokenizer has {len(tokenizer)} tokens but the model's vocab_size is {vocab}"
         )
+
+
+# Memory of one step's batches (training.data.BatchPlan.step_data), per token of a padded row:
+# every rank builds all G rows of the global batch (int64 ids and targets, 16 bytes, plus the
+# int32/uint8 record and target arithmetic while a row is built); its own micro-batches add
+# their shard of ids and targets and the full-row layouts (int64 position ids, int32 document
+# ids and the masks built from them). Per row: Python and tensor overhead, its sample index.
+GLOBAL_ROW_BYTES_PER_TOKEN = 24
+LOCAL_LAYOUT_BYTES_PER_TOKEN = 16
+ROW_OVERHEAD_BYTES = 1024
+
+
+@dataclass(frozen=True)
+class StepMemory:
+    """Bytes one rank holds for one step's batches: on the host, and on its device (0 on CPU,
+    where the micro-batches are host memory too)."""
+
+    host: int
+    device: int
+
+
+def step_memory(par: Parallelism, seq_len: int) -> StepMemory:
+    """What :meth:`anchorctx.training.data.BatchPlan.step_data` holds at once for one rank
+    (the constants above): the whole global batch's rows on the host, this rank's
+    micro-batches on its device."""
+    t = padded_length(seq_len, par.sp)
+    rows = par.global_batch * (GLOBAL_ROW_BYTES_PER_TOKEN * t + ROW_OVERHEAD_BYTES)
+    local = par.accum * par.micro * (16 * (t // par.sp) + LOCAL_LAYOUT_BYTES_PER_TOKEN * t)
+    if par.device == "cuda":
+        return StepMemory(host=rows, device=local)
+    return StepMemory(host=rows + local, device=0)
+
+
+# A step's batches may take at most this share of the memory they live in: the rest is the
+# model's, the optimizer's and the process's (training.memory models those on the GPU).
+BATCH_MEMORY_SHARE = 0.5
+
+
+def host_available_bytes() -> int:
+    """Host memory available now (psutil, DeepSpeed's own dependency)."""
+    # Imported here: psutil is needed only once a run is planned.
+    import psutil
+
+    return int(psutil.virtual_memory().available)
+
+
+def device_total_bytes() -> int | None:
+    """Memory of this process's GPU; None where CUDA is not initialised yet (the launcher, which
+    must not create a CUDA context on GPU 0 for the whole run: each rank checks after
+    ``init_distributed``)."""
+    torch = sys.modules.get("torch")
+    if torch is None or not torch.cuda.is_initialized():
+        return None
+    return int(torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory)
+
+
+def check_batch_memory(cfg: ExperimentConfig, par: Parallelism) -> None:
+    """Refuse a batch plan whose batches cannot fit before anything is allocated: every rank
+    builds the whole global batch on the host each step, and its micro-batches on its device
+    (:func:`step_memory`). ``training.global_batch_size=1e9`` would otherwise grow past the
+    host's memory before step 1."""
+    need = step_memory(par, cfg.data.seq_len)
+    procs = max(1, min(processes_per_node(cfg, par.device), par.world))
+    gib = 1 << 30
+    key = f"training.global_batch_size={cfg.training.global_batch_size}"
+    rows = f"{par.global_batch} rows of {padded_length(cfg.data.seq_len, par.sp)} tokens"
+    host = need.host * procs
+    available = host_available_bytes()
+    if host > BATCH_MEMORY_SHARE * available:
+        raise TrainingError(
+            f"{key}: one step's batches need about {host / gib:.1f} GiB of host memory ({rows}, "
+            f"built by each of {procs} process(es) on this node), more than "
+            f"{BATCH_MEMORY_SHARE:.0%} of the {available / gib:.1f} GiB available; lower "
+            "training.global_batch_size (or data.seq_len)"
+        )
+    total = device_total_bytes() if need.device else None
+    if total is not None and need.device > BATCH_MEMORY_SHARE * total:
+        raise TrainingError(
+            f"{key}: one step's {par.accum} micro-batch(es) need about "
+            f"{need.device / gib:.1f} GiB on each GPU, more than {BATCH_MEMORY_SHARE:.0%} "
+            f"of its {total / gib:.1f} GiB; lower training.global_batch_size (or raise "
+            "micro_batch_size, or use more GPUs)"
+        )
+
+
+def layout_change(saved: dict[str, Any], now: dict[str, Any]) -> str:
+    """The fields of two :meth:`Parallelism.to_dict` layouts that differ, in words."""
+    names = {
+        "world": "processes",
+        "sp": "training.sequence_parallel",
+        "dp": "data-parallel size",
+        "micro": "training.micro_batch_size",
+        "accum": "accumulation steps",
+        "device": "training.device",
+        "zero_stage": "training.zero_stage",
+        "engine": "training.engine",
+    }
+    keys = [k for k in names if saved.get(k) != now.get(k)]
+    keys += [
+        k for k in sorted(set(saved) | set(now)) if k not in names and saved.get(k) != now.get(k)
+    ]
+    return ", ".join(f"{names.get(k, k)} {saved.get(k)} -> {now.get(k)}" for k in keys)
 
 
 def padded_length(seq_len: int, sp: int) -> int:

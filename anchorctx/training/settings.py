@@ -4,7 +4,7 @@ long-row memory options and checkpoint saving. Read by :mod:`anchorctx.training`
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
 
@@ -15,6 +15,16 @@ from anchorctx.config import Device, Strict
 # registry are checked against, so a name valid here is one the attention layer runs.
 Variant = Literal[VARIANTS]
 Engine = Literal[ENGINE_NAMES]
+
+MAX_GLOBAL_BATCH = 1 << 20
+"""Most sequences per optimiser step: ~1000x the largest published LLM batches (4M-16M tokens
+of 4K-16K rows); beyond it a value is a typo (``1e9``), not a plan."""
+
+MAX_STEPS = 100_000_000
+"""Most optimiser steps: 100x a long pretraining run; beyond it a value is a typo."""
+
+# An Adam beta: the decay rate of a moment estimate, in [0, 1).
+Beta = Annotated[float, Field(ge=0, lt=1)]
 
 
 class SaveConfig(Strict):
@@ -99,10 +109,16 @@ class TrainingConfig(Strict):
     hostfile: Path | None = None
     sequence_parallel: int = Field(1, ge=1)
     zero_stage: int | None = Field(None, ge=0, le=3, description="Default: 3 on GPU, 0 on CPU.")
-    steps: int = Field(2000, gt=0)
-    global_batch_size: int = Field(8, gt=0, description="Sequences per optimiser step.")
-    micro_batch_size: int = Field(1, gt=0)
-    lr: float = Field(2e-5, gt=0)
+    steps: int = Field(2000, gt=0, le=MAX_STEPS)
+    global_batch_size: int = Field(
+        8,
+        gt=0,
+        le=MAX_GLOBAL_BATCH,
+        description="Sequences per optimiser step: a multiple of micro_batch_size × the "
+        "data-parallel size (nproc × nnodes / sequence_parallel).",
+    )
+    micro_batch_size: int = Field(1, gt=0, description="Sequences per rank per forward.")
+    lr: float = Field(2e-5, gt=0, le=1, description="Peak learning rate (AdamW).")
     warmup_steps: int = Field(0, ge=0)
     schedule: Literal["constant", "cosine"] = Field(
         "constant",
@@ -110,7 +126,7 @@ class TrainingConfig(Strict):
         "code) or 'cosine' (down to a tenth of lr at the last step, training.engine.COSINE_FLOOR; "
         "for pretraining from scratch, where the anneal lowers the final loss).",
     )
-    betas: tuple[float, float] = (0.9, 0.95)
+    betas: tuple[Beta, Beta] = Field((0.9, 0.95), description="AdamW betas, each in [0, 1).")
     weight_decay: float = Field(0.1, ge=0)
     weight_decay_on: Literal["all", "matrices"] = Field(
         "all",
@@ -129,6 +145,58 @@ class TrainingConfig(Strict):
     master_port: int | None = Field(
         None, gt=0, lt=65536, description="Rendezvous port of launched runs. Default: a free one."
     )
+
+    @model_validator(mode="after")
+    def _batch_fits(self) -> TrainingConfig:
+        if self.micro_batch_size > self.global_batch_size:
+            raise ValueError(
+                f"micro_batch_size={self.micro_batch_size} is larger than "
+                f"global_batch_size={self.global_batch_size} (sequences per optimiser step)"
+            )
+        return self
+
+    def layout_problem(self) -> str | None:
+        """Why this section's batch sizes cannot be split over its processes, as far as the
+        config alone tells (training.plan.plan_parallelism checks the real world size; the
+        messages are its own): ``None`` when they can. The process count is ``nproc × nnodes``
+        when nproc is set, one per SP rank on CPU, and unknown (the visible GPUs) otherwise,
+        when only the micro batch is checked."""
+        if self.nproc is not None:
+            world: int | None = self.nproc * self.nnodes
+        elif self.device == "cpu":
+            world = self.sequence_parallel * self.nnodes
+        else:
+            world = None
+        sp = self.sequence_parallel
+        if world is not None and sp > world:
+            return (
+                f"training.sequence_parallel={sp} needs at least {sp} processes, but the run "
+                f"has {world} (training.nproc × training.nnodes); raise nproc or lower "
+                "sequence_parallel"
+            )
+        if world is not None and world % sp:
+            return (
+                f"{world} processes cannot be split into sequence-parallel groups of {sp}: the "
+                "process count (training.nproc × training.nnodes) must be a multiple of "
+                "training.sequence_parallel"
+            )
+        if world is None:  # the data-parallel size is known only at launch
+            if self.global_batch_size % self.micro_batch_size:
+                return (
+                    f"training.global_batch_size={self.global_batch_size} is not divisible by "
+                    f"training.micro_batch_size={self.micro_batch_size}; choose a multiple of "
+                    f"{self.micro_batch_size} × the data-parallel size"
+                )
+            return None
+        dp = world // sp
+        per_step = self.micro_batch_size * dp
+        if self.global_batch_size % per_step:
+            return (
+                f"training.global_batch_size={self.global_batch_size} is not divisible by "
+                f"micro_batch_size × data-parallel size = {self.micro_batch_size} × {dp} = "
+                f"{per_step}; choose a multiple of {per_step}"
+            )
+        return None
 
     @model_validator(mode="after")
     def _memory_needs(self) -> TrainingConfig:

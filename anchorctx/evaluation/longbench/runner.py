@@ -14,7 +14,9 @@ samsum forbids EOS and "\n" as the first token and stops at "\n" (``StopRules``)
 
 The datasets default to pred.py's: all 21, the five Chinese ones included (their word-level
 metrics need ``jieba``, checked before any generation). A dataset whose file is absent is
-reported under ``not_run`` and never replaced.
+reported under ``not_run`` and never replaced; an empty or malformed one (invalid JSON, a
+record that is not an object, a field missing or of another type) is one error naming the file,
+the line, the field and ``evaluation.longbench.data_dir``.
 """
 
 from __future__ import annotations
@@ -46,6 +48,17 @@ if TYPE_CHECKING:
 
 OnSample = Callable[[dict[str, Any]], None]
 REQUIRED_FIELDS = ("input", "context", "answers")
+DATA_KEY = "evaluation.longbench.data_dir"
+# The type of every field the suite reads (LongBench's published records), None allowed where
+# the release leaves it empty.
+FIELD_TYPES: dict[str, tuple[type, ...]] = {
+    "input": (str,),
+    "context": (str,),
+    "answers": (list,),
+    "all_classes": (list, type(None)),
+    "_id": (str, int),
+    "length": (int, type(None)),
+}
 
 
 class LongBenchDataError(ValueError):
@@ -53,23 +66,54 @@ class LongBenchDataError(ValueError):
 
 
 # ------------------------------------------------------------------------------------ data
+def _row_problem(row: object) -> str | None:
+    """What is wrong with one record (None: nothing): not an object, a field missing, a field
+    of another type, an answer that is not text."""
+    if not isinstance(row, dict):
+        return f"record is {type(row).__name__}, expected a JSON object"
+    missing = [f for f in REQUIRED_FIELDS if f not in row]
+    if missing:
+        return f"record lacks {missing}"
+    for name, types in FIELD_TYPES.items():
+        if name in row and not isinstance(row[name], types):
+            want = " or ".join("null" if t is type(None) else t.__name__ for t in types)
+            return f"field {name!r} is {type(row[name]).__name__}, expected {want}"
+    if not all(isinstance(a, str) for a in row["answers"]):
+        return "field 'answers' holds a non-string answer"
+    return None
+
+
 def load_rows(path: Path, limit: int | None = None) -> list[dict[str, Any]]:
-    """Records of one ``{dataset}.jsonl`` (the first ``limit``), checked for the fields used."""
+    """Records of one ``{dataset}.jsonl`` (the first ``limit``), checked for the fields used
+    and their types; an empty file is an error (a dataset is never scored on 0 records).
+    Every error is one line naming the file, the line, the field and ``DATA_KEY``."""
     rows = []
     with path.open(encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as err:
-                raise LongBenchDataError(f"{path}:{lineno}: invalid JSON ({err.msg})") from None
-            missing = [f for f in REQUIRED_FIELDS if f not in row]
-            if missing:
-                raise LongBenchDataError(f"{path}:{lineno}: record lacks {missing}")
-            rows.append(row)
-            if limit is not None and len(rows) >= limit:
-                break
+        lineno = 0
+        try:
+            for lineno, line in enumerate(fh, 1):
+                if not line.strip():
+                    continue
+                try:
+                    row = json.loads(line)
+                except json.JSONDecodeError as err:
+                    raise LongBenchDataError(
+                        f"{path}:{lineno}: invalid JSON ({err.msg}) ({DATA_KEY})"
+                    ) from None
+                if problem := _row_problem(row):
+                    raise LongBenchDataError(f"{path}:{lineno}: {problem} ({DATA_KEY})")
+                rows.append(row)
+                if limit is not None and len(rows) >= limit:
+                    break
+        except UnicodeDecodeError as err:
+            raise LongBenchDataError(
+                f"{path}:{lineno + 1}: not UTF-8 text ({err.reason}) ({DATA_KEY})"
+            ) from None
+    if not rows:
+        raise LongBenchDataError(
+            f"{path}: no records (empty file) ({DATA_KEY}): a dataset is never scored on 0 "
+            "records; write it again, or remove the file to report the dataset as not run"
+        )
     return rows
 
 
@@ -234,10 +278,7 @@ def run_suite(
         if not path.is_file():
             not_run[dataset] = f"no data file {path}"
             continue
-        rows = load_rows(path, lcfg.limit)
-        if not rows:
-            not_run[dataset] = f"{path} has no records"
-            continue
+        rows = load_rows(path, lcfg.limit)  # an empty or malformed file: an error naming it
         keys = sample_keys(dataset, rows)
         todo = [i for i, k in enumerate(keys) if k not in done]
         new = (

@@ -2,6 +2,8 @@
 
 Nothing is downloaded. A task whose file is not configured or not present raises
 :class:`MissingDataError` naming the config key to set; the caller records the task as not run.
+A file that is present but empty, not JSON or not in its published layout raises
+:class:`DataFormatError`, one line ``evaluation.ruler.<key> = <path>: <place and field>``.
 """
 
 from __future__ import annotations
@@ -65,13 +67,18 @@ def essay_words(path: Path) -> tuple[str, ...]:
     blank lines), so the first and last entries are empty strings; they count as haystack words,
     as they do in niah.py's ``haystack[:num_haystack]``.
     """
+    src = _Source(path, "essay")
     if path.suffix == ".json":  # RULER's PaulGrahamEssays.json layout: {"text": "..."}
-        text = _field(_load_json(path, "essay"), "text", path, "the top-level object", str)
+        text = src.field(src.load_json(), "text", "the top-level object", str)
     else:
-        text = path.read_text(encoding="utf-8")
+        text = src.read_text()
     words = tuple(re.sub(r"\s+", " ", text).split(" "))
     if len(_core(words)) < 50:
-        raise ValueError(f"essay file {path} has only {len(_core(words))} words: not a haystack")
+        raise src.error(
+            f"field 'text' has only {len(_core(words))} words: not a haystack"
+            if path.suffix == ".json"
+            else f"only {len(_core(words))} words: not a haystack"
+        )
     return words
 
 
@@ -171,9 +178,13 @@ def wonderwords_lists() -> tuple[tuple[str, ...], tuple[str, ...], tuple[str, ..
 def english_words(path: Path) -> tuple[str, ...]:
     """common_words_extraction.py's fallback list: the *values* of english_words.json, in file
     order (the original samples from them without sorting or deduplicating)."""
-    data = json.loads(path.read_text(encoding="utf-8"))
-    if not isinstance(data, dict) or not all(isinstance(v, str) for v in data.values()):
-        raise ValueError(f"{path}: expected a JSON object whose values are words")
+    src = _Source(path, "english_words")
+    data = src.load_json()
+    if not isinstance(data, dict) or not data:
+        raise src.error("expected a non-empty JSON object whose values are words")
+    for key, value in data.items():
+        if not isinstance(value, str):
+            raise src.error(f"field {key!r} is {type(value).__name__}, expected a word (str)")
     return tuple(data.values())
 
 
@@ -193,40 +204,70 @@ class QAData:
 
 
 class DataFormatError(ValueError):
-    """A RULER input file is not in its published layout; the message names the file and field."""
+    """A RULER input file is not in its published layout (empty, not JSON, a field missing or
+    of another type); the one-line message names the config key, the file and the field."""
 
 
-def _load_json(path: Path, what: str) -> object:
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as err:
-        raise DataFormatError(f"{what} file {path} is not valid JSON ({err.msg})") from None
+@dataclass(frozen=True)
+class _Source:
+    """One RULER input file and the config key that names it: every error about its content
+    reads ``evaluation.ruler.<key> = <path>: <what is wrong>``."""
 
+    path: Path
+    kind: str  # a key of DATA_KEYS
 
-def _field(record: object, key: str, path: Path, where: str, kind: type | tuple[type, ...]):
-    """``record[key]`` checked for type; a missing or mistyped field names file and place."""
-    if not isinstance(record, dict) or key not in record:
-        raise DataFormatError(f"{path}: {where} has no field {key!r}")
-    value = record[key]
-    if not isinstance(value, kind):
-        names = kind.__name__ if isinstance(kind, type) else " or ".join(k.__name__ for k in kind)
-        raise DataFormatError(
-            f"{path}: field {key!r} of {where} is {type(value).__name__}, expected {names}"
-        )
-    return value
+    def error(self, detail: str) -> DataFormatError:
+        key = f"evaluation.ruler.{DATA_KEYS[self.kind]}"
+        return DataFormatError(f"{key} = {self.path}: {detail}")
+
+    def read_text(self) -> str:
+        try:
+            text = self.path.read_text(encoding="utf-8")
+        except UnicodeDecodeError as err:
+            raise self.error(f"not UTF-8 text ({err.reason} at byte {err.start})") from None
+        if not text.strip():
+            raise self.error(f"empty file; expected {DATA_DESCRIPTIONS[self.kind]}")
+        return text
+
+    def load_json(self) -> object:
+        text = self.read_text()
+        try:
+            return json.loads(text)
+        except json.JSONDecodeError as err:
+            raise self.error(
+                f"not valid JSON ({err.msg} at line {err.lineno} column {err.colno}); expected "
+                f"{DATA_DESCRIPTIONS[self.kind]}"
+            ) from None
+
+    def field(self, record: object, key: str, where: str, kind: type | tuple[type, ...]):
+        """``record[key]`` checked for type; a missing or mistyped field names the place."""
+        if not isinstance(record, dict):
+            raise self.error(f"{where} is {type(record).__name__}, expected an object with {key!r}")
+        if key not in record:
+            raise self.error(f"{where} has no field {key!r}")
+        value = record[key]
+        if not isinstance(value, kind):
+            names = (
+                kind.__name__ if isinstance(kind, type) else " or ".join(k.__name__ for k in kind)
+            )
+            raise self.error(
+                f"field {key!r} of {where} is {type(value).__name__}, expected {names}"
+            )
+        return value
 
 
 @lru_cache(maxsize=2)
 def read_squad(path: Path) -> QAData:
     """SQuAD v2 dev, answerable questions only (qa.py: read_squad)."""
-    data = _field(_load_json(path, "SQuAD"), "data", path, "the top-level object", list)
+    src = _Source(path, "squad")
+    data = src.field(src.load_json(), "data", "the top-level object", list)
     articles = []  # (article's paragraph contexts, [(context, qas)])
     for a, article in enumerate(data):
         where = f"data[{a}]"
         pars = []
-        for p, par in enumerate(_field(article, "paragraphs", path, where, list)):
+        for p, par in enumerate(src.field(article, "paragraphs", where, list)):
             pw = f"{where}.paragraphs[{p}]"
-            pars.append((_field(par, "context", path, pw, str), _field(par, "qas", path, pw, list)))
+            pars.append((src.field(par, "context", pw, str), src.field(par, "qas", pw, list)))
         articles.append(pars)
     docs = sorted({context for pars in articles for context, _ in pars})
     index = {c: i for i, c in enumerate(docs)}
@@ -238,30 +279,34 @@ def read_squad(path: Path) -> QAData:
             for q, qa in enumerate(qas):
                 where = f"data[{a}].paragraphs[{p}].qas[{q}]"
                 if not isinstance(qa, dict):
-                    raise DataFormatError(f"{path}: {where} is not an object")
+                    raise src.error(f"{where} is {type(qa).__name__}, expected an object")
                 if qa.get("is_impossible", False):
                     continue
-                answers = _field(qa, "answers", path, where, list)
+                answers = src.field(qa, "answers", where, list)
                 items.append(
                     QAItem(
-                        query=_field(qa, "question", path, where, str),
+                        query=src.field(qa, "question", where, str),
                         outputs=tuple(
-                            _field(ans, "text", path, f"{where}.answers[{i}]", str)
+                            src.field(ans, "text", f"{where}.answers[{i}]", str)
                             for i, ans in enumerate(answers)
                         ),
                         context=(gold,),
                         more_context=tuple(i for i in article_docs if i != gold),
                     )
                 )
-    return _checked(QAData(tuple(items), tuple(docs)), path)
+    return _checked(QAData(tuple(items), tuple(docs)), src)
 
 
 @lru_cache(maxsize=2)
 def read_hotpotqa(path: Path) -> QAData:
     """HotpotQA dev distractor: the question's ten paragraphs are its documents (qa.py)."""
-    data = _load_json(path, "HotpotQA")
+    src = _Source(path, "hotpotqa")
+    data = src.load_json()
     if not isinstance(data, list):
-        raise DataFormatError(f"{path}: expected a JSON list of questions (HotpotQA dev layout)")
+        raise src.error(
+            f"the top level is {type(data).__name__}, expected a JSON list of questions "
+            "(HotpotQA dev layout)"
+        )
 
     def doc(title: str, sentences: list[str]) -> str:
         return f"{title}\n{''.join(sentences)}"
@@ -270,7 +315,7 @@ def read_hotpotqa(path: Path) -> QAData:
     for i, d in enumerate(data):
         where = f"question {i}"
         paragraphs = []
-        for c, par in enumerate(_field(d, "context", path, where, list)):
+        for c, par in enumerate(src.field(d, "context", where, list)):
             ok = (
                 isinstance(par, list)
                 and len(par) == 2
@@ -279,15 +324,14 @@ def read_hotpotqa(path: Path) -> QAData:
                 and all(isinstance(s, str) for s in par[1])
             )
             if not ok:
-                raise DataFormatError(
-                    f"{path}: field 'context' of {where}, paragraph {c}, is not "
-                    "[title, [sentences]]"
+                raise src.error(
+                    f"field 'context' of {where}, paragraph {c}, is not [title, [sentences]]"
                 )
             paragraphs.append(doc(par[0], par[1]))
         rows.append(
             (
-                _field(d, "question", path, where, str),
-                _field(d, "answer", path, where, str),
+                src.field(d, "question", where, str),
+                src.field(d, "answer", where, str),
                 paragraphs,
             )
         )
@@ -297,10 +341,10 @@ def read_hotpotqa(path: Path) -> QAData:
         QAItem(query=q, outputs=(a,), context=tuple(index[t] for t in paragraphs))
         for q, a, paragraphs in rows
     )
-    return _checked(QAData(items, tuple(docs)), path)
+    return _checked(QAData(items, tuple(docs)), src)
 
 
-def _checked(data: QAData, path: Path) -> QAData:
+def _checked(data: QAData, src: _Source) -> QAData:
     if not data.items:
-        raise ValueError(f"{path}: no answerable questions found")
+        raise src.error("no answerable questions found")
     return data

@@ -190,3 +190,35 @@ def test_one_gpu_prefetches_ruler_samples_while_training(tmp_path, demo_corpus, 
     assert _outputs(cfg) == prefetched
     assert any(in_suite for *_, in_suite in calls[4:])  # the reference generated its own
     runner.SAMPLES.clear()
+
+
+def test_prefetch_thread_starts_after_transformers_is_resolved(tmp_path, demo_corpus):
+    """transformers' lazy module is not thread-safe: the RULER prefetch thread and the flow
+    both resolving it at once failed a paper rehearsal on a GPU host ("cannot import name
+    'AutoTokenizer' from 'transformers'"). The flow resolves what both use before the thread
+    is submitted; checked in a fresh interpreter, where nothing else has resolved them."""
+    import subprocess
+    import sys
+
+    cfg_path = tmp_path / "cfg.yaml"
+    cfg_path.write_text(_cfg(tmp_path / "runs", demo_corpus, "auto").to_yaml())
+    code = f"""
+import sys, threading, types
+import anchorctx.flows.experiment as fx
+from anchorctx.experiment import load_config
+cfg = load_config({str(cfg_path)!r}, ["evaluation.device=cuda"])
+seen = []
+def submit(*args):
+    t = vars(sys.modules["transformers"])
+    seen.append(all(n in t for n in ("AutoTokenizer", "AutoConfig", "AutoModelForCausalLM")))
+fx.visible_gpus = lambda: [0]
+fx.ensure_eval_fixtures_task = lambda arm: None
+fx.prefetch_ruler_task = types.SimpleNamespace(submit=submit)
+fx._prefetch_samples(fx.Scope.of(cfg, None, None, None, False, None, None), threading.Event())
+print(seen)
+"""
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().splitlines()[-1] == "[True]"

@@ -42,7 +42,6 @@ from __future__ import annotations
 import io
 import json
 import shutil
-import struct
 import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, replace
@@ -66,6 +65,7 @@ from anchorctx.demo.fixtures import (
     write_empty_punkt,
 )
 from anchorctx.io import atomic_directory, atomic_write_json, atomic_write_text
+from anchorctx.models.safetensors_stream import write_safetensors
 
 ASSETS_VERSION = 1
 MODEL_DIR = "models/Llama-2-7b-hf"
@@ -245,33 +245,6 @@ def _shard_plan(tensors: list[tuple[str, tuple[int, ...]]], shards: int) -> list
     return [p for p in plan if p]
 
 
-def _write_safetensors(path: Path, tensors: list[tuple[str, tuple[int, ...]]], data) -> int:
-    """Stream tensors into a safetensors file whose header (names, shapes) is known up front;
-    ``data`` yields each tensor's bytes in pieces. Returns the data bytes written."""
-    header: dict[str, Any] = {"__metadata__": {"format": "pt"}}
-    offset = 0
-    for name, shape in tensors:
-        size = 2 * int(np.prod(shape))
-        header[name] = {
-            "dtype": "F16",
-            "shape": list(shape),
-            "data_offsets": [offset, offset + size],
-        }
-        offset += size
-    raw = json.dumps(header, separators=(",", ":")).encode()
-    raw += b" " * (-len(raw) % 8)  # the format aligns the data start to 8 bytes
-    written = 0
-    with path.open("wb") as fh:
-        fh.write(struct.pack("<Q", len(raw)))
-        fh.write(raw)
-        for piece in data:
-            fh.write(piece)
-            written += len(piece)
-    if written != offset:  # a shape and its bytes disagree: never leave such a file behind
-        raise RuntimeError(f"{path}: wrote {written} data bytes, the header says {offset}")
-    return offset
-
-
 def write_checkpoint_weights(model_dir: Path, sizes: AssetSizes, seed: int) -> dict[str, Any]:
     """Sharded fp16 safetensors and their index; returns the index."""
     tensors = llama_tensors(sizes)
@@ -282,7 +255,8 @@ def write_checkpoint_weights(model_dir: Path, sizes: AssetSizes, seed: int) -> d
         name = f"model-{k:05d}-of-{len(plan):05d}.safetensors"
         meta = [tensors[i] for i in indices]
         data = (piece for i in indices for piece in _tensor_chunks(seed, i, *tensors[i]))
-        total += _write_safetensors(model_dir / name, meta, data)
+        entries = [(n, "F16", shape, 2 * int(np.prod(shape))) for n, shape in meta]
+        total += write_safetensors(model_dir / name, entries, data)
         weight_map.update({tensors[i][0]: name for i in indices})
     index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
     dump_json(model_dir / "model.safetensors.index.json", index)

@@ -126,3 +126,19 @@ def test_one_process_plans_and_checks_once(tiny_config, packed_demo, tmp_path, m
     assert launch_mod.launch(cfg) == 0
     assert calls == {"plan_parallelism": 1, "preflight": 1, "restart_state": 1}
     assert [p.name for p in (cfg.run_dir / "checkpoints").iterdir()] == ["step-000001"]
+
+
+def test_cuda_training_sets_expandable_segments_unless_the_user_chose():
+    from anchorctx.training.launch import CUDA_ALLOC_CONF, cuda_allocator_settings
+
+    env: dict[str, str] = {}
+    note = cuda_allocator_settings("cuda", env)
+    assert env == {"PYTORCH_CUDA_ALLOC_CONF": CUDA_ALLOC_CONF} == {
+        "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"
+    }
+    assert note and "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True" in note
+    mine = {"PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb:512"}
+    assert cuda_allocator_settings("cuda", mine) is None
+    assert mine == {"PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb:512"}
+    cpu: dict[str, str] = {}
+    assert cuda_allocator_settings("cpu", cpu) is None and cpu == {}

@@ -39,7 +39,8 @@ def test_a_run_that_does_not_fit_is_refused_with_the_fix(capsys):
     # The option it names makes the run fit.
     cost_plan.plan_training(_cfg("training.memory.offload_optimizer=true"), "h200", gpus=1)
 
-    assert main(["plan", PAPER, "--gpu", "h200", "--gpus", "1"]) == 2
+    manual = ["--set", "training.memory.auto=false"]  # auto would choose options that fit
+    assert main(["plan", PAPER, "--gpu", "h200", "--gpus", "1", *manual]) == 2
     captured = capsys.readouterr()
     assert captured.out == ""
     lines = captured.err.strip().splitlines()

@@ -140,6 +140,7 @@ def test_memory_config_is_validated():
         return config_from_dict({**base, "training": training})
 
     assert cfg().training.memory.model_dump() == {
+        "auto": True,
         "tiled_mlp": False,
         "tiled_loss": False,
         "offload_optimizer": False,

@@ -25,7 +25,7 @@ from anchorctx.evaluation.sharding import (
     PREFILL_S_PER_KTOKEN,
     PREFILL_S_PER_KTOKEN2,
 )
-from anchorctx.training import cost_plan
+from anchorctx.training import cost_plan, memory_choice
 from anchorctx.training.checkpoints import should_save
 from anchorctx.training.memory import LLAMA2_7B, Shape
 
@@ -167,6 +167,7 @@ def plan_evaluation(cfg: ExperimentConfig, shape: Shape, gpu: str = "h200") -> E
 class ExperimentPlan:
     training: cost_plan.TrainingPlan
     evaluation: EvaluationPlan
+    memory_auto: str | None = None  # what training.memory.auto chose, and why
 
     @property
     def gpu_hours(self) -> float:
@@ -177,6 +178,7 @@ class ExperimentPlan:
             "training": self.training.to_dict(),
             "evaluation": self.evaluation.to_dict(),
             "gpu_hours": self.gpu_hours,
+            "memory_auto": self.memory_auto,
         }
 
 
@@ -190,8 +192,15 @@ def plan_experiment(
 ) -> ExperimentPlan:
     """Training and evaluation of every arm: :func:`cost_plan.plan_training` (refuses a run that
     does not fit) and :func:`plan_evaluation`."""
+    if gpu not in cost_plan.GPUS:
+        raise cost_plan.PlanError(f"unknown --gpu {gpu}; known: {', '.join(cost_plan.GPUS)}")
+    kind = cost_plan.GPUS[gpu]
+    # training.memory.auto: the options a launch on these GPUs would choose (the base config's
+    # attention ranks them; nothing fits: the config as it is, which the plan then refuses)
+    cfg, choice = memory_choice.resolve(cfg, kind, gpus, nodes, host_gib, shape_name)
     train = cost_plan.plan_training(cfg, gpu, gpus, nodes, host_gib, shape_name)
-    return ExperimentPlan(train, plan_evaluation(cfg, train.shape, gpu))
+    note = choice.line() if choice else None
+    return ExperimentPlan(train, plan_evaluation(cfg, train.shape, gpu), note)
 
 
 def _h(hours: float) -> str:
@@ -232,6 +241,7 @@ def format_plan(plan: ExperimentPlan) -> str:
         f"  {'peak':<26}{m['peak']:>8.1f}   of {t.usable_gib:.1f} usable",
         f"  {'host (offloads)':<26}{m['cpu']:>8.1f}   of {t.host_gib:g} per GPU",
         f"  options: {' '.join(opts)}",
+        *([f"  {plan.memory_auto}"] if plan.memory_auto else []),
         "",
         f"training: time ({kind.source})",
         f"  {'arm':<18}{'variant':<17}{'steps':>7}{'step s':>9}{'GPU-hours':>12}",

@@ -39,9 +39,10 @@ from pathlib import Path
 
 from anchorctx.config import dump_config
 from anchorctx.experiment import ExperimentConfig
-from anchorctx.io import move_aside
+from anchorctx.io import atomic_write_json, move_aside
 from anchorctx.process import free_port, run_process_group
 from anchorctx.training import checkpoints as ckpt
+from anchorctx.training import memory_choice
 from anchorctx.training.loop import (
     Prepared,
     check_resume_data,
@@ -85,6 +86,12 @@ def launch(
     par = plan_parallelism(cfg)
     if note := cuda_allocator_settings(par.device, os.environ):
         print(note, flush=True)
+    choice = None
+    if par.device == "cuda" and cfg.training.memory.auto:
+        cfg, choice, note = memory_choice.for_launch(
+            cfg, processes_per_node(cfg, par.device), cfg.training.nnodes
+        )
+        print(note, flush=True)
     nodes = None
     if cfg.training.nnodes > 1 and cfg.training.hostfile is None:
         nodes = resolve_nodes(
@@ -114,6 +121,9 @@ def launch(
             print(f"earlier run moved aside to {old}", flush=True)
         if note := ckpt.recover_resume(cfg.run_dir):
             print(note, flush=True)
+        if choice is not None:
+            cfg.run_dir.mkdir(parents=True, exist_ok=True)
+            atomic_write_json(cfg.run_dir / memory_choice.RECORD, choice.record())
         state = restart_state(cfg, par, resume, pre=pre)
         if par.world == 1:
             train(cfg, resume=resume, hold_lock=False, prepared=Prepared(par, pre, state))

@@ -4,9 +4,9 @@ long-row memory options and checkpoint saving. Read by :mod:`anchorctx.training`
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from anchorctx.attention.names import ENGINE_NAMES, VARIANTS
 from anchorctx.config import Device, Strict
@@ -43,8 +43,20 @@ class SaveConfig(Strict):
 
 
 class MemoryConfig(Strict):
-    """Long-row memory options (DeepSpeed's ALST pieces; see anchorctx.training.tiling). Each is
-    off by default: they recompute work or move data, and change results by float rounding."""
+    """Long-row memory options (DeepSpeed's ALST pieces; see anchorctx.training.tiling). With
+    ``auto`` (the default) a CUDA run turns on those the memory and step-time models say make
+    the fastest step that fits; the values below are what a run without ``auto`` (or on CPU)
+    uses, and one turned on here stays on. They recompute work or move data, and change results
+    by float rounding."""
+
+    auto: bool = Field(
+        True,
+        description="CUDA runs: turn on whichever options below (and training.kernels=liger, "
+        "when installed) make the fastest predicted combination that fits the GPU and host "
+        "(anchorctx.training.memory_choice; the start-up line and memory_choice.json say what "
+        "and why); options turned on here stay on. false: the values below as they are. "
+        "`training.memory: auto` is the same as the defaults.",
+    )
 
     tiled_mlp: bool = Field(
         False,
@@ -145,6 +157,11 @@ class TrainingConfig(Strict):
     master_port: int | None = Field(
         None, gt=0, lt=65536, description="Rendezvous port of launched runs. Default: a free one."
     )
+
+    @field_validator("memory", mode="before")
+    @classmethod
+    def _memory_auto(cls, value: Any) -> Any:
+        return {} if value == "auto" else value  # `training.memory: auto`: every option open
 
     @model_validator(mode="after")
     def _batch_fits(self) -> TrainingConfig:

@@ -1,0 +1,312 @@
+"""``training.memory.auto``: the fastest combination of the memory options that fits.
+
+The project has five ways to trade time for memory on long rows (kept layers, the tiled MLP and
+loss, fused kernels, optimizer and checkpoint offload: ``training.memory``, ``training.kernels``).
+Which is fastest depends on the model, the row length, SP and the GPU, and a user should not need
+to know them: with ``auto`` (the default) every option the config does not set is chosen here,
+from the same two models ``anchorctx plan`` prints (``training.memory`` for bytes,
+``training.cost_plan`` for seconds): among the combinations whose predicted peak fits the GPU
+(less :data:`anchorctx.training.memory.RESERVED_FRACTION`, the stated margin) and whose offloads
+fit the host, the one with the shortest predicted step; ties go to the combination that changes
+fewer options. Checkpoint offload is tried only when nothing else fits: its copies are not in the
+time model, so it would otherwise look free. Options the config turns on stay on; auto only
+turns others on (``training.memory.auto: false`` runs the config's values as they are).
+
+CUDA runs only (on CPU the options are memory savers with nothing to fit). The launcher chooses
+before it writes the ranks' config, so every rank and a ``--resume`` on the same GPUs run the
+same choice; ``memory_choice.json`` in the run directory and the start-up line say what was chosen
+and what each considered alternative predicted.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import itertools
+import shutil
+import subprocess
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from anchorctx.training import memory
+from anchorctx.training.cost_plan import (
+    DEFAULT_HOST_GIB,
+    GPUS,
+    GpuKind,
+    PlanError,
+    layout,
+    memory_options,
+    model_shape,
+    optimizer_seconds,
+    row_seconds,
+    row_tokens,
+    usable_gib,
+)
+from anchorctx.training.memory import GIB, Options, Shape
+
+if TYPE_CHECKING:
+    from anchorctx.experiment import ExperimentConfig
+
+RECORD = "memory_choice.json"  # in the run directory: what auto chose and what it predicted
+# The options auto may choose: training.memory's fields, and training.kernels.
+MEMORY_FIELDS = ("tiled_mlp", "tiled_loss", "offload_optimizer", "offload_checkpoints")
+
+
+@dataclass(frozen=True)
+class Choice:
+    options: Options
+    peak_gib: float
+    usable_gib: float
+    host_gib: float
+    step_s: float
+    fitting: int  # combinations that fit
+    considered: int
+    changed: tuple[str, ...]  # settings that differ from the config's values
+
+    def settings(self) -> dict[str, Any]:
+        o = self.options
+        return {
+            "training.memory.tiled_mlp": o.tiled_mlp,
+            "training.memory.tiled_loss": o.tiled_loss,
+            "training.memory.offload_optimizer": o.offload_optimizer,
+            "training.memory.offload_checkpoints": o.offload_checkpoints,
+            "training.memory.keep_activations": o.keep_activations,
+            "training.kernels": o.kernels,
+        }
+
+    def record(self) -> dict[str, Any]:
+        """What ``memory_choice.json`` holds."""
+        return {
+            "settings": self.settings(),
+            "changed": list(self.changed),
+            "predicted_peak_gib": round(self.peak_gib, 2),
+            "usable_gib": round(self.usable_gib, 2),
+            "predicted_host_gib": round(self.host_gib, 2),
+            "predicted_step_s": round(self.step_s, 3),
+            "fitting": self.fitting,
+            "considered": self.considered,
+        }
+
+    def line(self) -> str:
+        chosen = " ".join(f"{k.rsplit('.', 1)[1]}={_fmt(v)}" for k, v in self.settings().items())
+        return (
+            f"memory auto: {chosen} (predicted {self.peak_gib:.1f} of {self.usable_gib:.1f} GiB "
+            f"usable, "
+            f"{self.step_s:.2f} s per step; the fastest of {self.fitting} fitting combinations "
+            f"of {self.considered}; set training.memory.* to choose yourself)"
+        )
+
+
+def _fmt(value: Any) -> str:
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def explicit(cfg: ExperimentConfig) -> set[str]:
+    """The options the config turned on itself: auto keeps them. (A value equal to the default
+    is open: configs reach the ranks as full dumps, so "set to the default" and "not set" look
+    the same there. To rule an option out, set ``training.memory.auto: false``.)"""
+    from anchorctx.training.settings import MemoryConfig, TrainingConfig
+
+    t, mem_defaults = cfg.training, MemoryConfig()
+    names = {
+        f
+        for f in (*MEMORY_FIELDS, "keep_activations")
+        if getattr(t.memory, f) != getattr(mem_defaults, f)
+    }
+    if t.kernels != TrainingConfig.model_fields["kernels"].default:
+        names.add("kernels")
+    return names
+
+
+def liger_installed() -> bool:
+    return importlib.util.find_spec("liger_kernel") is not None
+
+
+def _keep_values(layers: int) -> list[int]:
+    """0, powers of two below the depth, and every layer: the kept-layer counts tried."""
+    values = {0, layers}
+    k = 1
+    while k < layers:
+        values.add(k)
+        k *= 2
+    return sorted(values)
+
+
+def candidates(
+    cfg: ExperimentConfig, shape: Shape, base: Options, liger: bool, offload_checkpoints: bool
+) -> Iterator[Options]:
+    """Every combination of the options the config leaves open (its own values for the rest)."""
+    fixed = explicit(cfg)
+    t = cfg.training
+    ac = t.activation_checkpointing
+    zero = t.zero_stage if t.zero_stage is not None else 3
+
+    def values(name: str, open_values: list[Any]) -> list[Any]:
+        return [getattr(base, name)] if name in fixed else open_values
+
+    space = {
+        "tiled_loss": values("tiled_loss", [False, True]),
+        "tiled_mlp": values("tiled_mlp", [False, True]),
+        "kernels": values("kernels", ["torch", "liger"] if liger else ["torch"]),
+        "offload_optimizer": values("offload_optimizer", [False, True] if zero >= 1 else [False]),
+        "offload_checkpoints": values(
+            "offload_checkpoints", [False, True] if ac and offload_checkpoints else [False]
+        ),
+        "keep_activations": values("keep_activations", _keep_values(shape.layers) if ac else [0]),
+    }
+    for combo in itertools.product(*space.values()):
+        yield dataclasses.replace(base, **dict(zip(space, combo, strict=True)))
+
+
+def choose(
+    cfg: ExperimentConfig,
+    shape: Shape,
+    world: int,
+    sp: int,
+    gpu: GpuKind,
+    host_gib: float = DEFAULT_HOST_GIB,
+    liger: bool | None = None,
+) -> Choice | None:
+    """The fastest predicted combination that fits ``gpu`` (and ``host_gib`` of host memory per
+    GPU), or None when none does."""
+    liger = liger_installed() if liger is None else liger
+    base = memory_options(cfg, shape, world, sp)
+    tokens = row_tokens(cfg, sp)
+    use = usable_gib(gpu)
+    rows = cfg.training.micro_batch_size  # one rank's rows per micro-step
+    t = cfg.training
+    best: tuple[tuple[float, int], Choice] | None = None
+    considered = fitting = 0
+    for allow_offload_checkpoints in (False, True):  # its copies are not in the time model
+        for opt in candidates(cfg, shape, base, liger, allow_offload_checkpoints):
+            considered += 1
+            est = memory.predict(shape, tokens, opt)
+            if est["peak"] > use * GIB or est["cpu"] > host_gib * GIB:
+                continue
+            fitting += 1
+            step = rows * row_seconds(
+                shape, tokens, t.attention, opt, gpu, t.activation_checkpointing
+            ) + optimizer_seconds(shape, opt)
+            changed = tuple(
+                f
+                for f in (*MEMORY_FIELDS, "keep_activations", "kernels")
+                if getattr(opt, f) != getattr(base, f)
+            )
+            key = (round(step, 4), len(changed))
+            if best is None or key < best[0]:
+                choice = Choice(opt, est["peak"] / GIB, use, est["cpu"] / GIB, step, 0, 0, changed)
+                best = (key, choice)
+        if best is not None:
+            break
+    if best is None:
+        return None
+    return dataclasses.replace(best[1], fitting=fitting, considered=considered)
+
+
+def apply(cfg: ExperimentConfig, choice: Choice) -> ExperimentConfig:
+    """``cfg`` running ``choice``: its options set, ``auto`` off (the ranks run it as written)."""
+    o, t = choice.options, cfg.training
+    mem = t.memory.model_copy(
+        update={
+            "auto": False,
+            "tiled_mlp": o.tiled_mlp,
+            "tiled_loss": o.tiled_loss,
+            "offload_optimizer": o.offload_optimizer,
+            "offload_checkpoints": o.offload_checkpoints,
+            "keep_activations": o.keep_activations if t.activation_checkpointing else 0,
+        }
+    )
+    return cfg.model_copy(
+        update={"training": t.model_copy(update={"memory": mem, "kernels": o.kernels})}
+    )
+
+
+# ------------------------------------------------------------------------- this host's GPU
+def gpu_kind(name: str, memory_gib: float) -> GpuKind:
+    """The plan's GPU kind for a device name (its measured speed factors), with the memory the
+    device reports; an unknown kind gets the H200's factors (marked an estimate)."""
+    upper = name.upper()
+    for key, known in (("H200", "h200"), ("H100", "h100"), ("A100", "a100-80g")):
+        if key in upper:
+            return dataclasses.replace(GPUS[known], memory_gib=memory_gib)
+    return dataclasses.replace(GPUS["h200"], name=name, memory_gib=memory_gib, estimate=True)
+
+
+def host_memory_gib() -> float:
+    # Imported here: psutil is DeepSpeed's dependency, needed only by a launch.
+    import psutil
+
+    return psutil.virtual_memory().total / GIB
+
+
+def local_gpu() -> tuple[str, float] | None:
+    """The first visible GPU's name and memory (GiB) from ``nvidia-smi``, without creating a
+    CUDA context in this process (the launcher must not hold memory on GPU 0 for the whole
+    run); None where there is none or it cannot tell."""
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return None
+    try:
+        out = subprocess.run(
+            [smi, "--query-gpu=name,memory.total", "--format=csv,noheader,nounits"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=True,
+        ).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    first = out.strip().splitlines()[0] if out.strip() else ""
+    name, _, mib = first.rpartition(",")
+    try:
+        return name.strip(), float(mib) / 1024
+    except ValueError:
+        return None
+
+
+def resolve(
+    cfg: ExperimentConfig,
+    gpu: GpuKind,
+    gpus: int,
+    nodes: int = 1,
+    host_gib: float = DEFAULT_HOST_GIB,
+    shape_name: str | None = None,
+    liger: bool | None = None,
+) -> tuple[ExperimentConfig, Choice | None]:
+    """``cfg`` with auto's choice on ``gpus × nodes`` GPUs of kind ``gpu`` (the plan's and the
+    launch's one rule), and the choice; ``cfg`` unchanged and None without ``auto`` or when
+    nothing fits."""
+    if not cfg.training.memory.auto:
+        return cfg, None
+    shape, _ = model_shape(cfg, shape_name)
+    par = layout(cfg, shape, gpus, nodes)
+    choice = choose(cfg, shape, par.world, par.sp, gpu, host_gib, liger)
+    return (apply(cfg, choice), choice) if choice is not None else (cfg, None)
+
+
+def for_launch(
+    cfg: ExperimentConfig, gpus: int, nodes: int
+) -> tuple[ExperimentConfig, Choice | None, str]:
+    """auto's choice for a CUDA launch on this host: its GPU (``nvidia-smi``) and its host memory
+    shared by ``gpus`` ranks. Returns the config to run, the choice, and the start-up line."""
+    found = local_gpu()
+    if found is None:
+        return cfg, None, "memory auto: nvidia-smi names no GPU; the config's options as they are"
+    kind = gpu_kind(*found)
+    host = host_memory_gib() / gpus
+    try:
+        run, choice = resolve(cfg, kind, gpus, nodes, host)
+    except PlanError as err:  # no shape known: the options as configured
+        return cfg, None, f"memory auto: {err}; the config's options as they are"
+    if choice is None:
+        return (
+            cfg,
+            None,
+            (
+                f"memory auto: no combination is predicted to fit {kind.name} "
+                f"({usable_gib(kind):.1f} GiB usable); the config's options as they are "
+                "(`anchorctx plan` names what would fit)"
+            ),
+        )
+    return run, choice, choice.line()

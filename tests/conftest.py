@@ -59,10 +59,63 @@ def pytest_collection_modifyitems(config, items):
         if skip is not None and "gpu" in item.keywords:
             item.add_marker(skip)
         module = item.nodeid.split("::")[0]
-        if "served" in getattr(item, "fixturenames", ()) and module not in SERVED_MODULES:
+        fixtures = getattr(item, "fixturenames", ())
+        if "served" in fixtures and module not in SERVED_MODULES:
             raise pytest.UsageError(
                 f"{module} uses `served`: add it to SERVED_MODULES ({__file__})"
             )
+        if "prefect_harness" in fixtures and TOGETHER.get(item.nodeid) != HARNESS_GROUP:
+            raise pytest.UsageError(
+                f"{item.nodeid} uses `prefect_harness`: add it to TOGETHER as HARNESS_GROUP "
+                f"({__file__})"
+            )
+
+
+# The slowest tests outside the served group, slowest first (CI durations on two cores, s): with
+# pytest-xdist they go out first, right after the group, so that no worker is left with a long
+# test at the end while the other idles (longest-first scheduling). A test missing here only
+# runs later; the order changes no result. Refresh from `--durations` when it drifts.
+SLOW_FIRST = (
+    "tests/test_training_multinode.py::test_a_killed_node_fails_the_other_and_the_run_resumes",
+    "tests/test_eval_pool_multinode.py::test_shards_run_on_both_hosts_and_equal_one_process",
+    "tests/test_flows_overlap.py::test_overlapped_experiment_equals_sequential",
+    "tests/test_gpu_small.py::test_miniature_pretrains_then_trains_the_arms_from_it",
+    "tests/test_training_sp.py::test_sp2_and_dp2_equal_one_process",
+    "tests/test_training_multinode.py::test_two_nodes_train_like_one_process",
+    "tests/test_training_multinode.py::test_a_node_without_the_shared_run_root_fails_at_start",
+    "tests/test_flows_overlap.py::test_one_gpu_prefetches_ruler_samples_while_training",
+    "tests/test_eval_sharding.py::test_flow_shards_over_gpu_slots_in_child_processes",
+    "tests/test_training_sp.py::test_ulysses_wrapper_survives_a_later_model_load",
+    "tests/test_training_launch.py::test_cli_sp2_launch_matches_one_process",
+    "tests/test_task_format.py::test_write_pretrain_corpus_with_task_format_documents",
+    "tests/test_task_format.py::test_task_format_documents_do_not_depend_on_workers",
+    "tests/test_training_tools.py::test_a_cpu_run_on_a_gpu_host_uses_deepspeeds_cpu_accelerator",
+    "tests/test_tracking.py::test_training_logs_every_step_to_every_backend",
+    "tests/test_packing_pipeline.py::test_deterministic_across_runs_and_workers",
+    "tests/test_flows_overlap.py::test_prefetch_thread_starts_after_transformers_is_resolved",
+    "tests/test_analysis_rope_precision.py::test_command_writes_json_figure_and_table",
+    "tests/test_tracking.py::test_evaluation_and_report_scores",
+    "tests/test_attention_triton.py::test_rows_with_different_variants_and_a_shared_layout",
+)
+
+
+# Tests that share something started or computed in processes of their own: with pytest-xdist
+# each group runs on one worker (one computation, not one a worker), ordered as its first test.
+# The tests using the `prefect_harness` fixture (below) share one Prefect test server, which
+# stops after the last of them; every such test must be listed (checked at collection).
+HARNESS_GROUP = "prefect-harness"
+TOGETHER = {
+    "tests/test_training_sp.py::test_sp2_and_dp2_equal_one_process": "sp-one-process",
+    "tests/test_training_sp.py::test_comparison_catches_one_dropped_token": "sp-one-process",
+    "tests/test_flows_overlap.py::test_overlapped_experiment_equals_sequential": HARNESS_GROUP,
+    "tests/test_gpu_small.py::test_miniature_pretrains_then_trains_the_arms_from_it": HARNESS_GROUP,
+    "tests/test_flows_overlap.py::test_one_gpu_prefetches_ruler_samples_while_training": (
+        HARNESS_GROUP
+    ),
+    "tests/test_eval_sharding.py::test_flow_shards_over_gpu_slots_in_child_processes": (
+        HARNESS_GROUP
+    ),
+}
 
 
 @pytest.hookimpl(optionalhook=True)
@@ -71,16 +124,40 @@ def pytest_xdist_make_scheduler(config, log):
 
     pytest-xdist's own ``xdist_group`` mark does not group under pytest 9.2 (xdist 3.8 renames
     ``item._nodeid``, which pytest no longer reads), hence a scheduler. Every other test is its
-    own unit; the largest unit (the group) goes out first."""
+    own unit (but those of TOGETHER); the largest unit (the group) goes out first, then
+    SLOW_FIRST in its order, then the rest in collection order."""
     if config.getvalue("dist") != "loadgroup":
         return None
     from xdist.scheduler import LoadGroupScheduling
 
+    rank = {nodeid: i for i, nodeid in enumerate(SLOW_FIRST)}
+    for nodeid, group in TOGETHER.items():
+        rank.setdefault(group, rank.get(nodeid, len(SLOW_FIRST)))
+
     class ServedTogether(LoadGroupScheduling):
+        _ordered = False
+
         def _split_scope(self, nodeid: str) -> str:
             if nodeid.split("::")[0] in SERVED_MODULES:
                 return "prefect-served"
+            if nodeid in TOGETHER:
+                return TOGETHER[nodeid]
             return super()._split_scope(nodeid)
+
+        def _assign_work_unit(self, node) -> None:
+            if not self._ordered:  # the queue is complete at the first assignment
+                self._ordered = True
+                units = list(self.workqueue.items())
+                units.sort(key=lambda unit: self._priority(unit[0]))  # stable: ties keep order
+                self.workqueue.clear()
+                self.workqueue.update(units)
+            super()._assign_work_unit(node)
+
+        @staticmethod
+        def _priority(scope: str) -> int:
+            if scope == "prefect-served":
+                return -1
+            return rank.get(scope.split("[")[0], len(rank))
 
     return ServedTogether(config, log)
 
@@ -155,3 +232,52 @@ def packed_demo(tiny_config) -> Path:
     from anchorctx.packing import prepare_data
 
     return prepare_data(tiny_config, progress=False)
+
+
+@pytest.fixture
+def prefect_harness():
+    """``with prefect_harness(): ...``: Prefect's test harness on this process' one shared test
+    server (tests/shared_prefect.py), stopped after the last test that uses it."""
+    from shared_prefect import shared_prefect_harness
+
+    return shared_prefect_harness
+
+
+# Shared servers still needed by tests of this process that have not run yet: each stops after
+# the last of its tests (not at the end of the session, idling meanwhile). With pytest-xdist a
+# worker collects every test but runs its share; each group runs on one worker (the scheduler
+# below), whose pending set empties, while the others never start the server.
+_PENDING: dict[str, set[str]] = {}
+
+
+def pytest_collection_finish(session):
+    _PENDING["served"] = {
+        i.nodeid for i in session.items if i.nodeid.split("::")[0] in SERVED_MODULES
+    }
+    _PENDING["harness"] = {
+        i.nodeid for i in session.items if "prefect_harness" in getattr(i, "fixturenames", ())
+    }
+
+
+def pytest_runtest_teardown(item, nextitem):
+    import sys
+
+    for name, pending in _PENDING.items():
+        if item.nodeid not in pending:
+            continue
+        pending.discard(item.nodeid)
+        if pending:
+            continue
+        if name == "served" and (e2e := sys.modules.get("test_flows_e2e")) is not None:
+            e2e.stop_served()
+        if name == "harness" and (harness := sys.modules.get("shared_prefect")) is not None:
+            harness.stop_shared_server()
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """A shared Prefect test server still running (tests not run): stopped while logging still
+    works (at exit its stop message would meet closed handlers)."""
+    import sys
+
+    if (harness := sys.modules.get("shared_prefect")) is not None:
+        harness.stop_shared_server()

@@ -136,11 +136,10 @@ def test_sharded_equals_unsharded_and_resumes(tmp_path, demo_corpus):
 
 
 @pytest.mark.slow
-def test_flow_shards_over_gpu_slots_in_child_processes(tmp_path, demo_corpus):
+def test_flow_shards_over_gpu_slots_in_child_processes(tmp_path, demo_corpus, prefect_harness):
     """Two GPU slots (the children run on CPU here): child processes, then one merge per pair;
     the same scores as in-process; the re-run is cached (no child process at all)."""
     from prefect import flow
-    from prefect.testing.utilities import prefect_test_harness
 
     from anchorctx.flows.sharded import evaluate_sharded
 
@@ -155,7 +154,7 @@ def test_flow_shards_over_gpu_slots_in_child_processes(tmp_path, demo_corpus):
     def run() -> list[str]:
         return evaluate_sharded(cfg, [str(ckpt)], ["ruler"], False, ["0", "1"])
 
-    with prefect_test_harness(server_startup_timeout=120):
+    with prefect_harness():
         (path,) = run()
         got = results.load_result(path)
         assert got["scores"] == ref["scores"] and got["samples"]["new"] == 0

@@ -118,14 +118,28 @@ def _cli(args: list[str], env: dict[str, str], timeout: float = RUN_TIMEOUT_S, c
     )
 
 
-def _wait_for_deployment(name: str, env: dict[str, str], runner: subprocess.Popen, log: Path):
+def _wait_for_deployment(name: str, api_url: str, runner: subprocess.Popen, log: Path):
+    """Until the runner has registered deployment ``name`` (asked through the API from this
+    process: a `prefect` command per poll would cost an interpreter start each)."""
+    from prefect.client.orchestration import get_client
+    from prefect.exceptions import ObjectNotFound
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
     deadline = time.monotonic() + 180
-    while time.monotonic() < deadline:
-        if runner.poll() is not None:
-            pytest.fail(f"anchorctx serve exited ({runner.returncode}):\n{log.read_text()[-4000:]}")
-        if _cli(["prefect", "deployment", "inspect", name], env, timeout=60).returncode == 0:
-            return
-        time.sleep(1)
+    with (
+        temporary_settings(updates={PREFECT_API_URL: api_url}),
+        get_client(sync_client=True) as client,
+    ):
+        while time.monotonic() < deadline:
+            if runner.poll() is not None:
+                pytest.fail(
+                    f"anchorctx serve exited ({runner.returncode}):\n{log.read_text()[-4000:]}"
+                )
+            try:
+                client.read_deployment_by_name(name)
+                return
+            except ObjectNotFound:
+                time.sleep(0.5)
     pytest.fail(f"deployment {name} never appeared:\n{log.read_text()[-4000:]}")
 
 
@@ -141,7 +155,9 @@ def run_deployment_cli(served_env: dict[str, str], name: str, *params: str, cwd=
 
 def _start(tmp: Path) -> Served:
     server = start_server(tmp / "prefect-home")
-    env = {**os.environ, **server.env}
+    # The runner looks for new deployment runs every second (Prefect's default: every 10 s, an
+    # idle wait of up to 10 s before each flow run these tests start).
+    env = {**os.environ, **server.env, "PREFECT_RUNNER_POLL_FREQUENCY": "1"}
     try:
         cfg_path = tmp / "flowtest.yaml"
         cfg_path.write_text(yaml.safe_dump(small_config(tmp), sort_keys=False))
@@ -164,7 +180,7 @@ def _start(tmp: Path) -> Served:
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
             )
-        _wait_for_deployment("full-experiment/demo", env, runner, log)
+        _wait_for_deployment("full-experiment/demo", server.api_url, runner, log)
         demo, run_id = run_deployment_cli(env, "full-experiment/demo", cwd=tmp)
     except BaseException:
         server.stop()
@@ -196,8 +212,15 @@ def shared_served(tmp_path_factory, pytestconfig) -> Served:
     if "served" not in _SHARED:
         served = _start(tmp_path_factory.mktemp("flows"))
         _SHARED["served"] = served
-        pytestconfig.add_cleanup(lambda: _stop(served))
+        pytestconfig.add_cleanup(stop_served)
     return _SHARED["served"]
+
+
+def stop_served() -> None:
+    """Stop the runner and server (tests/conftest.py: after the last test using them; else at
+    the end of the session)."""
+    if (served := _SHARED.pop("served", None)) is not None:
+        _stop(served)
 
 
 @pytest.fixture(scope="session")

@@ -112,32 +112,43 @@ def _outputs(cfg: ExperimentConfig) -> dict:
 
 
 @pytest.mark.slow
-def test_overlapped_experiment_equals_sequential(tmp_path, demo_corpus, monkeypatch):
+def test_overlapped_experiment_equals_sequential(
+    tmp_path, demo_corpus, monkeypatch, prefect_harness
+):
     """Three fake GPUs: arm 1 trains on one, then evaluates on the other two while arm 2
     trains, and arm 2 evaluates on all three. Reference: the same checkpoints evaluated again
     one after the other in this process (the CPU path, no sharding)."""
     import asyncio
+    from datetime import datetime, timezone
 
     from prefect import get_client
-    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterName
-    from prefect.testing.utilities import prefect_test_harness
+    from prefect.client.schemas.filters import (
+        FlowRunFilter,
+        FlowRunFilterName,
+        FlowRunFilterStartTime,
+    )
 
     from anchorctx.flows.experiment import full_experiment
 
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1,2")
     cfg = _cfg(tmp_path / "runs", demo_corpus, "auto")
     names = ["train-overlap-anchor", "evaluate-overlap-full"]
-    with prefect_test_harness(server_startup_timeout=120):
+    with prefect_harness():
+        started = datetime.now(timezone.utc)  # the server is shared: this run's flow runs only
         full_experiment(cfg, stages=["data", "train", "evaluate"])
 
-        async def flow_runs() -> dict:
+        async def flow_runs() -> list:
             async with get_client() as client:
-                found = await client.read_flow_runs(
-                    flow_run_filter=FlowRunFilter(name=FlowRunFilterName(any_=names))
+                return await client.read_flow_runs(
+                    flow_run_filter=FlowRunFilter(
+                        name=FlowRunFilterName(any_=names),
+                        start_time=FlowRunFilterStartTime(after_=started),
+                    )
                 )
-            return {r.name: r for r in found}
 
-        runs = asyncio.run(flow_runs())
+        found = asyncio.run(flow_runs())
+    assert sorted(r.name for r in found) == sorted(names), [r.name for r in found]
+    runs = {r.name: r for r in found}
     # Arm 1's evaluation began while arm 2 was training.
     assert runs["evaluate-overlap-full"].start_time < runs["train-overlap-anchor"].end_time
     overlapped = _outputs(cfg)
@@ -150,13 +161,13 @@ def test_overlapped_experiment_equals_sequential(tmp_path, demo_corpus, monkeypa
 
 
 @pytest.mark.slow
-def test_one_gpu_prefetches_ruler_samples_while_training(tmp_path, demo_corpus, monkeypatch):
+def test_one_gpu_prefetches_ruler_samples_while_training(
+    tmp_path, demo_corpus, monkeypatch, prefect_harness
+):
     """On one GPU the flow generates the arms' RULER samples in a thread while training runs:
     the evaluation then generates none itself (every sample is generated once, outside
     run_suite), and the records equal an evaluation that generated its own."""
     import inspect
-
-    from prefect.testing.utilities import prefect_test_harness
 
     from anchorctx.evaluation.ruler import runner
     from anchorctx.flows.experiment import full_experiment
@@ -176,7 +187,7 @@ def test_one_gpu_prefetches_ruler_samples_while_training(tmp_path, demo_corpus, 
 
     monkeypatch.setattr(runner, "generate", spy)
     runner.SAMPLES.clear()
-    with prefect_test_harness(server_startup_timeout=120):
+    with prefect_harness():
         full_experiment(cfg, stages=["data", "train", "evaluate"])
     assert sorted(calls) == sorted(
         (t, n, False) for t in ("fwe", "niah_single_1") for n in (768, 512)

@@ -199,9 +199,7 @@ def _miniature(tmp_path: Path, demo_corpus) -> list[str]:
 
 
 @pytest.mark.slow
-def test_miniature_pretrains_then_trains_the_arms_from_it(tmp_path, demo_corpus):
-    from prefect.testing.utilities import prefect_test_harness
-
+def test_miniature_pretrains_then_trains_the_arms_from_it(tmp_path, demo_corpus, prefect_harness):
     from anchorctx.evaluation import results
     from anchorctx.flows import commands
     from anchorctx.flows.experiment import STAGES, _check_base_model, full_experiment, pretrain_flow
@@ -211,7 +209,7 @@ def test_miniature_pretrains_then_trains_the_arms_from_it(tmp_path, demo_corpus)
     raw = yaml.safe_load(CONFIG.read_text())
     cfg = config_from_dict(raw, _miniature(tmp_path, demo_corpus))
     base = cfg.base_model_path
-    with prefect_test_harness(server_startup_timeout=120):
+    with prefect_harness():
         full_experiment(cfg, stages=["pretrain", "data", "train", "evaluate"])
         assert (base / "config.json").is_file() and (base / "tokenizer.json").is_file()
         stamp = (base / "anchorctx.json").stat().st_mtime_ns

@@ -54,9 +54,10 @@ def _config(tiny_config, sp: int, world: int):
 
 
 def _step_outputs(
-    rank: int, world: int, cfg_yaml: str, data_dir: str, out: str, drop_target: bool = False
+    rank: int, world: int, cfg_yaml: str, data_dir: str, out: str, drops: tuple[bool, ...]
 ) -> None:
-    """One rank: for each ZeRO stage, logits of the first micro-batch, then one SGD step."""
+    """One rank: for each ZeRO stage, logits of the first micro-batch, then one SGD step; once
+    per entry of ``drops`` (True: with one target dropped), each on freshly loaded models."""
     import deepspeed
     import torch.distributed as dist
     import yaml
@@ -82,58 +83,66 @@ def _step_outputs(
     base = plan_parallelism(cfg, world=world)
     pre = preflight(cfg, base, data_dir=Path(data_dir))
     dataset, _ = load_packed(pre.data_dir)
-    # Every stage's model runs inside the Ulysses wrapper (one wrapper and mpu per layout).
-    models = {
-        z: load_model(cfg.model, seq_len=cfg.data.seq_len, dtype="float32", tokenizer=pre.tokenizer)
-        for z in STAGES
-    }
-    for model in models.values():
-        mpu = register_sequence_parallel(model, base, cfg.data.seq_len)
-    results = {}
-    for stage in STAGES:
-        par = replace(base, zero_stage=stage)
-        model = models[stage]
-        before = {n: p.detach().clone() for n, p in model.named_parameters()}
-        sgd = torch.optim.SGD(model.parameters(), lr=SGD_LR)
-        engine = build_engine(model, cfg, par, mpu, optimizer=sgd)
-        plan = BatchPlan(
-            dataset,
-            seed=cfg.seed,
-            par=par,
-            seq_len=cfg.data.seq_len,
-            variant="anchor",
-            pad_id=0,
-            rank=rank,
-        )
-        data = plan.step_data(0, "cpu")
-        if drop_target and rank == 0:  # the bug a broken shard would cause: one target lost
-            targets = data.micro_batches[0].targets
-            first = int((targets[0] != IGNORE_INDEX).nonzero()[0])
-            targets[0, first] = IGNORE_INDEX
-        with torch.no_grad():
-            local = forward_logits(engine, data.micro_batches[0], "sdpa")  # [B, T/SP, V]
-        shards = [torch.empty_like(local) for _ in range(world)]
-        dist.all_gather(shards, local.contiguous())
-        stats = train_step(engine, data, "sdpa", loss_scale(engine, par))
-        with deepspeed.zero.GatheredParameters(list(engine.module.parameters())):
-            step = {n: p.detach() - before[n] for n, p in engine.module.named_parameters()}
-        # What storing p1 and subtracting p0 may round away: one fp32 ulp of each element.
-        ulp = {n: float(torch.linalg.vector_norm(EPS32 * p.abs())) for n, p in before.items()}
-        results[stage] = {
-            "logits": torch.cat(shards, dim=1),
-            "loss": stats.loss,
-            "grad_norm": stats.grad_norm,
-            "step": step,
-            "ulp": ulp,
+    runs = []
+    for drop_target in drops:
+        # Every stage's model runs inside the Ulysses wrapper (one wrapper and mpu per layout).
+        models = {
+            z: load_model(
+                cfg.model, seq_len=cfg.data.seq_len, dtype="float32", tokenizer=pre.tokenizer
+            )
+            for z in STAGES
         }
+        for model in models.values():
+            mpu = register_sequence_parallel(model, base, cfg.data.seq_len)
+        results = {}
+        for stage in STAGES:
+            par = replace(base, zero_stage=stage)
+            model = models[stage]
+            before = {n: p.detach().clone() for n, p in model.named_parameters()}
+            sgd = torch.optim.SGD(model.parameters(), lr=SGD_LR)
+            engine = build_engine(model, cfg, par, mpu, optimizer=sgd)
+            plan = BatchPlan(
+                dataset,
+                seed=cfg.seed,
+                par=par,
+                seq_len=cfg.data.seq_len,
+                variant="anchor",
+                pad_id=0,
+                rank=rank,
+            )
+            data = plan.step_data(0, "cpu")
+            if drop_target and rank == 0:  # the bug a broken shard would cause: one target lost
+                targets = data.micro_batches[0].targets
+                first = int((targets[0] != IGNORE_INDEX).nonzero()[0])
+                targets[0, first] = IGNORE_INDEX
+            with torch.no_grad():
+                local = forward_logits(engine, data.micro_batches[0], "sdpa")  # [B, T/SP, V]
+            shards = [torch.empty_like(local) for _ in range(world)]
+            dist.all_gather(shards, local.contiguous())
+            stats = train_step(engine, data, "sdpa", loss_scale(engine, par))
+            with deepspeed.zero.GatheredParameters(list(engine.module.parameters())):
+                step = {n: p.detach() - before[n] for n, p in engine.module.named_parameters()}
+            # What storing p1 and subtracting p0 may round away: one fp32 ulp of each element.
+            ulp = {n: float(torch.linalg.vector_norm(EPS32 * p.abs())) for n, p in before.items()}
+            results[stage] = {
+                "logits": torch.cat(shards, dim=1),
+                "loss": stats.loss,
+                "grad_norm": stats.grad_norm,
+                "step": step,
+                "ulp": ulp,
+            }
+        runs.append(results)
     if rank == 0:
-        torch.save(results, out)
+        torch.save(runs, out)
     shutdown_distributed()
 
 
-def _run(tiny_config, packed_demo, sp: int, world: int, out: Path, **kw) -> dict:
+def _run(
+    tiny_config, packed_demo, sp: int, world: int, out: Path, drops: tuple[bool, ...] = (False,)
+) -> list[dict]:
+    """``_step_outputs`` on ``world`` ranks: one result per entry of ``drops``."""
     cfg = _config(tiny_config, sp, world)
-    run_distributed(_step_outputs, world, cfg.to_yaml(), str(packed_demo), str(out), *kw.values())
+    run_distributed(_step_outputs, world, cfg.to_yaml(), str(packed_demo), str(out), drops)
     return torch.load(out, weights_only=True)
 
 
@@ -163,30 +172,39 @@ def _compare_gradients(stage: int, ref: dict, got: dict) -> None:
 
 
 @pytest.fixture(scope="module")
-def single(tiny_config, packed_demo, tmp_path_factory, torch_extensions):  # noqa: F811
-    """The one-process reference both tests below compare with (computed once)."""
+def one_process(tiny_config, packed_demo, tmp_path_factory, torch_extensions):  # noqa: F811
+    """One process, computed once: the reference both tests below compare with, then the same
+    step with one target dropped (on freshly loaded models, in the same process: one
+    interpreter start and DeepSpeed set-up less than a process of its own)."""
     out = tmp_path_factory.mktemp("sp_reference") / "one.pt"
-    return _run(tiny_config, packed_demo, sp=1, world=1, out=out)
+    return _run(tiny_config, packed_demo, sp=1, world=1, out=out, drops=(False, True))
+
+
+@pytest.fixture(scope="module")
+def single(one_process) -> dict:
+    return one_process[0]
 
 
 @pytest.mark.distributed
 def test_sp2_and_dp2_equal_one_process(single, tiny_config, packed_demo, tmp_path):
-    _compare(single, _run(tiny_config, packed_demo, sp=2, world=2, out=tmp_path / "sp2.pt"))
+    (sp2,) = _run(tiny_config, packed_demo, sp=2, world=2, out=tmp_path / "sp2.pt")
+    _compare(single, sp2)
     # Two data-parallel ranks (each one row of the batch, no accumulation): same update.
-    _compare(single, _run(tiny_config, packed_demo, sp=1, world=2, out=tmp_path / "dp2.pt"))
+    (dp2,) = _run(tiny_config, packed_demo, sp=1, world=2, out=tmp_path / "dp2.pt")
+    _compare(single, dp2)
     # The stages agree with each other (same objective; fp32 reduction order differs).
     for stage in STAGES[1:]:
         assert _rel(single[stage]["grad_norm"], single[0]["grad_norm"]) <= RTOL
 
 
 @pytest.mark.distributed
-def test_comparison_catches_one_dropped_token(single, tiny_config, packed_demo, tmp_path):
+def test_comparison_catches_one_dropped_token(one_process):
     """The criterion above is not vacuous: losing one target of the batch (what a shard that
     drops or duplicates a token boundary does) fails it, on the gradients and not only the loss."""
-    broken = _run(
-        tiny_config, packed_demo, sp=1, world=1, out=tmp_path / "drop.pt", drop_target=True
-    )
+    single, broken = one_process
     for stage in STAGES:
+        # The same weights and inputs (the logits come before the step): only the target differs.
+        assert torch.equal(broken[stage]["logits"], single[stage]["logits"]), stage
         with pytest.raises(AssertionError, match="gradient of"):
             _compare_gradients(stage, single[stage], broken[stage])
     with pytest.raises(AssertionError, match="loss"):

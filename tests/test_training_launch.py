@@ -133,9 +133,11 @@ def test_cuda_training_sets_expandable_segments_unless_the_user_chose():
 
     env: dict[str, str] = {}
     note = cuda_allocator_settings("cuda", env)
-    assert env == {"PYTORCH_CUDA_ALLOC_CONF": CUDA_ALLOC_CONF} == {
-        "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"
-    }
+    assert (
+        env
+        == {"PYTORCH_CUDA_ALLOC_CONF": CUDA_ALLOC_CONF}
+        == {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}
+    )
     assert note and "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True" in note
     mine = {"PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb:512"}
     assert cuda_allocator_settings("cuda", mine) is None

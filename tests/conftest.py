@@ -85,7 +85,6 @@ SLOW_FIRST = (
     "tests/test_training_multinode.py::test_a_node_without_the_shared_run_root_fails_at_start",
     "tests/test_flows_overlap.py::test_one_gpu_prefetches_ruler_samples_while_training",
     "tests/test_eval_sharding.py::test_flow_shards_over_gpu_slots_in_child_processes",
-    "tests/test_training_sp.py::test_ulysses_wrapper_survives_a_later_model_load",
     "tests/test_training_launch.py::test_cli_sp2_launch_matches_one_process",
     "tests/test_task_format.py::test_write_pretrain_corpus_with_task_format_documents",
     "tests/test_task_format.py::test_task_format_documents_do_not_depend_on_workers",
@@ -105,8 +104,9 @@ SLOW_FIRST = (
 # stops after the last of them; every such test must be listed (checked at collection).
 HARNESS_GROUP = "prefect-harness"
 TOGETHER = {
-    "tests/test_training_sp.py::test_sp2_and_dp2_equal_one_process": "sp-one-process",
-    "tests/test_training_sp.py::test_comparison_catches_one_dropped_token": "sp-one-process",
+    "tests/test_training_sp.py::test_sp2_and_dp2_equal_one_process": "sp-runs",
+    "tests/test_training_sp.py::test_comparison_catches_one_dropped_token": "sp-runs",
+    "tests/test_training_sp.py::test_ulysses_wrapper_survives_a_later_model_load": "sp-runs",
     "tests/test_flows_overlap.py::test_overlapped_experiment_equals_sequential": HARNESS_GROUP,
     "tests/test_gpu_small.py::test_miniature_pretrains_then_trains_the_arms_from_it": HARNESS_GROUP,
     "tests/test_flows_overlap.py::test_one_gpu_prefetches_ruler_samples_while_training": (

@@ -70,11 +70,7 @@ def _in(hosts, node: int, cmd: list[str], env: dict, log: Path) -> subprocess.Po
 def test_shards_run_on_both_hosts_and_equal_one_process(tmp_path, demo_corpus):
     if reason := netns.unavailable():
         pytest.skip(reason)
-    # One process alone: the reference records and scores. One length: two units, one a host.
-    ref_cfg, ref_ckpt = _cfg(tmp_path, demo_corpus, "alone", lengths=LENGTHS[:1])
-    ref = results.load_result(
-        results.evaluate_checkpoint(ref_cfg, ref_ckpt, "ruler", progress=False)
-    )
+    # One length: two units, one a host.
     cfg, ckpt = _cfg(tmp_path, demo_corpus, "pool", lengths=LENGTHS[:1])
     cfg = cfg.model_copy(deep=True)
     cfg.evaluation.work_pool, cfg.evaluation.shards = "anchorctx-test", 2
@@ -118,6 +114,11 @@ def test_shards_run_on_both_hosts_and_equal_one_process(tmp_path, demo_corpus):
             )
         ]
         try:
+            # One process alone: the reference records and scores, while the server starts.
+            ref_cfg, ref_ckpt = _cfg(tmp_path, demo_corpus, "alone", lengths=LENGTHS[:1])
+            ref = results.load_result(
+                results.evaluate_checkpoint(ref_cfg, ref_ckpt, "ruler", progress=False)
+            )
             health = f"import urllib.request; urllib.request.urlopen('{api}/health', timeout=2)"
             deadline = time.monotonic() + 180
             while subprocess.run(

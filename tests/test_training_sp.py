@@ -54,10 +54,20 @@ def _config(tiny_config, sp: int, world: int):
 
 
 def _step_outputs(
-    rank: int, world: int, cfg_yaml: str, data_dir: str, out: str, drops: tuple[bool, ...]
+    rank: int,
+    world: int,
+    cfg_yaml: str,
+    data_dir: str,
+    out: str,
+    drops: tuple[bool, ...],
+    ulysses_first: bool,
 ) -> None:
     """One rank: for each ZeRO stage, logits of the first micro-batch, then one SGD step; once
-    per entry of ``drops`` (True: with one target dropped), each on freshly loaded models."""
+    per entry of ``drops`` (True: with one target dropped), each on freshly loaded models.
+    ``ulysses_first``: before anything else loads a model in this fresh interpreter, the check
+    of :func:`_wrapped_then_loaded` (its failure is recorded, not raised)."""
+    import traceback
+
     import deepspeed
     import torch.distributed as dist
     import yaml
@@ -83,6 +93,12 @@ def _step_outputs(
     base = plan_parallelism(cfg, world=world)
     pre = preflight(cfg, base, data_dir=Path(data_dir))
     dataset, _ = load_packed(pre.data_dir)
+    wrapper = None
+    if ulysses_first:
+        try:
+            _wrapped_then_loaded(rank, world, cfg, base, pre, dataset)
+        except AssertionError:
+            wrapper = f"rank {rank}: {traceback.format_exc(limit=-1)}"
     runs = []
     for drop_target in drops:
         # Every stage's model runs inside the Ulysses wrapper (one wrapper and mpu per layout).
@@ -133,16 +149,24 @@ def _step_outputs(
             }
         runs.append(results)
     if rank == 0:
-        torch.save(runs, out)
+        torch.save({"runs": runs, "wrapper": wrapper}, out)
     shutdown_distributed()
 
 
 def _run(
-    tiny_config, packed_demo, sp: int, world: int, out: Path, drops: tuple[bool, ...] = (False,)
-) -> list[dict]:
-    """``_step_outputs`` on ``world`` ranks: one result per entry of ``drops``."""
+    tiny_config,
+    packed_demo,
+    sp: int,
+    world: int,
+    out: Path,
+    drops: tuple[bool, ...] = (False,),
+    ulysses_first: bool = False,
+) -> dict:
+    """``_step_outputs`` on ``world`` ranks: ``runs``, one result per entry of ``drops``, and
+    ``wrapper``, what failed of the Ulysses check (None: passed or not run)."""
     cfg = _config(tiny_config, sp, world)
-    run_distributed(_step_outputs, world, cfg.to_yaml(), str(packed_demo), str(out), drops)
+    args = (cfg.to_yaml(), str(packed_demo), str(out), drops, ulysses_first)
+    run_distributed(_step_outputs, world, *args)
     return torch.load(out, weights_only=True)
 
 
@@ -177,7 +201,7 @@ def one_process(tiny_config, packed_demo, tmp_path_factory, torch_extensions):  
     step with one target dropped (on freshly loaded models, in the same process: one
     interpreter start and DeepSpeed set-up less than a process of its own)."""
     out = tmp_path_factory.mktemp("sp_reference") / "one.pt"
-    return _run(tiny_config, packed_demo, sp=1, world=1, out=out, drops=(False, True))
+    return _run(tiny_config, packed_demo, sp=1, world=1, out=out, drops=(False, True))["runs"]
 
 
 @pytest.fixture(scope="module")
@@ -185,12 +209,21 @@ def single(one_process) -> dict:
     return one_process[0]
 
 
+@pytest.fixture(scope="module")
+def sp2(tiny_config, packed_demo, tmp_path_factory, torch_extensions) -> dict:  # noqa: F811
+    """SP=2 on two processes, computed once: first the Ulysses wrapper check of
+    test_ulysses_wrapper_survives_a_later_model_load (the first model loads of the fresh
+    interpreters), then the step outputs test_sp2_and_dp2_equal_one_process compares (the same
+    config and process group: one spawn and DeepSpeed set-up less than one each)."""
+    out = tmp_path_factory.mktemp("sp2") / "sp2.pt"
+    return _run(tiny_config, packed_demo, sp=2, world=2, out=out, ulysses_first=True)
+
+
 @pytest.mark.distributed
-def test_sp2_and_dp2_equal_one_process(single, tiny_config, packed_demo, tmp_path):
-    (sp2,) = _run(tiny_config, packed_demo, sp=2, world=2, out=tmp_path / "sp2.pt")
-    _compare(single, sp2)
+def test_sp2_and_dp2_equal_one_process(single, sp2, tiny_config, packed_demo, tmp_path):
+    _compare(single, sp2["runs"][0])
     # Two data-parallel ranks (each one row of the batch, no accumulation): same update.
-    (dp2,) = _run(tiny_config, packed_demo, sp=1, world=2, out=tmp_path / "dp2.pt")
+    dp2 = _run(tiny_config, packed_demo, sp=1, world=2, out=tmp_path / "dp2.pt")["runs"][0]
     _compare(single, dp2)
     # The stages agree with each other (same objective; fp32 reduction order differs).
     for stage in STAGES[1:]:
@@ -211,32 +244,17 @@ def test_comparison_catches_one_dropped_token(one_process):
         _compare(single, broken)
 
 
-def _wrapped_then_loaded(rank: int, world: int, cfg_yaml: str, data_dir: str) -> None:
+def _wrapped_then_loaded(rank: int, world: int, cfg, par, pre, dataset) -> None:
     """One rank: wrap a model for Ulysses, THEN load another (the order that used to undo the
     wrapper: loading registers the plain attention again); the first must still run SP."""
     import torch.distributed as dist
-    import yaml
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
     from anchorctx.attention.hf import anchorctx_attention, attention_name, model_inputs
-    from anchorctx.experiment import config_from_dict
     from anchorctx.models.loading import load_model
-    from anchorctx.packing import load_packed
     from anchorctx.training.data import BatchPlan
-    from anchorctx.training.engine import (
-        init_distributed,
-        register_sequence_parallel,
-        shutdown_distributed,
-    )
-    from anchorctx.training.loop import preflight
-    from anchorctx.training.plan import plan_parallelism
+    from anchorctx.training.engine import register_sequence_parallel
     from anchorctx.training.step import forward_logits
-
-    cfg = config_from_dict(yaml.safe_load(cfg_yaml))
-    init_distributed("cpu")
-    par = plan_parallelism(cfg, world=world)
-    pre = preflight(cfg, par, data_dir=Path(data_dir))
-    dataset, _ = load_packed(pre.data_dir)
 
     def load():
         return load_model(
@@ -277,10 +295,10 @@ def _wrapped_then_loaded(rank: int, world: int, cfg_yaml: str, data_dir: str) ->
             **model_inputs(mb.layouts, engine="sdpa"),
         ).logits
     assert _rel(torch.cat(shards, dim=1), full) <= RTOL, "the Ulysses wrapper was undone"
-    shutdown_distributed()
 
 
 @pytest.mark.distributed
-def test_ulysses_wrapper_survives_a_later_model_load(tiny_config, packed_demo, torch_extensions):  # noqa: F811
-    cfg = _config(tiny_config, sp=2, world=2)
-    run_distributed(_wrapped_then_loaded, 2, cfg.to_yaml(), str(packed_demo))
+def test_ulysses_wrapper_survives_a_later_model_load(sp2):
+    """Checked on the two SP ranks of ``sp2``, before their step outputs (_wrapped_then_loaded)."""
+    failure = sp2["wrapper"]
+    assert failure is None, failure

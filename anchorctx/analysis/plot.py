@@ -88,3 +88,74 @@ def plot_study(result: dict[str, Any], path: Path | BinaryIO) -> Path | BinaryIO
     fig.savefig(path, dpi=130, format="png")
     plt.close(fig)
     return path
+
+
+# ------------------------------------------------------------------------ on learned weights
+INPUT_STYLE = {
+    "with_anchor": {"ls": "-", "fillstyle": "full", "label": "anchor at 0"},
+    "without_anchor": {"ls": "--", "fillstyle": "none", "label": "no anchor"},
+}
+
+
+def _weights_d_panel(ax, result: dict[str, Any]) -> None:
+    settings = result["settings"]
+    names = [w["name"] for w in result["weights"]]
+    for mode in settings["modes"]:
+        for inp, style in INPUT_STYLE.items():
+            ys = [w["results"][inp][mode]["D"] for w in result["weights"]]
+            ax.plot(
+                range(len(names)),
+                _positive(ys),
+                color=STYLE[mode]["color"],
+                marker=STYLE[mode]["marker"],
+                ls=style["ls"],
+                fillstyle=style["fillstyle"],
+                label=f"{STYLE[mode]['label']}, {style['label']}",
+            )
+    ax.set_xticks(range(len(names)), names, rotation=30, fontsize=7, ha="right")
+    ax.set_yscale("log")
+    ax.set_ylabel("attention difference D")
+    ax.set_title(f"D (Eq. 4), Δ1 = {settings['compare_shift']} vs Δ2 = {settings['delta2']}")
+
+
+def _weights_token_panel(ax, result: dict[str, Any], inp: str, mode: str) -> None:
+    for w in result["weights"]:
+        by_mode = w["results"][inp][mode]
+        ys = by_mode["per_token"]
+        label = f"{w['name']} (token 0: {by_mode['first_token_share']:.1%})"
+        line = ax.plot(range(len(ys)), _positive(ys), lw=0.8, label=label)
+        ax.plot([0], _positive([ys[0]]), marker="*", ms=9, color=line[0].get_color())
+    ax.set_xscale("symlog", linthresh=10)
+    ax.set_yscale("log")
+    ax.set_xlabel("key token index")
+    ax.set_ylabel("contribution to D")
+    ax.set_title(f"Per-token, {STYLE[mode]['label']}, {INPUT_STYLE[inp]['label']}")
+
+
+def plot_weights(result: dict[str, Any], path: Path | BinaryIO) -> Path | BinaryIO:
+    """The study on learned weights (``rope_weights.json``): D per weights and input, and the
+    per-key contributions (Figure 1 middle) of every weights, random init among them, with and
+    without the anchor token, in bf16. PNG with the non-interactive Agg backend."""
+    # Imported here: matplotlib loads only when a figure is drawn.
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    settings = result["settings"]
+    mode = "bf16" if "bf16" in settings["modes"] else settings["modes"][0]
+    fig = Figure(figsize=(16, 4.8))
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(1, 3)
+    _weights_d_panel(axes[0], result)
+    _weights_token_panel(axes[1], result, "with_anchor", mode)
+    _weights_token_panel(axes[2], result, "without_anchor", mode)
+    for ax in axes:
+        ax.grid(True, which="both", alpha=0.25)
+        ax.legend(fontsize=6)
+    fig.suptitle(
+        f"BF16 RoPE precision on learned weights — {settings['num_sequences']} sequence(s) × "
+        f"{settings['seq_len']} tokens, with and without the anchor token",
+        fontsize=10,
+    )
+    fig.tight_layout()
+    fig.savefig(path, dpi=130, format="png")
+    return path

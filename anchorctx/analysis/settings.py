@@ -45,6 +45,13 @@ class RopePrecisionConfig(Strict):
         "experiment's model and shows its figure in the report; off by default because at "
         "the paper's settings it takes GPU-hours.",
     )
+    learned_weights: bool = Field(
+        True,
+        description="With in_report: also measure random init, the pretrained base model and "
+        "every arm's final checkpoint, each with and without the anchor token, at "
+        "compare_shift only (two passes per sequence, mode and input; seq_len and "
+        "num_sequences apply).",
+    )
 
     @model_validator(mode="after")
     def _valid_positions(self) -> RopePrecisionConfig:

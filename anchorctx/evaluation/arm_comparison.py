@@ -306,6 +306,7 @@ def arm_provenance(cfg: ExperimentConfig, datasets: dict[str, str]) -> dict[str,
                 "run_dir": str(arm.run_dir),
                 "dataset": datasets.get(arm.variant_name),
                 "config_fingerprint": arm.fingerprint(),
+                "deterministic": trained_deterministic(arm.run_dir),
             }
         )
     return {
@@ -315,6 +316,17 @@ def arm_provenance(cfg: ExperimentConfig, datasets: dict[str, str]) -> dict[str,
         "seed": cfg.seed,
         "arms": arms,
     }
+
+
+def trained_deterministic(run_dir: Path) -> bool | None:
+    """Whether the run in ``run_dir`` trained under torch's deterministic mode
+    (``training.deterministic``, as its manifest recorded it); None: no manifest, or one
+    written before the mode was recorded."""
+    path = Path(run_dir) / "manifest.json"
+    if not path.is_file():
+        return None
+    entry = read_json(path).get("deterministic")
+    return None if entry is None else bool(entry.get("torch_deterministic_algorithms"))
 
 
 # ------------------------------------------------------------------------------ driver

@@ -12,12 +12,18 @@ from anchorctx.evaluation.arm_comparison import write_arm_comparison
 from anchorctx.evaluation.averaging import length_label, markdown_table, sorted_keys, summarize_run
 from anchorctx.evaluation.report import write_experiment_report
 from anchorctx.evaluation.results import SUITES, EvaluationError, evaluate_checkpoint, load_result
+from anchorctx.evaluation.settings import suite_argument
 from anchorctx.evaluation.tracking import log_evaluation, log_report
 from anchorctx.evaluation.weights import WeightAveragingError
 from anchorctx.evaluation.weights import average_weights as _average
 from anchorctx.models.checkpoints import list_checkpoints
 from anchorctx.packing.pipeline import prepare_data
 from anchorctx.tracking import TrackingError, check_backends
+
+
+def _suite(text: str) -> str:
+    """A registered suite runner's name (``SUITES``), or any suite the config accepts."""
+    return text if text in SUITES else suite_argument(text)
 
 
 def _positive(text: str) -> int:
@@ -66,8 +72,11 @@ def evaluate_arguments(parser: argparse.ArgumentParser) -> None:
         "--suite",
         action="append",
         default=[],
-        choices=sorted(SUITES),
-        help="Suite to run (repeatable). Default: evaluation.suites.",
+        type=_suite,
+        metavar="SUITE",
+        help=f"Suite to run (repeatable): {', '.join(sorted(SUITES))} or lm_eval:<task> "
+        "(lm-eval's long-context tasks, e.g. lm_eval:ruler, lm_eval:babilong). Default: "
+        "evaluation.suites.",
     )
     parser.add_argument(
         "--force", action="store_true", help="Re-evaluate even when an up-to-date result exists."

@@ -4,7 +4,8 @@ Reads each arm's ``<experiment_dir>/<variant>/eval/summary.json`` (written by
 :func:`anchorctx.evaluation.averaging.summarize_run`) and writes, under the experiment dir:
 
 - ``report.md``  — Table 5 (RULER score by length per variant), Table 7 (LongBench categories),
-  Table 12 (MMLU, HellaSwag); mean ± std over each variant's last k checkpoints;
+  Table 12 (MMLU, HellaSwag), lm-eval's long-context tasks (suites ``lm_eval:<task>``); mean ±
+  std over each variant's last k checkpoints;
 - ``report.json`` — the same tables as numbers;
 - ``ruler_by_length.png`` — RULER score against context length (log2 axis), one line per variant.
 
@@ -18,6 +19,7 @@ import io
 from pathlib import Path
 from typing import Any
 
+from anchorctx.analysis import rope_weights_table as rope_table
 from anchorctx.evaluation.arm_comparison import (
     CHANCE,
     COMPARISON_JSON,
@@ -94,6 +96,35 @@ def general_table(summaries: dict[str, dict[str, Any] | None]) -> dict[str, Any]
             rows[variant] = row
     columns = [label for label in GENERAL_SUITES.values() if any(label in r for r in rows.values())]
     return {"columns": columns, "rows": rows}
+
+
+LM_EVAL_SUITE_PREFIX = "lm_eval:"
+
+
+def lm_eval_table(summaries: dict[str, dict[str, Any] | None]) -> dict[str, Any]:
+    """lm-eval's long-context tasks (suites ``lm_eval:<task>``): per variant, the named task's
+    score per length or metric (a group: lm-eval's aggregate); a group lm-eval gives no
+    aggregate (InfiniteBench) shows each of its tasks. Columns ``<task>/<length or metric>``."""
+    rows: dict[str, dict[str, Any]] = {}
+    columns: list[str] = []
+    for variant, summary in summaries.items():
+        for suite, s in sorted(((summary or {}).get("suites") or {}).items()):
+            if not suite.startswith(LM_EVAL_SUITE_PREFIX):
+                continue
+            task = suite.removeprefix(LM_EVAL_SUITE_PREFIX)
+            scores = s.get("scores", {})
+            shown = {task: scores[task]} if task in scores else scores
+            for name, by_key in shown.items():
+                for key in sorted_keys(by_key):
+                    column = f"{name}/{key}"
+                    columns += [column] if column not in columns else []
+                    rows.setdefault(variant, {})[column] = by_key[key]
+    return {"columns": columns, "rows": rows}
+
+
+def _lm_eval_label(column: str) -> str:
+    task, _, key = column.rpartition("/")
+    return f"{task} {length_label(key)}"
 
 
 # ------------------------------------------------------------------------------ chance
@@ -239,6 +270,7 @@ def write_experiment_report(
         "ruler": ruler_table(summaries),
         "longbench": longbench_table(summaries),
         "general": general_table(summaries),
+        "lm_eval": lm_eval_table(summaries),
     }
     counts = {v: suite_sample_counts(experiment_dir / v) for v in variants}
     for name in ("ruler", "general"):
@@ -256,6 +288,14 @@ def write_experiment_report(
     comparison = read_json(comparison_path) if comparison_path.is_file() else None
     # Plots of the arm comparison, as long as they are still there.
     paths = {k: p for k, p in (comparison or {}).get("paths", {}).items() if Path(p).is_file()}
+    # The RoPE study on learned weights (base model, arms' final checkpoints), when measured.
+    rope_dir = rope_table.study_dir(experiment_dir)
+    if comparison is not None and (
+        found := rope_table.read_weights_study(rope_dir / rope_table.JSON_NAME)
+    ):
+        comparison["rope_weights"] = rope_table.without_curves(found)
+        if (rope_dir / rope_table.PNG_NAME).is_file():
+            paths["rope_weights_plot"] = str(rope_dir / rope_table.PNG_NAME)
     if tables["ruler"]["rows"] and _numeric_columns(tables["ruler"]):
         paths["ruler_plot"] = str(
             plot_ruler(tables["ruler"], experiment_dir / "ruler_by_length.png", intervals["arms"])
@@ -388,6 +428,9 @@ def _report_markdown(
             lines += ["", intervals_markdown(intervals, arms)]
     lines += ["", _markdown("Table 7 — LongBench categories", tables["longbench"], variants)]
     lines += ["", _markdown("Table 12 — MMLU and HellaSwag", tables["general"], variants)]
+    if tables["lm_eval"]["rows"]:
+        title = "lm-eval long-context tasks (lm-eval's task definitions, model anchorctx)"
+        lines += ["", _markdown(title, tables["lm_eval"], variants, _lm_eval_label)]
     return "\n".join(lines) + "\n"
 
 
@@ -413,8 +456,31 @@ def provenance_markdown(provenance: dict[str, Any]) -> str:
             f"outputs in `{provenance['experiment_dir']}`.",
             "",
             markdown_table(["arm", "attention", "overrides", "run dir", "packed dataset"], rows),
+            "",
+            determinism_line(provenance["arms"]),
         ]
     )
+
+
+def determinism_line(arms: list[dict[str, Any]]) -> str:
+    """Whether the arms trained deterministically (their run manifests): a rerun of a
+    deterministic arm gives the same checkpoint on the same GPU kind; one that is not can
+    differ by more than the differences between arms."""
+    flags = {a["variant"]: a.get("deterministic") for a in arms}
+    if flags and all(flags.values()):
+        return (
+            "Training: deterministic (`training.deterministic: true`): a rerun of this config "
+            "with the same seed on the same GPU kind gives bit-identical checkpoints."
+        )
+    if flags and all(f is False for f in flags.values()):
+        return (
+            "Training: not deterministic (`training.deterministic: false`): on a GPU a rerun of "
+            "this config with the same seed can give different checkpoints and scores."
+        )
+    listed = ", ".join(
+        f"`{v}` {'yes' if f else 'no' if f is False else 'not recorded'}" for v, f in flags.items()
+    )
+    return f"Training deterministic, per arm: {listed or 'no arms'}."
 
 
 def comparison_markdown(
@@ -487,7 +553,30 @@ def comparison_markdown(
         ]
         logit_label = logit_key.replace("D_logit_", "D_logit at T=") if logit_key else "D_logit"
         header = ["precision", "D", "first-token share", logit_label]
-        lines += [markdown_table(header, rows)]
+        lines += [markdown_table(header, rows), ""]
+    if learned := comparison.get("rope_weights"):
+        lines += [rope_weights_markdown(learned, paths), ""]
     if len(lines) == 2:
         lines.append("Nothing measured yet: no arm has training metrics or a packed dataset.")
     return "\n".join(lines).rstrip()
+
+
+def rope_weights_markdown(result: dict[str, Any], paths: dict[str, str]) -> str:
+    """The RoPE study on learned weights: random init, base model and every arm's final
+    checkpoint, with and without the anchor token, side by side."""
+    lines = [
+        "### BF16 vs FP32 RoPE on learned weights (paper Figure 1 setting)",
+        "",
+        rope_table.describe(result)
+        + ". Weights: "
+        + "; ".join(f"**{w['name']}**: {w['label']}" for w in result["weights"])
+        + ". Modes: "
+        + ", ".join(rope_table.MODE_LABELS.get(m, m) for m in result["settings"]["modes"])
+        + ".",
+        "",
+    ]
+    if "rope_weights_plot" in paths:
+        png = Path(paths["rope_weights_plot"])
+        lines += [f"![BF16 vs FP32 RoPE on learned weights]({png.parent.name}/{png.name})", ""]
+    lines.append(rope_table.markdown_rows(result))
+    return "\n".join(lines)

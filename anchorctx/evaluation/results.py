@@ -46,8 +46,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from anchorctx.evaluation import harness, longbench, ruler
+from anchorctx.evaluation import harness, lm_eval_suites, longbench, ruler
 from anchorctx.evaluation.integrity import records_problem, result_digest
+from anchorctx.evaluation.settings import LM_EVAL_PREFIX, LM_EVAL_TASKS, lm_eval_family
 from anchorctx.io import (
     WriterLock,
     append_jsonl,
@@ -81,7 +82,6 @@ SCORE_NEUTRAL_SOURCES = tuple(
         "commands.py",
         "cost_plan.py",
         "integrity.py",
-        "lm_eval_model.py",  # the lm-eval command's model, not used by the suites
         "report.py",
         "sharding.py",
         "weights.py",
@@ -122,6 +122,9 @@ class Suite:
     # Cheap checks of the data files' content before the model loads (an empty file is an
     # error naming it, not a model load followed by a score from 0 items).
     preflight: Callable[[ExperimentConfig], None] | None = None
+    # The data files it reads, by config key, where the section's own path fields do not say
+    # (lm-eval suites: the files of their units only, not a whole dataset directory).
+    inputs: Callable[[ExperimentConfig], dict[str, Path]] | None = None
 
 
 SUITES: dict[str, Suite] = {
@@ -146,14 +149,52 @@ SUITES: dict[str, Suite] = {
 }
 
 
+def _lm_eval_suite(name: str) -> Suite:
+    """Suite ``lm_eval:<task or group>``: lm-eval's long-context task through the lm-eval model
+    ``anchorctx`` (:mod:`anchorctx.evaluation.lm_eval_suites`); its fingerprint covers the
+    shared ``evaluation.lm_eval`` settings and its own family's section only."""
+    family = lm_eval_family(lm_eval_suites.suite_task(name))
+    others = tuple(f for f in LM_EVAL_TASKS if f != family)
+
+    def preflight(cfg: ExperimentConfig) -> None:
+        try:
+            lm_eval_suites.check_data(cfg, name)
+        except lm_eval_suites.LmEvalDataError as err:
+            raise EvaluationError(f"suite {name!r}: {err}") from None
+
+    def inputs(cfg: ExperimentConfig) -> dict[str, Path]:
+        try:
+            return lm_eval_suites.inputs(cfg, name)
+        except lm_eval_suites.LmEvalDataError as err:
+            raise EvaluationError(f"suite {name!r}: {err}") from None
+
+    return Suite(
+        lm_eval_suites.run_suite(name),
+        "lm_eval",
+        ignore=others,
+        common=("dtype", "engine", "deterministic_decode"),
+        preflight=preflight,
+        inputs=inputs,
+    )
+
+
 # ------------------------------------------------------------------------------ identities
 def get_suite(name: str) -> Suite:
+    if name.startswith(LM_EVAL_PREFIX) and lm_eval_family(name.removeprefix(LM_EVAL_PREFIX)):
+        return _lm_eval_suite(name)
     try:
         return SUITES[name]
     except KeyError:
         raise EvaluationError(
-            f"unknown evaluation suite {name!r}; available: {', '.join(sorted(SUITES))}"
+            f"unknown evaluation suite {name!r}; available: {', '.join(sorted(SUITES))} and "
+            "lm_eval:<task> (lm-eval's long-context tasks, see evaluation.suites)"
         ) from None
+
+
+def suite_stem(suite: str) -> str:
+    """The file name stem of a suite's results: its name, ``:`` as ``-`` (``lm_eval:ruler`` ->
+    ``lm_eval-ruler.json``; a colon reads as a host name to scp and rsync)."""
+    return suite.replace(":", "-")
 
 
 def check_checkpoint(checkpoint: str | Path) -> Path:
@@ -240,6 +281,10 @@ def _path_fields(cfg: ExperimentConfig, spec: Suite) -> dict[str, Path]:
 def input_fingerprints(cfg: ExperimentConfig, suite: str) -> dict[str, str]:
     """Content hashes of the data files and directories this suite reads."""
     spec = get_suite(suite)
+    if spec.inputs is not None:
+        return {
+            key: _memo_hash(path)[:16] for key, path in spec.inputs(cfg).items() if path.exists()
+        }
     return {
         f"evaluation.{spec.section}.{name}": _memo_hash(path)[:16]
         for name, path in _path_fields(cfg, spec).items()
@@ -315,11 +360,11 @@ def eval_dir(checkpoint: str | Path, cfg: ExperimentConfig | None = None) -> Pat
 
 
 def result_path(checkpoint: str | Path, suite: str, cfg: ExperimentConfig | None = None) -> Path:
-    return eval_dir(checkpoint, cfg) / f"{suite}.json"
+    return eval_dir(checkpoint, cfg) / f"{suite_stem(suite)}.json"
 
 
 def samples_path(checkpoint: str | Path, suite: str, cfg: ExperimentConfig | None = None) -> Path:
-    return eval_dir(checkpoint, cfg) / f"{suite}.samples.jsonl"
+    return eval_dir(checkpoint, cfg) / f"{suite_stem(suite)}.samples.jsonl"
 
 
 def load_result(path: str | Path) -> dict[str, Any] | None:
@@ -484,7 +529,7 @@ def evaluate_checkpoint(
     samples = samples_path(ckpt, suite, cfg)
     if not force and result_matches(load_result(out), ident, samples):
         return out
-    with WriterLock(out.parent / f".{suite}.lock", f"evaluation output {out}"):
+    with WriterLock(out.parent / f".{suite_stem(suite)}.lock", f"evaluation output {out}"):
         if not force and result_matches(load_result(out), ident, samples):
             return out  # another process finished it while we checked
         return _evaluate(cfg, ckpt, suite, spec, ident, out, samples, force, progress)

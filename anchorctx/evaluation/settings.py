@@ -1,12 +1,14 @@
-"""The ``evaluation`` section: suites (RULER, LongBench, MMLU, HellaSwag), their data and sizes,
-generation engine, device and the work pool. Read by :mod:`anchorctx.evaluation`."""
+"""The ``evaluation`` section: suites (RULER, LongBench, MMLU, HellaSwag, lm-eval's long-context
+tasks), their data and sizes, generation engine, device and the work pool. Read by
+:mod:`anchorctx.evaluation`."""
 
 from __future__ import annotations
 
+import argparse
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import Field, PositiveInt
+from pydantic import AfterValidator, Field, PositiveInt
 
 from anchorctx.config import Device, Dtype, Seed, Strict
 
@@ -67,13 +69,209 @@ class HarnessConfig(Strict):
     batch_size: int = Field(8, gt=0)
 
 
+# lm-eval 0.4.13's long-context task families (lm_eval/tasks/<family>/): every group and task a
+# suite ``lm_eval:<name>`` may name (tests/test_lm_eval_suites.py checks them against lm-eval).
+LM_EVAL_TASKS: dict[str, tuple[str, ...]] = {
+    "ruler": (
+        "ruler",
+        *(f"niah_single_{i}" for i in (1, 2, 3)),
+        *(f"niah_multikey_{i}" for i in (1, 2, 3)),
+        "niah_multiquery",
+        "niah_multivalue",
+        *(f"ruler_{t}" for t in ("vt", "cwe", "fwe", "qa_squad", "qa_hotpot")),
+    ),
+    "longbench2": (
+        "longbench2",
+        *(
+            f"longbench2_{t}"
+            for t in [
+                "single",
+                "multi",
+                "incontext",
+                "history",
+                "structured",
+                "govt_single",
+                "legal_single",
+                "lit_single",
+                "fin_single",
+                "event_order",
+                "academic_single",
+                "detective",
+                "govt_multi",
+                "academic_multi",
+                "fin_multi",
+                "news_multi",
+                "legal_multi",
+                "user_guide",
+                "translate",
+                "many_shot",
+                "agent_history",
+                "dialogue_history",
+                "graph",
+                "table",
+                "code",
+            ]
+        ),
+    ),
+    "babilong": ("babilong", "babilong_longctx", *(f"babilong_qa{i}" for i in range(1, 21))),
+    "infinitebench": (
+        "infinitebench",
+        *(
+            f"infinitebench_{t}"
+            for t in [
+                "passkey",
+                "kv_retrieval",
+                "number_string",
+                "code_run",
+                "code_debug",
+                "math_find",
+                "longdialogue_qa_en",
+                "longbook_qa_en",
+                "longbook_sum_en",
+                "longbook_choice_en",
+                "longbook_qa_chn",
+            ]
+        ),
+    ),
+}
+LM_EVAL_PREFIX = "lm_eval:"
+
+
+def lm_eval_family(task: str) -> str | None:
+    """The family (``evaluation.lm_eval`` sub-section) of an lm-eval task or group name."""
+    return next((f for f, names in LM_EVAL_TASKS.items() if task in names), None)
+
+
+PROJECT_SUITES = ("ruler", "longbench", "mmlu", "hellaswag")
+
+
+def suite_name(name: str) -> str:
+    """``name`` if it is a suite (a project suite or ``lm_eval:<task>``), else a ValueError
+    listing the nearest names."""
+    if name in PROJECT_SUITES:
+        return name
+    task = name.removeprefix(LM_EVAL_PREFIX)
+    if not name.startswith(LM_EVAL_PREFIX) or lm_eval_family(task) is None:
+        near = [f"lm_eval:{t}" for ts in LM_EVAL_TASKS.values() for t in ts if t[:4] == task[:4]]
+        raise ValueError(
+            f"{name!r} is not a suite: expected ruler, longbench, mmlu, hellaswag or "
+            "lm_eval:<task> with <task> one of lm-eval's long-context tasks or groups ("
+            + (", ".join(near[:6]) if near else ", ".join(f"lm_eval:{f}" for f in LM_EVAL_TASKS))
+            + ")"
+        )
+    return name
+
+
+def suite_argument(name: str) -> str:
+    """:func:`suite_name` as a command-line option's ``type`` (its error, argparse's)."""
+    try:
+        return suite_name(name)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+
+
+# A suite: the project's own, or ``lm_eval:<task or group>`` (lm-eval's task definitions).
+SuiteName = Annotated[str, AfterValidator(suite_name)]
+
+
+class LmEvalRulerConfig(Strict):
+    lengths: list[Literal[4096, 8192, 16384, 32768, 65536, 131072]] = Field(
+        default_factory=lambda: [4096],
+        description="lm-eval's RULER max_seq_lengths (task metadata): the sample lengths, one "
+        "score per length. Only the lengths lm-eval's task files score (metric_list).",
+    )
+    nltk_data: Path | None = Field(
+        None,
+        description="Directory in NLTK's layout holding tokenizers/punkt_tab (lm-eval's NIAH "
+        "tasks split essays with it and would otherwise download it). Default: NLTK's path.",
+    )
+    essay_path: Path | None = Field(
+        None,
+        description="The essay haystack of niah_single_2/3, niah_multikey_1, niah_multiquery, "
+        "niah_multivalue: a local copy of the Hugging Face dataset repo baber/paul_graham_essays "
+        "(the directory, as published; what lm-eval downloads), or RULER's PaulGrahamEssays.json "
+        '({"text": ...}, the file evaluation.ruler.essay_path reads), or a .jsonl/.parquet file '
+        "with a text column.",
+    )
+    squad_path: Path | None = Field(
+        None,
+        description="SQuAD v2 dev-v2.0.json (rajpurkar.github.io/SQuAD-explorer/dataset/"
+        "dev-v2.0.json), ruler_qa_squad's documents and questions.",
+    )
+    hotpotqa_path: Path | None = Field(
+        None,
+        description="hotpot_dev_distractor_v1.json (HotpotQA; lm-eval pins the Hugging Face "
+        "mirror namlh2004/hotpotqa), ruler_qa_hotpot's documents and questions.",
+    )
+
+
+class LmEvalLongBench2Config(Strict):
+    data_path: Path | None = Field(
+        None,
+        description="data.json of the Hugging Face dataset THUDM/LongBench-v2 (503 questions; "
+        "lm-eval's task files read the same questions as recursal/longbench-v2, one config per "
+        "sub-domain).",
+    )
+
+
+class LmEvalBabilongConfig(Strict):
+    data_dir: Path | None = Field(
+        None,
+        description="Local copy of the Hugging Face dataset RMT-team/babilong-1k-samples (the "
+        "repo lm-eval loads): <length>/qa<N>-00000-of-00001.parquet.",
+    )
+    lengths: list[Literal["0k", "1k", "2k", "4k", "8k", "16k", "32k", "64k", "128k"]] = Field(
+        default_factory=lambda: ["4k"],
+        description="Context lengths (lm-eval's max_seq_lengths metadata, the dataset's config "
+        "names), one score per length.",
+    )
+
+
+class LmEvalInfiniteBenchConfig(Strict):
+    data_dir: Path | None = Field(
+        None,
+        description="Local copy of the Hugging Face dataset xinrongzhang2022/InfiniteBench: one "
+        "<task>.jsonl per task (passkey.jsonl, kv_retrieval.jsonl, longbook_choice_eng.jsonl, ...).",
+    )
+
+
+class LmEvalConfig(Strict):
+    """lm-eval's long-context tasks (suites ``lm_eval:<task>``), run in-process through the
+    lm-eval model ``anchorctx`` from local files (docs/FIDELITY.md)."""
+
+    ruler: LmEvalRulerConfig = Field(default_factory=LmEvalRulerConfig)
+    longbench2: LmEvalLongBench2Config = Field(default_factory=LmEvalLongBench2Config)
+    babilong: LmEvalBabilongConfig = Field(default_factory=LmEvalBabilongConfig)
+    infinitebench: LmEvalInfiniteBenchConfig = Field(default_factory=LmEvalInfiniteBenchConfig)
+    limit: int | None = Field(
+        None, gt=0, description="Documents per lm-eval task (and length); None: all."
+    )
+    batch_size: int = Field(1, gt=0, description="Rows per batch of the anchorctx lm-eval model.")
+    max_length: int | None = Field(
+        None,
+        gt=1,
+        description="The model's token budget in lm-eval (prompt + new tokens; longer prompts are "
+        "cut from the left, anchor kept). Default: the model's max_position_embeddings.",
+    )
+    keep_anchor: bool = Field(
+        True,
+        description="Truncation keeps the anchor at position 0 (the project's rule). false: "
+        "truncate as lm-eval's hf model does, anchor dropped.",
+    )
+
+
 class EvaluationConfig(Strict):
-    suites: list[Literal["ruler", "longbench", "mmlu", "hellaswag"]] = Field(
-        default_factory=lambda: ["ruler"]
+    suites: list[SuiteName] = Field(
+        default_factory=lambda: ["ruler"],
+        description="Suites per checkpoint: ruler, longbench, mmlu, hellaswag (the project's), "
+        "and lm-eval's long-context tasks as lm_eval:<task or group>, e.g. lm_eval:ruler, "
+        "lm_eval:longbench2, lm_eval:babilong, lm_eval:infinitebench_passkey (data: "
+        "evaluation.lm_eval).",
     )
     ruler: RulerConfig = Field(default_factory=RulerConfig)
     longbench: LongBenchConfig = Field(default_factory=LongBenchConfig)
     harness: HarnessConfig = Field(default_factory=HarnessConfig)
+    lm_eval: LmEvalConfig = Field(default_factory=LmEvalConfig)
     last_k: int = Field(5, gt=0, description="Average over the last k checkpoints (paper: 5).")
     demo_fixtures: Path | None = Field(
         None, description="Demo/tests only: write synthetic evaluation data files here if missing."

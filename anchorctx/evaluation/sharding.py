@@ -1,7 +1,8 @@
 """One (checkpoint, suite) evaluation split over several processes, one per GPU.
 
 The unit of work is the group inside which a suite batches its samples: RULER's
-(task, length); every other suite is one unit. A shard owns whole units, so each sample is
+(task, length), an lm-eval suite's lm-eval task (and length, for RULER and BABILong,
+:func:`anchorctx.evaluation.lm_eval_suites.units`); every other suite is one unit. A shard owns whole units, so each sample is
 generated in the same batch as without sharding (on identical GPUs) and its record, hence every
 score, does not depend on the sharding.
 
@@ -33,6 +34,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+from anchorctx.evaluation import lm_eval_suites
 from anchorctx.evaluation.results import (
     HEADER_KEY,
     cached_model,
@@ -48,9 +50,11 @@ from anchorctx.evaluation.results import (
     result_path,
     samples_path,
     start_samples,
+    suite_stem,
 )
 from anchorctx.evaluation.ruler.constants import task_spec
 from anchorctx.evaluation.ruler.runner import data_paths, plan_samples, selected_tasks
+from anchorctx.evaluation.settings import LM_EVAL_PREFIX
 from anchorctx.experiment import ExperimentConfig
 from anchorctx.io import append_jsonl, atomic_write_text, read_jsonl
 
@@ -77,7 +81,10 @@ def sample_cost(length: int, new_tokens: int) -> float:
 
 
 def units(cfg: ExperimentConfig, suite: str) -> dict[str, float]:
-    """The suite's work units and their estimated cost (seconds, by :func:`sample_cost`)."""
+    """The suite's work units and their estimated cost (seconds, by :func:`sample_cost`; an
+    lm-eval suite's: relative, by its lengths)."""
+    if is_lm_eval(suite):
+        return {u.key: lm_eval_suites.unit_cost(u) for u in lm_eval_suites.units(cfg, suite)}
     if suite != "ruler":
         return {WHOLE: 1.0}
 
@@ -92,8 +99,15 @@ def units(cfg: ExperimentConfig, suite: str) -> dict[str, float]:
 
 
 def unit_of(suite: str, key: str) -> str:
-    """The unit a record key belongs to (RULER keys are ``task/length/index``)."""
+    """The unit a record key belongs to (RULER keys are ``task/length/index``; an lm-eval
+    suite has one record per unit, keyed by it)."""
+    if is_lm_eval(suite):
+        return key
     return key.rsplit("/", 1)[0] if suite == "ruler" else WHOLE
+
+
+def is_lm_eval(suite: str) -> bool:
+    return suite.startswith(LM_EVAL_PREFIX)
 
 
 def plan_shards(cfg: ExperimentConfig, suite: str, count: int) -> list[list[str]]:
@@ -113,14 +127,14 @@ def shard_path(
     checkpoint: str | Path, suite: str, index: int, count: int, cfg: ExperimentConfig | None = None
 ) -> Path:
     main = samples_path(checkpoint, suite, cfg)
-    return main.with_name(f"{suite}.samples.shard-{index}-of-{count}.jsonl")
+    return main.with_name(f"{suite_stem(suite)}.samples.shard-{index}-of-{count}.jsonl")
 
 
 def _shard_files(
     checkpoint: str | Path, suite: str, cfg: ExperimentConfig | None = None
 ) -> list[Path]:
     main = samples_path(checkpoint, suite, cfg)
-    return sorted(main.parent.glob(f"{suite}.samples.shard-*.jsonl"))
+    return sorted(main.parent.glob(f"{suite_stem(suite)}.samples.shard-*.jsonl"))
 
 
 def _records(cfg: ExperimentConfig, checkpoint: Path, suite: str) -> dict[str, dict[str, Any]]:
@@ -196,7 +210,7 @@ def run_shard(
     if not out.is_file() or (read_jsonl(out)[:1] or [{}])[0].get(HEADER_KEY) != ident:
         start_samples(out, ident)
     done = _records(cfg, ckpt, suite)
-    if owned == [WHOLE] or suite != "ruler":
+    if owned == [WHOLE] or (suite != "ruler" and not is_lm_eval(suite)):
         view: Mapping[str, dict[str, Any]] = done
     else:
         view = _OwnedOnly(done, suite, set(owned))
@@ -245,8 +259,11 @@ def is_done(cfg: ExperimentConfig, checkpoint: str | Path, suite: str) -> bool:
 def _complete(cfg: ExperimentConfig, checkpoint: Path, suite: str, count: int) -> bool:
     """Every record of the evaluation is in the samples or shard files (a single shard owns
     every unit, so once it has run nothing is missing)."""
-    if count == 1 or suite != "ruler":
+    if count == 1 or (suite != "ruler" and not is_lm_eval(suite)):
         return True
+    if is_lm_eval(suite):
+        done = _records(cfg, checkpoint, suite)
+        return all(u.key in done for u in lm_eval_suites.units(cfg, suite))
 
     r = cfg.evaluation.ruler
     done = _records(cfg, checkpoint, suite)
@@ -267,7 +284,7 @@ def finalize_if_complete(
     before it checks, so of shards finishing together the last to check sees them all."""
     ckpt = check_checkpoint(checkpoint)
     out = result_path(ckpt, suite, cfg)
-    with open(out.with_name(f"{suite}.finalize.lock"), "a") as lock:
+    with open(out.with_name(f"{suite_stem(suite)}.finalize.lock"), "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if is_done(cfg, ckpt, suite):
             return out

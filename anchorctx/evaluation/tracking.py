@@ -2,9 +2,11 @@
 
 - ``log_evaluation``: every score of every checkpoint under ``eval/<suite>/<task>/<key>`` (step =
   the checkpoint's training step; RULER also ``eval/ruler/average/<length>``, LongBench
-  ``eval/longbench/category/<name>``) and the averages over the last k checkpoints under
+  ``eval/longbench/category/<name>``; an lm-eval suite ``lm_eval:<task>`` logs under
+  ``eval/lm_eval/<task>/...``) and the averages over the last k checkpoints under
   ``eval_mean/...`` and ``eval_std/...`` at the newest averaged step;
-- ``log_report``: each comparison table (variants × columns, mean ± std), its means as numbers,
+- ``log_report``: each comparison table (variants × columns, mean ± std; lm-eval's long-context
+  tasks as table ``lm_eval``), its means as numbers,
   the RULER plot and report.md, in one ``report`` run per experiment.
 """
 
@@ -53,29 +55,35 @@ def log_evaluation(cfg: ExperimentConfig, run_dir: str | Path | None = None) -> 
             tracker.metrics(rows[step], step=step)
 
 
+def metric_suite(suite: str) -> str:
+    """A suite's name in metric keys: ``lm_eval:babilong`` -> ``lm_eval/babilong`` (MLflow
+    allows no colon in a metric name)."""
+    return suite.replace(":", "/")
+
+
 def _score_metrics(prefix: str, suite: str, result: dict[str, Any]) -> dict[str, Any]:
+    name = metric_suite(suite)
     out = {
-        f"{prefix}/{suite}/{task}/{key}": value
+        f"{prefix}/{name}/{task}/{key}": value
         for task, by_key in result["scores"].items()
         if isinstance(by_key, dict)
         for key, value in by_key.items()
     }
     if suite == "ruler":
         out |= {f"{prefix}/ruler/average/{k}": v for k, v in ruler_average(result)[0].items()}
-    out |= {
-        f"{prefix}/{suite}/category/{c}": v for c, v in (result.get("categories") or {}).items()
-    }
+    out |= {f"{prefix}/{name}/category/{c}": v for c, v in (result.get("categories") or {}).items()}
     return out
 
 
 def _summary_metrics(prefix: str, suite: str, s: dict[str, Any], stat: str) -> dict[str, Any]:
+    name = metric_suite(suite)
     out = {
-        f"{prefix}/{suite}/{task}/{key}": st[stat]
+        f"{prefix}/{name}/{task}/{key}": st[stat]
         for task, by_key in s.get("scores", {}).items()
         for key, st in by_key.items()
     }
     out |= {f"{prefix}/ruler/average/{k}": st[stat] for k, st in s.get("average", {}).items()}
-    out |= {f"{prefix}/{suite}/category/{c}": st[stat] for c, st in s.get("categories", {}).items()}
+    out |= {f"{prefix}/{name}/category/{c}": st[stat] for c, st in s.get("categories", {}).items()}
     return out
 
 

@@ -6,6 +6,8 @@ import argparse
 import sys
 from uuid import UUID
 
+from anchorctx.evaluation.settings import suite_argument
+
 EPHEMERAL_TRAP = """\
 PREFECT_API_URL is not set. Without it every process starts its own throw-away (ephemeral)
 Prefect server: `serve` would register its deployments there, no UI would show them, and
@@ -117,8 +119,10 @@ def run_arguments(parser: argparse.ArgumentParser) -> None:
         "--suite",
         action="append",
         default=[],
-        choices=SUITES,
-        help="Evaluate only this suite (repeatable).",
+        type=suite_argument,
+        metavar="SUITE",
+        help="Evaluate only this suite (repeatable): ruler, longbench, mmlu, hellaswag or "
+        "lm_eval:<task or group> (lm-eval's long-context tasks, e.g. lm_eval:babilong).",
     )
     parser.add_argument(
         "--force",
@@ -154,7 +158,6 @@ def run_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 STAGES = ("pretrain", "data", "train", "evaluate", "report")
-SUITES = ("ruler", "longbench", "mmlu", "hellaswag")
 
 
 def run_parameters(args: argparse.Namespace) -> dict[str, object]:

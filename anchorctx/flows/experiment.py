@@ -86,6 +86,10 @@ REPORT_PLOTS = {
     "ruler_plot": ("ruler-by-length-plot", "RULER score by context length"),
     "loss_plot": ("training-loss-plot", "Training loss by arm"),
     "rope_plot": ("rope-precision-plot", "RoPE BF16 vs FP32 discrepancy on the experiment's model"),
+    "rope_weights_plot": (
+        "rope-precision-weights-plot",
+        "RoPE BF16 vs FP32 discrepancy on the base model and every arm's final checkpoint",
+    ),
 }
 
 
@@ -552,11 +556,49 @@ def _report(scope: Scope, datasets: dict[str, str]) -> dict[str, Any]:
     # Loss curves, attention work (of the arms whose dataset this run resolved), RoPE study.
     resolved = {a.variant_name: datasets.get(data_key(a)) for a in arms}
     arm_comparison_task(cfg, {name: d for name, d in resolved.items() if d is not None})
+    _rope_weights(scope)
     base = cfg.pretraining().variant_name if cfg.pretrain is not None else None
     report = report_task(str(cfg.experiment_dir), [a.variant_name for a in arms], base)
     _publish_report(cfg, arms, report, datasets)
     log_report(cfg, report)
     return report["paths"]
+
+
+def _rope_weights(scope: Scope) -> None:
+    """The RoPE study on learned weights (``analysis.rope_precision``: ``in_report`` and
+    ``learned_weights``): random init, the base model and every arm's final checkpoint, each
+    with and without the anchor token, one cached task per weights; gathered for the report."""
+    cfg = scope.cfg
+    spec = cfg.analysis.rope_precision
+    if not (spec.in_report and spec.learned_weights):
+        return
+    # Imported here: the study's tasks import torch and transformers, which the flow module
+    # does not need to load (deployments import it to serve).
+    from anchorctx.tasks.analysis import (
+        rope_inputs_task,
+        rope_weights_report_task,
+        rope_weights_task,
+        weights_keys,
+        weights_table,
+    )
+
+    force = scope.forces("report")
+    inputs = rope_inputs_task(cfg)
+    results = []
+    for key in weights_keys(cfg):
+        params = {"cfg": cfg, "key": key, "inputs": inputs}
+        sub = submission(rope_weights_task, params, force=force, intact=_file_intact)
+        results.append(sub.task(cfg, key, inputs, force=force))
+    path = rope_weights_report_task(cfg, results)
+    publish_table(
+        f"{cfg.name}-rope-precision-weights",
+        weights_table(path),
+        "BF16 vs FP32 RoPE on learned weights: D and first-token share, with and without anchor",
+    )
+
+
+def _file_intact(path: Any) -> bool:
+    return isinstance(path, str) and Path(path).is_file()
 
 
 def select_arms(

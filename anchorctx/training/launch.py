@@ -42,7 +42,7 @@ from anchorctx.experiment import ExperimentConfig
 from anchorctx.io import atomic_write_json, move_aside
 from anchorctx.process import free_port, run_process_group
 from anchorctx.training import checkpoints as ckpt
-from anchorctx.training import memory_choice
+from anchorctx.training import determinism, memory_choice
 from anchorctx.training.loop import (
     Prepared,
     check_resume_data,
@@ -85,6 +85,9 @@ def launch(
         raise TrainingError("--resume and --force exclude each other: continue, or start over")
     par = plan_parallelism(cfg)
     if note := cuda_allocator_settings(par.device, os.environ):
+        print(note, flush=True)
+    deterministic = cfg.training.deterministic and par.device == "cuda"
+    if note := determinism.environment(deterministic, os.environ):
         print(note, flush=True)
     choice = None
     if par.device == "cuda" and cfg.training.memory.auto:

@@ -53,8 +53,10 @@ from anchorctx.packing import load_packed, prepare_data
 from anchorctx.packing.pipeline import MANIFEST, dataset_identity, input_change
 from anchorctx.tracking import Tracker, train_metrics
 from anchorctx.training import checkpoints as ckpt
+from anchorctx.training import determinism
 from anchorctx.training import metrics as M
 from anchorctx.training.data import BatchPlan
+from anchorctx.training.determinism import deterministic_mode
 from anchorctx.training.engine import (
     build_engine,
     init_distributed,
@@ -173,29 +175,37 @@ def train(
     if hold_lock and os.environ.get("RANK", "0") == "0":
         lock = run_lock(cfg).acquire()
     try:
-        want = cfg.training.device
-        device = prepared.par.device if prepared else resolve_device(want, "training.device")
-        rank, world, local_rank = init_distributed(device)
-        try:
-            par = prepared.par if prepared else plan_parallelism(cfg, world=world)
-            if cfg.training.nnodes > 1:
-                check_shared_run_dir(cfg.run_dir, rank, world)
-            if prepared is None:  # a launched rank: it computes them itself
-                prepared = _prepare_rank(cfg, par, rank, resume=resume, data_dir=data_dir)
-            run = RunContext(
-                cfg=cfg,
-                par=par,
-                rank=rank,
-                device=f"cuda:{local_rank}" if par.device == "cuda" else "cpu",
-                pre=prepared.pre,
-                state=prepared.state,
-            )
-            return _train(run)
-        finally:
-            shutdown_distributed()
+        with deterministic_mode(cfg.training.deterministic, cfg.seed):
+            return _train_ranks(cfg, resume=resume, data_dir=data_dir, prepared=prepared)
     finally:
         if lock is not None:
             lock.release()
+
+
+def _train_ranks(
+    cfg: ExperimentConfig, *, resume: bool, data_dir: Path | None, prepared: Prepared | None
+) -> dict[str, Any]:
+    """:func:`train` in this process' rank, between the process group's start and end."""
+    want = cfg.training.device
+    device = prepared.par.device if prepared else resolve_device(want, "training.device")
+    rank, world, local_rank = init_distributed(device)
+    try:
+        par = prepared.par if prepared else plan_parallelism(cfg, world=world)
+        if cfg.training.nnodes > 1:
+            check_shared_run_dir(cfg.run_dir, rank, world)
+        if prepared is None:  # a launched rank: it computes them itself
+            prepared = _prepare_rank(cfg, par, rank, resume=resume, data_dir=data_dir)
+        run = RunContext(
+            cfg=cfg,
+            par=par,
+            rank=rank,
+            device=f"cuda:{local_rank}" if par.device == "cuda" else "cpu",
+            pre=prepared.pre,
+            state=prepared.state,
+        )
+        return _train(run)
+    finally:
+        shutdown_distributed()
 
 
 def run_lock(cfg: ExperimentConfig) -> WriterLock:
@@ -549,6 +559,7 @@ def _prepare_run_dir(run: RunContext) -> None:
                 "weight_decay": cfg.training.weight_decay,
                 "weight_decay_on": cfg.training.weight_decay_on,
             },
+            deterministic=determinism.record(cfg.training.deterministic),
         ),
     )
 

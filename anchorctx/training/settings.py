@@ -147,6 +147,15 @@ class TrainingConfig(Strict):
     )
     grad_clip: float = Field(1.0, ge=0)
     precision: Literal["bf16", "fp32"] = "bf16"
+    deterministic: bool = Field(
+        False,
+        description="Bit-identical reruns: the same config, seed and GPU kind give the same "
+        "checkpoints. Turns on torch's deterministic algorithms (an op without one is an "
+        "error naming it), cuBLAS' fixed workspace and cuDNN's deterministic mode; attention "
+        "engine 'auto' takes only engines whose backward is deterministic, and a named one "
+        "without is an error (anchorctx.training.determinism). Costs step time "
+        "(docs/REPRODUCTION.md, 'Deterministic training').",
+    )
     activation_checkpointing: bool = True
     memory: MemoryConfig = Field(default_factory=MemoryConfig)
     save: SaveConfig = Field(default_factory=SaveConfig)

@@ -29,6 +29,10 @@ class Capabilities:
     dtypes: frozenset[torch.dtype] | None  # None: any floating dtype
     variants: frozenset[str] = frozenset(VARIANTS)
     max_head_dim: int | None = None
+    #: devices where the backward is run-to-run deterministic under torch's deterministic mode
+    #: (``training.deterministic``): the same inputs give bit-identical gradients. Checked on a
+    #: GPU by tests/test_determinism_gpu.py.
+    deterministic_backward: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -108,6 +112,17 @@ class Engine(ABC):
             raise AttentionError(
                 f"engine {self.name!r} has no backward on {dev}; use engine='sdpa' for training "
                 f"on {dev} (or run under torch.no_grad())"
+            )
+        if (
+            call.needs_grad
+            and torch.are_deterministic_algorithms_enabled()
+            and dev not in caps.deterministic_backward
+        ):
+            able = ", ".join(sorted(caps.deterministic_backward)) or "no device"
+            raise AttentionError(
+                f"engine {self.name!r} has no deterministic backward on {dev} (deterministic on: "
+                f"{able}), and torch's deterministic mode is on (training.deterministic); use "
+                "engine='sdpa' or 'auto', or set training.deterministic=false"
             )
         if caps.dtypes is not None and call.q.dtype not in caps.dtypes:
             names = ", ".join(sorted(str(d).removeprefix("torch.") for d in caps.dtypes))

@@ -54,6 +54,9 @@ class FlexEngine(Engine):
         devices=frozenset({"cpu", "cuda"}),
         backward_devices=frozenset({"cuda"}),
         dtypes=frozenset({torch.float32, torch.bfloat16, torch.float16}),
+        # The compiled backward computes dQ and dK/dV in separate programs, each summing over
+        # its blocks in a fixed order (no atomics).
+        deterministic_backward=frozenset({"cuda"}),
     )
     # First among equal costs: on intra_doc rows triton and flex_merge cost what flex does
     # (triton's intra_doc speed was measured only through its anchor rows, and flex_merge adds
@@ -88,6 +91,8 @@ class FlexAnchorEngine(Engine):
         devices=frozenset({"cpu", "cuda"}),
         backward_devices=frozenset({"cpu", "cuda"}),
         dtypes=frozenset({torch.float32, torch.bfloat16, torch.float16}),
+        # Flex's backward (above) and the anchor column's dense parts, merged in a fixed order.
+        deterministic_backward=frozenset({"cpu", "cuda"}),
     )
 
     def available(self) -> tuple[bool, str]:

@@ -20,6 +20,9 @@ class SdpaEngine(Engine):
         devices=frozenset({"cpu", "cuda"}),
         backward_devices=frozenset({"cpu", "cuda"}),
         dtypes=None,
+        # Under torch's deterministic mode SDPA leaves out cuDNN's attention and runs the
+        # flash and memory-efficient backwards without split-key atomics.
+        deterministic_backward=frozenset({"cpu", "cuda"}),
     )
     # ``full`` is plain causal attention: dense cuDNN/FlashAttention beats every sparse kernel
     # there. Off CUDA it is the only choice (exact, with backward; flex on CPU is unfused), and

@@ -417,6 +417,9 @@ class TritonEngine(Engine):
         backward_devices=frozenset({"cuda"}),
         dtypes=frozenset({torch.bfloat16, torch.float16}),
         max_head_dim=128,
+        # dK/dV accumulate in registers over the group's query heads, dQ in its own kernel,
+        # the anchor column's partial sums are added afterwards: no atomics anywhere.
+        deterministic_backward=frozenset({"cuda"}),
     )
     auto = AutoRanks(masked=20)
 

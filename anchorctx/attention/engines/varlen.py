@@ -146,6 +146,8 @@ class VarlenEngine(Engine):
         backward_devices=frozenset({"cuda"}),
         dtypes=HALF,
         max_head_dim=256,
+        # torch's FlashAttention backward reads torch's deterministic mode itself.
+        deterministic_backward=frozenset({"cuda"}),
     )
     auto = AutoRanks(full=20, mixed=10, masked=40)
 
@@ -192,6 +194,9 @@ class FlashAttnEngine(Engine):
         backward_devices=frozenset({"cuda"}),
         dtypes=HALF,
         max_head_dim=256,
+        # flash-attn's own deterministic backward, asked for in forward() under torch's
+        # deterministic mode.
+        deterministic_backward=frozenset({"cuda"}),
     )
     auto = AutoRanks(full=30, mixed=20, masked=50)
 
@@ -223,5 +228,6 @@ class FlashAttnEngine(Engine):
             dropout_p=0.0,
             softmax_scale=call.scale,
             causal=True,
+            deterministic=torch.are_deterministic_algorithms_enabled(),
         )
         return unflatten(out, call)

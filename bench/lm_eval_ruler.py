@@ -117,7 +117,21 @@ def resolve_inputs(args: argparse.Namespace) -> dict[str, Path | None]:
     return chosen
 
 
-def build_config(args: argparse.Namespace, inputs: dict[str, Path | None]) -> Any:
+def own_lengths(args: argparse.Namespace) -> list[int]:
+    """The lengths the project's RULER runs: it refuses lengths beyond the checkpoint's
+    ``max_position_embeddings`` (lm-eval's models take ``--max-length`` instead), so those are
+    left to lm-eval's two models and said so."""
+    positions = json.loads((Path(args.model) / "config.json").read_text()).get(
+        "max_position_embeddings"
+    )
+    kept = [n for n in args.lengths if positions is None or n <= positions]
+    if len(kept) < len(args.lengths):
+        dropped = sorted(set(args.lengths) - set(kept))
+        say(f"ours: lengths {dropped} exceed the checkpoint's {positions} positions: not run")
+    return kept
+
+
+def build_config(args: argparse.Namespace, inputs: dict[str, Path | None], own: list[int]) -> Any:
     from anchorctx.experiment import config_from_dict
 
     ruler_files = {
@@ -133,7 +147,7 @@ def build_config(args: argparse.Namespace, inputs: dict[str, Path | None]) -> An
         "dtype": args.dtype,
         "ruler": {
             "tasks": [TASK_MAP[t] for t in args.tasks],
-            "lengths": args.lengths,
+            "lengths": own or args.lengths,  # none kept: the pass is skipped (main)
             "num_samples": args.limit,
             **ruler_files,
         },
@@ -396,7 +410,9 @@ def markdown(meta: dict[str, Any], rows: list[dict[str, Any]]) -> str:
     for r in rows:
         lo, hi = r["lm_eval_interval"]
         o = r.get("ours")
-        ours = f"{o['score']:.1f} [{o['interval'][0]:.1f}, {o['interval'][1]:.1f}] (n={o['n']})"
+        ours = (
+            o and f"{o['score']:.1f} [{o['interval'][0]:.1f}, {o['interval'][1]:.1f}] (n={o['n']})"
+        )
         lines.append(
             f"| {r['task']} | {r['length']} | {r['anchorctx']['score']:.1f} [{lo:.1f}, {hi:.1f}] "
             f"(n={r['anchorctx']['n']}) | {o['task'] if o else '–'} | {ours if o else '–'} | "
@@ -458,7 +474,8 @@ def main(argv: list[str] | None = None) -> int:
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
     inputs = resolve_inputs(args)
-    cfg = build_config(args, inputs)
+    own = own_lengths(args)
+    cfg = build_config(args, inputs, own)
 
     import torch
 
@@ -471,11 +488,20 @@ def main(argv: list[str] | None = None) -> int:
     S._quiet()
     S._punkt(cfg.evaluation.lm_eval.ruler.nltk_data)
 
-    ours = None if args.skip_ours else ours_pass(cfg, args)
+    partial = out_dir / "partial.json"
+
+    def keep(name: str, found: Any) -> Any:
+        """Each pass's results on disk as soon as it ends: a run cut short keeps them."""
+        done = json.loads(partial.read_text()) if partial.is_file() else {}
+        partial.write_text(json.dumps({**done, name: found}, indent=1))
+        return found
+
+    ours = None if args.skip_ours or not own else keep("ours", ours_pass(cfg, args))
     say(f"loading {ckpt} ({args.device}, {args.dtype})")
     model, tokenizer = results.cached_model(ckpt, cfg, results.checkpoint_hash(ckpt))
     hw = hardware(model, args.device)
-    anchor = lm_eval_pass("anchorctx", S.make_lm(model, tokenizer, cfg), tokenizer, cfg, args, hw)
+    lm = S.make_lm(model, tokenizer, cfg)
+    anchor = keep("anchorctx", lm_eval_pass("anchorctx", lm, tokenizer, cfg, args, hw))
     del model
     results.clear_model_cache()
     gc.collect()
@@ -493,7 +519,7 @@ def main(argv: list[str] | None = None) -> int:
         hf_lm = get_model("hf").create_from_arg_string(
             hf_args, {"batch_size": args.batch_size, "device": args.device}
         )
-        hf = lm_eval_pass("hf", hf_lm, hf_lm.tokenizer, cfg, args, hw)
+        hf = keep("hf", lm_eval_pass("hf", hf_lm, hf_lm.tokenizer, cfg, args, hw))
         del hf_lm
         gc.collect()
 

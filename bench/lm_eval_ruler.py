@@ -47,27 +47,14 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-# lm-eval task -> the project's RULER task (anchorctx/evaluation/ruler/constants.py).
-TASK_MAP = {
-    **{
-        t: t
-        for t in (
-            "niah_single_1",
-            "niah_single_2",
-            "niah_single_3",
-            "niah_multikey_1",
-            "niah_multikey_2",
-            "niah_multikey_3",
-            "niah_multiquery",
-            "niah_multivalue",
-        )
-    },
-    "ruler_vt": "vt",
-    "ruler_cwe": "cwe",
-    "ruler_fwe": "fwe",
-    "ruler_qa_squad": "qa_1",
-    "ruler_qa_hotpot": "qa_2",
-}
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from anchorctx.evaluation.ruler.constants import TASKS as RULER_TASKS
+
+# lm-eval task -> the project's RULER task: lm-eval keeps the niah names and prefixes the others
+# with ``ruler_``, naming the two QA tasks by their datasets.
+_QA = {"qa_1": "ruler_qa_squad", "qa_2": "ruler_qa_hotpot"}
+TASK_MAP = {(t if t.startswith("niah") else _QA.get(t, f"ruler_{t}")): t for t in RULER_TASKS}
 DEFAULT_TASKS = ["niah_single_1", "niah_single_2", "niah_multikey_1", "ruler_vt", "ruler_fwe"]
 DEFAULT_TASKS += ["ruler_qa_squad"]
 Z95 = 1.959963984540054

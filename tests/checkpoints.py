@@ -10,7 +10,11 @@ import json
 from pathlib import Path
 
 
-def save_checkpoint(path: Path, tokenizer_dir: Path, *, seed: int, step: int) -> None:
+def save_checkpoint(
+    path: Path, tokenizer_dir: Path, *, seed: int, step: int, positions: int = 2048, pad=False
+) -> None:
+    """``positions``: the model's max_position_embeddings; ``pad``: the tokenizer's pad id in
+    its config too."""
     import torch
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
@@ -23,9 +27,10 @@ def save_checkpoint(path: Path, tokenizer_dir: Path, *, seed: int, step: int) ->
         num_hidden_layers=1,
         num_attention_heads=2,
         num_key_value_heads=1,
-        max_position_embeddings=2048,
+        max_position_embeddings=positions,
         bos_token_id=tok.bos_token_id,
         eos_token_id=tok.eos_token_id,
+        **({"pad_token_id": tok.pad_token_id} if pad else {}),
     )
     LlamaForCausalLM(cfg).save_pretrained(path)
     tok.save_pretrained(path)

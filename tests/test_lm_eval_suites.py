@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from checkpoints import save_checkpoint
 
 from anchorctx.evaluation import lm_eval_suites, results
 from anchorctx.evaluation.averaging import summarize_run
@@ -37,27 +38,9 @@ def one_thread():
 @pytest.fixture(scope="module")
 def run(demo_corpus, tmp_path_factory):
     """(run_root, checkpoint): a tiny Llama checkpoint inside a run directory."""
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
-
     root = tmp_path_factory.mktemp("lm_eval_suites")
     ckpt = root / "test" / "anchor" / "checkpoints" / "step-000002"
-    tok = AutoTokenizer.from_pretrained(str(demo_corpus.tokenizer_dir))
-    cfg = AutoConfig.for_model(
-        "llama",
-        vocab_size=len(tok),
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        max_position_embeddings=1024,
-        bos_token_id=tok.bos_token_id,
-        eos_token_id=tok.eos_token_id,
-        pad_token_id=tok.pad_token_id,
-    )
-    torch.manual_seed(0)
-    AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).save_pretrained(ckpt)
-    tok.save_pretrained(ckpt)
+    save_checkpoint(ckpt, demo_corpus.tokenizer_dir, seed=0, step=2, positions=1024, pad=True)
     return root, ckpt
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from collections import OrderedDict
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,7 @@ from anchorctx.config import (
     Seed,
     Strict,
     apply_overrides,
+    name_problem,
     path_under,
     read_yaml,
     set_dotted,
@@ -54,6 +56,20 @@ _PRETRAINING_CACHED = 32
 RESERVED_RUN_NAMES = frozenset({"data", "tensorboard"})
 # Entries of <run_root>/ that are not experiments (tracking_settings.MlflowConfig's local store).
 RESERVED_EXPERIMENT_NAMES = frozenset({"mlflow.db", "mlartifacts"})
+# An arm trained under several seeds (``VariantSpec.seeds``) is one run per seed, named
+# ``<name>-s<seed>`` (the report pairs the runs of two arms by this suffix).
+_SEED_RUN = re.compile(r"(?P<arm>.+)-s(?P<seed>0|[1-9][0-9]*)")
+
+
+def seed_run_name(name: str, seed: int) -> str:
+    """The run directory name of arm ``name`` trained with ``seed``: ``<name>-s<seed>``."""
+    return f"{name}-s{seed}"
+
+
+def seed_run_of(run_name: str) -> tuple[str, int] | None:
+    """``(arm, seed)`` of a run named by :func:`seed_run_name`; None for any other name."""
+    match = _SEED_RUN.fullmatch(run_name)
+    return (match["arm"], int(match["seed"])) if match else None
 
 
 # ---------------------------------------------------------------------------------- pretrain
@@ -107,6 +123,37 @@ class VariantSpec(Strict):
     overrides: dict[str, Any] = Field(
         default_factory=dict, description="Dotted keys, e.g. {'data.domain_tags': true}."
     )
+    seeds: list[Seed] | None = Field(
+        None,
+        description="Train this arm once per training seed, from the same pretrained base: "
+        "one run <name>-s<seed> each, with the override seed=<seed> (data order, init). "
+        "Expanded when the config loads; None: one run <name> with the experiment's seed.",
+    )
+
+    def expand(self) -> list[VariantSpec]:
+        """One spec per seed (``seeds``), or this spec alone."""
+        if self.seeds is None:
+            return [self]
+        if not self.seeds:
+            raise ValueError(f"variant {self.name!r}: seeds must list at least one seed")
+        if len(set(self.seeds)) != len(self.seeds):
+            raise ValueError(f"variant {self.name!r}: seeds must be distinct: {self.seeds}")
+        if "seed" in self.overrides:
+            raise ValueError(
+                f"variant {self.name!r}: give the training seed by seeds or by the override "
+                "seed, not both"
+            )
+        out = []
+        for seed in self.seeds:
+            name = seed_run_name(self.name, seed)
+            if (problem := name_problem(name)) is not None:
+                raise ValueError(f"variant {self.name!r}: run name {name!r} {problem}")
+            out.append(
+                VariantSpec(
+                    name=name, attention=self.attention, overrides={**self.overrides, "seed": seed}
+                )
+            )
+        return out
 
 
 class ExperimentConfig(Strict):
@@ -131,6 +178,10 @@ class ExperimentConfig(Strict):
 
     @model_validator(mode="after")
     def _run_names(self) -> ExperimentConfig:
+        if any(v.seeds is not None for v in self.variants):
+            # In place (a list, so no re-validation): every reader of `variants` (the arms,
+            # their provenance, a dumped config) sees one spec per (arm, seed).
+            self.variants[:] = [s for v in self.variants for s in v.expand()]
         names = [v.name for v in self.variants]
         twice = sorted({n for n in names if names.count(n) > 1})
         if twice:

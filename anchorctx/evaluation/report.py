@@ -36,6 +36,7 @@ from anchorctx.evaluation.averaging import (
     suite_markdown,
 )
 from anchorctx.evaluation.paired import intervals_markdown, ruler_intervals, ruler_sample_scores
+from anchorctx.evaluation.seed_pairs import seed_cost, seed_differences, seed_differences_markdown
 from anchorctx.io import atomic_write_bytes, atomic_write_json, atomic_write_text, read_json
 
 # The one score a general-ability suite is reported by: (task, metric) in its scores.
@@ -284,6 +285,12 @@ def write_experiment_report(
         for arm in arms
     }
     intervals = ruler_intervals(samples, arms)
+    # Arms trained under several seeds (runs <arm>-s<seed>): their differences over the seeds.
+    intervals["seed_differences"] = seed_differences(samples, arms)
+    intervals["seed_costs"] = {
+        f"{d['arm']} − {d['minus']}": seed_cost(experiment_dir, d)
+        for d in intervals["seed_differences"]
+    }
     comparison_path = experiment_dir / COMPARISON_JSON
     comparison = read_json(comparison_path) if comparison_path.is_file() else None
     # Plots of the arm comparison, as long as they are still there.
@@ -426,6 +433,13 @@ def _report_markdown(
             ]
         else:
             lines += ["", intervals_markdown(intervals, arms)]
+            if intervals.get("seed_differences"):
+                lines += [
+                    "",
+                    seed_differences_markdown(
+                        intervals["seed_differences"], intervals.get("seed_costs")
+                    ).rstrip(),
+                ]
     lines += ["", _markdown("Table 7 — LongBench categories", tables["longbench"], variants)]
     lines += ["", _markdown("Table 12 — MMLU and HellaSwag", tables["general"], variants)]
     if tables["lm_eval"]["rows"]:

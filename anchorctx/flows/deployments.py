@@ -6,6 +6,8 @@
 - ``full-experiment/gpu-small``: configs/gpu-small.yaml (a base model pretrained here, the
   four arms at 16K, RULER 2K-16K; one GPU, about 25 minutes); ``full-experiment/gpu-small-sp2``:
   the same on two GPUs with sequence parallelism (:data:`GPU_SMALL_SP2`);
+  ``full-experiment/gpu-small-seeds``: intra_doc and anchor under three training seeds from
+  gpu-small's base (:data:`GPU_SMALL_SEEDS`);
 - ``prepare-data/default``, ``train/default``, ``evaluate/default``, ``rope-precision/default``:
   the demo config as the default parameters.
 
@@ -33,6 +35,26 @@ TAGS = ["anchorctx"]
 # parallelism 2, so one data-parallel replica: the same steps, batches and tokens as on one
 # GPU), in its own experiment directory.
 GPU_SMALL_SP2 = ["name=gpu-small-sp2", "training.nproc=2", "training.sequence_parallel=2"]
+
+# full-experiment/gpu-small-seeds: configs/gpu-small.yaml with the intra_doc and anchor arms each
+# trained under training seeds 1, 2 and 3 from the same base (runs intra_doc-s1 ... anchor-s3),
+# for the report's "Arm differences over training seeds" (anchor - intra_doc with an interval
+# over the seeds). The experiment keeps the name gpu-small, so the pretraining run (its directory
+# hashes neither the variants nor the evaluation and analysis settings) and the base model's
+# evaluation are the ones gpu-small already made: run after gpu-small, this pretrains nothing.
+# Its report replaces runs/gpu-small/report.md (`anchorctx report configs/gpu-small.yaml`
+# writes gpu-small's back). RULER only, and no RoPE study, to fit one GPU's 25 minutes.
+# Arithmetic on an H100 by run 9's timings (docs/REPRODUCTION.md): 6 runs x (train 79-88 s +
+# evaluate 94-139 s; those evaluations also ran MMLU and HellaSwag) = 6 x 173-227 s =
+# 17.3-22.7 min; three packed 16K datasets (the seed orders the data; the two arms of one seed
+# share theirs) ~1 min of CPU; report ~0.5 min: 19-24 min. With no cached base, add run 9's
+# 11.2 min of pretraining and 0.9 min of base evaluation: 31-36 min, more than 25.
+GPU_SMALL_SEEDS = [
+    "variants=[{name: intra_doc, attention: intra_doc, seeds: [1, 2, 3]},"
+    " {name: anchor, attention: anchor, seeds: [1, 2, 3]}]",
+    "evaluation.suites=[ruler]",
+    "analysis.rope_precision.in_report=false",
+]
 
 
 def paper_presets(configs_dir: Path) -> dict[str, Path]:
@@ -97,6 +119,15 @@ def build_deployments(
                 load_config(small, GPU_SMALL_SP2),
                 f"{small} with {' '.join(GPU_SMALL_SP2)}: the same comparison "
                 "with DeepSpeed-Ulysses over two GPUs.",
+            )
+        )
+        deployments.append(
+            _deploy(
+                fx.full_experiment,
+                "gpu-small-seeds",
+                load_config(small, GPU_SMALL_SEEDS),
+                f"{small}: intra_doc and anchor under training seeds 1-3 from gpu-small's base "
+                "(run after gpu-small: ~24 min on one GPU), their difference over the seeds.",
             )
         )
     for name, path in paper_presets(configs_dir).items():

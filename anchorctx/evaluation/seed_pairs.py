@@ -1,0 +1,305 @@
+"""Arm differences over training seeds: the paired RULER difference of two arms, each trained
+under the same several seeds from the same base (``VariantSpec.seeds``: runs
+``<arm>-s<seed>``), with an interval that holds the seed-to-seed noise.
+
+For a pair of arms ``A - B`` and a length, seed ``s`` gives the paired difference ``d_s`` of
+their Table 5 averages on the same RULER samples (:mod:`anchorctx.evaluation.paired`,
+stratified over tasks). Over ``S`` seeds:
+
+    mean = (1/S) * sum_s d_s,          sd^2 = sum_s (d_s - mean)^2 / (S - 1)
+    se^2 = sd^2 / S + se_samples^2,    95% interval: mean ± t_{0.975, S-1} * se
+
+``sd^2 / S`` is the seed-to-seed spread of the difference (it also holds each seed's own
+per-sample noise). ``se_samples`` is the stratified standard error of the per-sample
+differences averaged over the seeds: every seed answered the *same* samples, so the spread of
+the sample set itself is common to all ``d_s`` and invisible in ``sd``; it is added. The two
+terms count the per-sample residual (``sigma_e^2 / (S N)``) twice, and the t quantile uses the
+seeds' ``S - 1`` degrees of freedom (the fewer of the two sources'), so the interval errs wide:
+a difference reported as excluding 0 does so over training seeds and over the samples alike.
+A hierarchical bootstrap would estimate the same two sources, but with three seeds it resamples
+three values and gives intervals that are too narrow; this closed form is also exact to test.
+
+When the interval holds 0, its half-width is the smallest mean difference these seeds and
+samples could have told from 0. The seeds needed to detect the observed mean difference
+``|m|`` with 80% power at a two-sided 5% level follow the normal power formula: the standard
+error must reach ``se* = |m| / (z_0.975 + z_0.8)``, so with the sample set as it is
+``S* = ceil(sd^2 / (se*^2 - se_samples^2))``; when ``se_samples >= se*`` no number of seeds is
+enough, and the budget is split evenly: ``S* = ceil(2 sd^2 / se*^2)`` seeds and ``k =
+ceil(2 se_samples^2 / se*^2)`` times the samples per task (``se_samples^2`` scales as one over
+the samples). The normal quantiles make ``S*`` a lower bound at a handful of seeds.
+"""
+
+from __future__ import annotations
+
+import math
+from itertools import combinations
+from pathlib import Path
+from typing import Any
+
+from anchorctx.evaluation.averaging import length_label, markdown_table
+from anchorctx.evaluation.paired import Z95, _paired, stratified_interval
+from anchorctx.experiment import seed_run_of
+from anchorctx.io import read_json, read_jsonl
+
+Z80 = 0.8416212335729143  # one-sided 80% quantile of the standard normal (power 0.8)
+# Two-sided 95% quantiles of Student's t with 1..30 degrees of freedom.
+_T95 = (
+    12.706204736174694, 4.302652729749462, 3.1824463052837078, 2.7764451051977934,
+    2.5705818356363146, 2.4469118511449786, 2.364624251592784, 2.306004135204166,
+    2.262157162798205, 2.228138851986274, 2.200985160091639, 2.1788128296672284,
+    2.1603686564627913, 2.144786687917804, 2.131449545559776, 2.1199052992212546,
+    2.1098155778333156, 2.1009220402410382, 2.0930240544083087, 2.085963447265864,
+    2.0796138447276795, 2.0738730679040254, 2.0686576104190486, 2.0638985616280245,
+    2.0595385527532972, 2.0555294386428735, 2.0518305164802846, 2.0484071417952454,
+    2.045229642132703, 2.0422724563012378,
+)  # fmt: skip
+
+
+def t95(df: int) -> float:
+    """Two-sided 95% quantile of Student's t: the table to 30 degrees of freedom, above it the
+    Cornish-Fisher expansion around the normal quantile (error below 1e-4)."""
+    if df < 1:
+        raise ValueError(f"t95: degrees of freedom must be at least 1, not {df}")
+    if df <= len(_T95):
+        return _T95[df - 1]
+    z = Z95
+    return z + (z**3 + z) / (4 * df) + (5 * z**5 + 16 * z**3 + 3 * z) / (96 * df**2)
+
+
+def seed_groups(runs: list[str]) -> dict[str, dict[int, str]]:
+    """``{arm: {seed: run}}`` of the runs named ``<arm>-s<seed>``, arms in order of first
+    appearance; only arms with two seeds or more (one seed has no seed-to-seed spread)."""
+    groups: dict[str, dict[int, str]] = {}
+    for run in runs:
+        if (found := seed_run_of(run)) is not None:
+            groups.setdefault(found[0], {})[found[1]] = run
+    return {arm: by_seed for arm, by_seed in groups.items() if len(by_seed) >= 2}
+
+
+def seed_interval(per_seed: list[float], se_samples: float) -> dict[str, Any]:
+    """Mean of the per-seed differences and its 95% interval (module doc)."""
+    n = len(per_seed)
+    if n < 2:
+        raise ValueError("seed_interval needs the differences of two seeds or more")
+    mean = sum(per_seed) / n
+    sd = math.sqrt(sum((d - mean) ** 2 for d in per_seed) / (n - 1))
+    se = math.sqrt(sd**2 / n + se_samples**2)
+    half = t95(n - 1) * se
+    return {
+        "mean": mean,
+        "sd": sd,
+        "se_samples": se_samples,
+        "se": se,
+        "seeds": n,
+        "half_width": half,
+        "lo": mean - half,
+        "hi": mean + half,
+        "excludes_zero": mean - half > 0 or mean + half < 0,
+    }
+
+
+def seeds_needed(mean: float, sd: float, se_samples: float) -> dict[str, int] | None:
+    """Seeds (and a factor on the samples per task) to detect ``mean`` with 80% power at a
+    two-sided 5% level (module doc); None when the mean is 0 (nothing to detect)."""
+    if mean == 0:
+        return None
+    target = (abs(mean) / (Z95 + Z80)) ** 2  # se*^2
+    if se_samples**2 < target:
+        return {"seeds": max(2, math.ceil(sd**2 / (target - se_samples**2))), "samples_factor": 1}
+    return {
+        "seeds": max(2, math.ceil(2 * sd**2 / target)),
+        "samples_factor": math.ceil(2 * se_samples**2 / target),
+    }
+
+
+def _seed_averaged(per_seed: list[dict[str, list[float]]]) -> dict[str, list[float]] | None:
+    """Per task, each sample's difference averaged over the seeds (the same samples each)."""
+    tasks = per_seed[0].keys()
+    if any(
+        d.keys() != tasks or any(len(d[t]) != len(per_seed[0][t]) for t in tasks) for d in per_seed
+    ):
+        return None  # the seeds scored different samples: no common sample set
+    return {t: [sum(vals) / len(vals) for vals in zip(*(d[t] for d in per_seed))] for t in tasks}
+
+
+def seed_differences(
+    samples: dict[str, dict[str, dict[str, dict[str, float]]] | None], runs: list[str]
+) -> list[dict[str, Any]]:
+    """Every pair of arms trained under two seeds or more: per length, each seed's paired
+    difference, their mean and the interval of :func:`seed_interval`, and the seeds needed.
+
+    ``samples``: :func:`anchorctx.evaluation.paired.ruler_sample_scores` per run. Pairs are
+    ``later - earlier`` in ``runs`` order (the experiment's variant order), over the seeds both
+    arms have samples for."""
+    groups = seed_groups(runs)
+    out = []
+    for first, second in combinations(groups, 2):
+        seeds = sorted(
+            s
+            for s in set(groups[first]) & set(groups[second])
+            if samples.get(groups[first][s]) and samples.get(groups[second][s])
+        )
+        if len(seeds) < 2:
+            continue
+        a = [samples[groups[second][s]] for s in seeds]
+        b = [samples[groups[first][s]] for s in seeds]
+        common = set.intersection(*(set(x) for x in a + b))  # type: ignore[arg-type]
+        cells = {}
+        for length in sorted(common, key=float):
+            diffs = [_paired(x[length], y[length]) for x, y in zip(a, b)]  # type: ignore[index]
+            per_seed = [stratified_interval(d) for d in diffs]
+            averaged = _seed_averaged(diffs)
+            pooled = stratified_interval(averaged) if averaged else None
+            if pooled is None or any(iv is None for iv in per_seed):
+                continue
+            iv = seed_interval([p["mean"] for p in per_seed], pooled["se"])  # type: ignore[index]
+            cells[length] = iv | {
+                "per_seed": {str(s): p["mean"] for s, p in zip(seeds, per_seed)},  # type: ignore[index]
+                "needed": seeds_needed(iv["mean"], iv["sd"], iv["se_samples"]),
+            }
+        if cells:
+            out.append(
+                {
+                    "arm": second,
+                    "minus": first,
+                    "seeds": seeds,
+                    "runs": [groups[arm][s] for arm in (second, first) for s in seeds],
+                    "lengths": cells,
+                }
+            )
+    return out
+
+
+# ------------------------------------------------------------------------------- cost
+def run_seconds(run_dir: str | Path) -> dict[str, float] | None:
+    """What a run measured of its own time: training (``elapsed_s`` of the last row of
+    ``metrics.jsonl``: the step loop, without process start and model load) and evaluation
+    (the ``duration_s`` of every suite result under ``eval/``). None when neither is there."""
+    run_dir = Path(run_dir)
+    train = None
+    if (metrics := run_dir / "metrics.jsonl").is_file():
+        rows = [r for r in read_jsonl(metrics) if isinstance(r.get("elapsed_s"), int | float)]
+        train = float(rows[-1]["elapsed_s"]) if rows else None
+    evaluate = 0.0
+    found = False
+    for path in sorted((run_dir / "eval").glob("*/*.json")):
+        try:
+            record = read_json(path)
+        except (OSError, ValueError):
+            continue
+        if isinstance(record, dict) and isinstance(record.get("duration_s"), int | float):
+            evaluate += float(record["duration_s"])
+            found = True
+    if train is None and not found:
+        return None
+    return {"train_s": train or 0.0, "eval_s": evaluate if found else 0.0}
+
+
+def seed_cost(experiment_dir: str | Path, diff: dict[str, Any]) -> dict[str, float] | None:
+    """GPU seconds of one more seed of a pair (both arms trained and evaluated), from the mean
+    of what the pair's runs measured; None when no run measured its time."""
+    times = [t for run in diff["runs"] if (t := run_seconds(Path(experiment_dir) / run))]
+    if not times:
+        return None
+    train = sum(t["train_s"] for t in times) / len(times)
+    evaluate = sum(t["eval_s"] for t in times) / len(times)
+    return {"train_s": train, "eval_s": evaluate, "per_seed_s": 2 * (train + evaluate)}
+
+
+# --------------------------------------------------------------------------- markdown
+def _needed_text(needed: dict[str, int] | None) -> str:
+    if needed is None:
+        return "—"
+    if needed["samples_factor"] == 1:
+        return f"{needed['seeds']}"
+    return f"{needed['seeds']}, and {needed['samples_factor']}× samples"
+
+
+def seed_differences_markdown(
+    diffs: list[dict[str, Any]], costs: dict[str, dict[str, float] | None] | None = None
+) -> str:
+    """The section "Arm differences over training seeds": one table and one verdict per pair.
+
+    ``costs``: :func:`seed_cost` per pair label (``"<arm> − <minus>"``), for what more seeds
+    would cost."""
+    lines = [
+        "### Arm differences over training seeds",
+        "",
+        "Each arm below was trained under several seeds from the same base model, and every "
+        "run answered the same RULER samples. Per length: each seed's paired difference of the "
+        "Table 5 averages, their mean, and a 95% interval that holds the seed-to-seed spread "
+        "and the sample set's own noise (t over the seeds, S − 1 degrees of freedom; "
+        "`anchorctx/evaluation/seed_pairs.py`), **bold** where it excludes 0. "
+        '"Seeds for 80% power": how many seeds would detect the observed mean difference '
+        "(two-sided 5% level; with “k× samples”, k times the samples per task too).",
+        "",
+    ]
+    for diff in diffs:
+        label = f"{diff['arm']} − {diff['minus']}"
+        lengths = list(diff["lengths"])
+        cells = diff["lengths"]
+        rows = [
+            [f"seed {s}"] + [f"{cells[k]['per_seed'][str(s)]:+.1f}" for k in lengths]
+            for s in diff["seeds"]
+        ]
+        rows.append(["mean"] + [f"{cells[k]['mean']:+.1f}" for k in lengths])
+        interval = []
+        for k in lengths:
+            text = f"[{cells[k]['lo']:+.1f}, {cells[k]['hi']:+.1f}]"
+            interval.append(f"**{text}**" if cells[k]["excludes_zero"] else text)
+        rows.append(["95% interval", *interval])
+        rows.append(
+            ["± (smallest difference that excludes 0)"]
+            + [f"{cells[k]['half_width']:.1f}" for k in lengths]
+        )
+        rows.append(["seeds for 80% power"] + [_needed_text(cells[k]["needed"]) for k in lengths])
+        lines += [
+            f"#### {label} ({len(diff['seeds'])} seeds)",
+            "",
+            markdown_table([label] + [length_label(k) for k in lengths], rows),
+            "",
+        ]
+        excluding = [k for k in lengths if cells[k]["excludes_zero"]]
+        if excluding:
+            where = ", ".join(f"{length_label(k)} ({cells[k]['mean']:+.1f})" for k in excluding)
+            lines.append(f"**{label}: the difference excludes 0 at {where}.**")
+        else:
+            lines.append(
+                f"**{label}: the difference does not exclude 0 at any length** over "
+                f"{len(diff['seeds'])} seeds. At this scale a mean difference smaller than "
+                f"{min(cells[k]['half_width'] for k in lengths):.1f} points cannot be told "
+                "from 0 at any length."
+            )
+            lines += ["", _cost_sentence(label, diff, (costs or {}).get(label))]
+        lines.append("")
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def _cost_sentence(label: str, diff: dict[str, Any], cost: dict[str, float] | None) -> str:
+    """What the fewest seeds that could detect the observed difference would cost."""
+    have = len(diff["seeds"])
+    options = [(k, c["needed"]) for k, c in diff["lengths"].items() if c["needed"] is not None]
+    if not options:
+        return f"{label}: the mean difference is 0 at every length; there is nothing to detect."
+    length, needed = min(options, key=lambda o: (o[1]["samples_factor"], o[1]["seeds"]))
+    more = max(0, needed["seeds"] - have)
+    what = f"{needed['seeds']} seeds"
+    if needed["samples_factor"] > 1:
+        what += f" and {needed['samples_factor']}× the RULER samples per task"
+    text = f"{label}: the fewest to detect the observed mean with 80% power is at " + (
+        f"{length_label(length)}: {what} ({more} more seeds of both arms"
+    )
+    if cost is None:
+        return text + "; no run measured its time, see `anchorctx plan`)."
+    k = needed["samples_factor"]
+    # The new seeds of both arms, trained and evaluated on k times the samples, and the seeds
+    # already run evaluated again on the larger sample set (evaluation time taken as linear in
+    # the samples).
+    seconds = (
+        more * 2 * (cost["train_s"] + k * cost["eval_s"]) + have * 2 * (k - 1) * cost["eval_s"]
+    )
+    return text + (
+        f", {seconds / 60:.0f} GPU-minutes: one seed of the pair cost "
+        f"{cost['per_seed_s'] / 60:.1f} GPU-minutes here, {cost['train_s']:.0f} s training "
+        f"and {cost['eval_s']:.0f} s evaluation per arm, measured; the base is shared)."
+    )

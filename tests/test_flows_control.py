@@ -147,3 +147,11 @@ def test_forced_run_that_finishes_keeps_the_previous_run_aside(run_dir, monkeypa
     (old,) = run_dir.parent.glob("anchor.old-*")
     assert (old / "checkpoints" / "step-000002").is_dir()
     assert not tt.previous_dir(run_dir).exists()
+
+
+def test_run_suite_takes_lm_eval_tasks_and_refuses_typos(capsys):
+    args = _run_args("--suite", "lm_eval:babilong", "--suite", "ruler")
+    assert run_parameters(args) == {"suites": ["lm_eval:babilong", "ruler"]}
+    with pytest.raises(SystemExit):
+        _run_args("--suite", "lm_eval:babilong_qa99")
+    assert "'lm_eval:babilong_qa99' is not a suite" in capsys.readouterr().err

@@ -270,3 +270,16 @@ def test_a_packed_dataset_of_another_seq_len_is_ignored(tiny_config, packed_demo
     assert f"packed dataset {copy} has seq_len 1024, not data.seq_len 512: ignored" in (
         lengths.detail
     )
+
+
+def test_lm_eval_suites_are_listed_as_not_estimated():
+    """lm-eval's tasks have no cost model: the plan names them and leaves them out of the
+    totals rather than dropping them silently."""
+    cfg = _cfg("evaluation.suites=[ruler, lm_eval:babilong]")
+    plan = eval_plan.plan_evaluation(cfg, memory.LLAMA2_7B, "h200")
+    assert plan.unestimated == ("lm_eval:babilong",)
+    assert [s.suite for s in plan.suites] == ["ruler"]
+    ruler_only = eval_plan.plan_evaluation(_cfg("evaluation.suites=[ruler]"), memory.LLAMA2_7B)
+    assert plan.gpu_hours == ruler_only.gpu_hours and ruler_only.unestimated == ()
+    text = eval_plan.format_plan(eval_plan.plan_experiment(cfg, "h200", gpus=8))
+    assert "not estimated (no cost model; not in the totals): lm_eval:babilong" in text

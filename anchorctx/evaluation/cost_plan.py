@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 from anchorctx.evaluation.longbench.tasks import ALL_DATASETS, DATASET2MAXLEN
 from anchorctx.evaluation.ruler.constants import task_spec
 from anchorctx.evaluation.ruler.runner import selected_tasks
+from anchorctx.evaluation.settings import LM_EVAL_PREFIX
 from anchorctx.evaluation.sharding import (
     DECODE_S_PER_TOKEN,
     DECODE_S_PER_TOKEN_KTOKEN,
@@ -133,6 +134,9 @@ class EvaluationPlan:
     checkpoints_per_arm: int
     arms: int
     suites: tuple[SuitePlan, ...]  # per checkpoint, on this GPU kind
+    # Suites with no cost model, left out of the totals: lm-eval's tasks (their sample counts
+    # and prompt lengths are known only once lm-eval builds them).
+    unestimated: tuple[str, ...] = ()
 
     @property
     def per_checkpoint_hours(self) -> float:
@@ -159,7 +163,8 @@ def plan_evaluation(cfg: ExperimentConfig, shape: Shape, gpu: str = "h200") -> E
         )
         for s in suite_plans(cfg, shape)
     )
-    return EvaluationPlan(gpu, checkpoints_evaluated(cfg), len(cfg.arms()), suites)
+    unestimated = tuple(s for s in cfg.evaluation.suites if s.startswith(LM_EVAL_PREFIX))
+    return EvaluationPlan(gpu, checkpoints_evaluated(cfg), len(cfg.arms()), suites, unestimated)
 
 
 # ------------------------------------------------------------------------------ the experiment
@@ -271,6 +276,10 @@ def format_plan(plan: ExperimentPlan) -> str:
             f"{_h(sp.hours * n):>11}  {sp.detail}"
         )
     lines.append(f"  {'all suites':<29}{_h(e.per_checkpoint_hours):>9}{_h(e.gpu_hours):>11}")
+    if e.unestimated:
+        lines.append(
+            f"  not estimated (no cost model; not in the totals): {', '.join(e.unestimated)}"
+        )
     wall = plan.gpu_hours / (t.gpus * t.nodes)
     lines += [
         "",

@@ -50,8 +50,12 @@ def test_seeds_expand_into_one_run_per_seed():
     )
     arms = cfg.arms()
     assert [a.variant_name for a in arms] == [
-        "intra_doc-s1", "intra_doc-s2", "anchor-s1", "anchor-s2", "full",
-    ]  # fmt: skip
+        "intra_doc-s1",
+        "intra_doc-s2",
+        "anchor-s1",
+        "anchor-s2",
+        "full",
+    ]
     assert [a.seed for a in arms] == [1, 2, 1, 2, 0]
     assert [a.training.attention for a in arms] == ["intra_doc"] * 2 + ["anchor"] * 2 + ["full"]
     assert arms[2].training.lr == 1e-5 and arms[2].run_dir.name == "anchor-s1"
@@ -228,15 +232,30 @@ def _write_run(run_dir: Path, per_length: dict[str, list[float]], train_s: float
     lines = [json.dumps({"__header__": {"checkpoint_hash": "x"}})]
     for length, values in per_length.items():
         lines += [
-            json.dumps({"key": f"vt/{length}/{i}", "task": "vt", "length": int(length),
-                        "index": i, "prediction": "", "references": [], "score": v})
+            json.dumps(
+                {
+                    "key": f"vt/{length}/{i}",
+                    "task": "vt",
+                    "length": int(length),
+                    "index": i,
+                    "prediction": "",
+                    "references": [],
+                    "score": v,
+                }
+            )
             for i, v in enumerate(values)
-        ]  # fmt: skip
+        ]
     (folder / "ruler.samples.jsonl").write_text("\n".join(lines) + "\n")
     scores = {"vt": {k: sum(v) / len(v) for k, v in per_length.items()}}
     counts = {"vt": {k: len(v) for k, v in per_length.items()}}
-    result = {"suite": "ruler", "step": 50, "checkpoint_name": "step-000050", "scores": scores,
-              "counts": counts, "duration_s": eval_s}  # fmt: skip
+    result = {
+        "suite": "ruler",
+        "step": 50,
+        "checkpoint_name": "step-000050",
+        "scores": scores,
+        "counts": counts,
+        "duration_s": eval_s,
+    }
     (folder / "ruler.json").write_text(json.dumps(result))
     rows = [
         {"step": 49, "loss": 2.0, "elapsed_s": train_s - 2},

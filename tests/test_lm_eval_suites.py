@@ -306,8 +306,13 @@ def test_ruler_essay_sources_and_qa_sample_count(tmp_path):
     cache = str(tmp_path / "cache")
     assert lm_eval_suites.essay_texts(repo.parent, cache) == [text]
     assert lm_eval_suites.essay_haystack([text, "More."]) == [
-        "An", "essay.", "Its", "second", "paragraph.", "More."
-    ]  # fmt: skip
+        "An",
+        "essay.",
+        "Its",
+        "second",
+        "paragraph.",
+        "More.",
+    ]
     with pytest.raises(lm_eval_suites.LmEvalDataError, match=r"PaulGrahamEssays\.json"):
         (tmp_path / "bad.json").write_text(json.dumps({"essays": []}))
         lm_eval_suites.essay_texts(tmp_path / "bad.json")

@@ -86,7 +86,7 @@ def stratified_interval(by_task: dict[str, list[float]]) -> dict[str, float] | N
     return {"mean": mean, "se": se, "lo": mean - Z95 * se, "hi": mean + Z95 * se, "n": n}
 
 
-def _paired(
+def paired_differences(
     a: dict[str, dict[str, float]], b: dict[str, dict[str, float]]
 ) -> dict[str, list[float]]:
     """Per task, ``a - b`` on the samples both arms scored."""
@@ -117,7 +117,9 @@ def ruler_intervals(
     for first, second in combinations(have, 2):
         cells = {}
         for length in sorted(set(samples[first]) & set(samples[second]), key=float):  # type: ignore[arg-type]
-            iv = stratified_interval(_paired(samples[second][length], samples[first][length]))  # type: ignore[index]
+            iv = stratified_interval(
+                paired_differences(samples[second][length], samples[first][length])
+            )  # type: ignore[index]
             if iv is not None:
                 cells[length] = iv | {"excludes_zero": iv["lo"] > 0 or iv["hi"] < 0}
         if cells:

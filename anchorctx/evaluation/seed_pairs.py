@@ -37,22 +37,44 @@ from pathlib import Path
 from typing import Any
 
 from anchorctx.evaluation.averaging import length_label, markdown_table
-from anchorctx.evaluation.paired import Z95, _paired, stratified_interval
+from anchorctx.evaluation.paired import Z95, paired_differences, stratified_interval
 from anchorctx.experiment import seed_run_of
 from anchorctx.io import read_json, read_jsonl
 
 Z80 = 0.8416212335729143  # one-sided 80% quantile of the standard normal (power 0.8)
 # Two-sided 95% quantiles of Student's t with 1..30 degrees of freedom.
 _T95 = (
-    12.706204736174694, 4.302652729749462, 3.1824463052837078, 2.7764451051977934,
-    2.5705818356363146, 2.4469118511449786, 2.364624251592784, 2.306004135204166,
-    2.262157162798205, 2.228138851986274, 2.200985160091639, 2.1788128296672284,
-    2.1603686564627913, 2.144786687917804, 2.131449545559776, 2.1199052992212546,
-    2.1098155778333156, 2.1009220402410382, 2.0930240544083087, 2.085963447265864,
-    2.0796138447276795, 2.0738730679040254, 2.0686576104190486, 2.0638985616280245,
-    2.0595385527532972, 2.0555294386428735, 2.0518305164802846, 2.0484071417952454,
-    2.045229642132703, 2.0422724563012378,
-)  # fmt: skip
+    12.706204736174694,
+    4.302652729749462,
+    3.1824463052837078,
+    2.7764451051977934,
+    2.5705818356363146,
+    2.4469118511449786,
+    2.364624251592784,
+    2.306004135204166,
+    2.262157162798205,
+    2.228138851986274,
+    2.200985160091639,
+    2.1788128296672284,
+    2.1603686564627913,
+    2.144786687917804,
+    2.131449545559776,
+    2.1199052992212546,
+    2.1098155778333156,
+    2.1009220402410382,
+    2.0930240544083087,
+    2.085963447265864,
+    2.0796138447276795,
+    2.0738730679040254,
+    2.0686576104190486,
+    2.0638985616280245,
+    2.0595385527532972,
+    2.0555294386428735,
+    2.0518305164802846,
+    2.0484071417952454,
+    2.045229642132703,
+    2.0422724563012378,
+)
 
 
 def t95(df: int) -> float:
@@ -146,7 +168,7 @@ def seed_differences(
         common = set.intersection(*(set(x) for x in a + b))  # type: ignore[arg-type]
         cells = {}
         for length in sorted(common, key=float):
-            diffs = [_paired(x[length], y[length]) for x, y in zip(a, b)]  # type: ignore[index]
+            diffs = [paired_differences(x[length], y[length]) for x, y in zip(a, b)]  # type: ignore[index]
             per_seed = [stratified_interval(d) for d in diffs]
             averaged = _seed_averaged(diffs)
             pooled = stratified_interval(averaged) if averaged else None

@@ -4,14 +4,17 @@ model (speed and parity), and lm-eval's RULER against the project's own RULER (s
 For each task and length (lm-eval task names; ``--limit`` documents each, lm-eval's seeds):
 
 - **speed**: seconds per sample of the model's ``generate_until`` calls (the samples' prefill
-  and decode; lm-eval building its synthetic samples is timed apart as ``build_s``), for
+  and decode; lm-eval building its synthetic samples is timed apart as ``build_s``; each model
+  first answers one untimed batch per length, whose time is ``warmup_s``: compilation and
+  graph capture are one-off costs of a process, not of a sample), for
   ``anchorctx`` (:class:`~anchorctx.evaluation.lm_eval_model.AnchorctxLM` on the project's
   engine) and for lm-eval's own ``hf`` model, built as ``simple_evaluate(model="hf",
   model_args="pretrained=DIR,dtype=DTYPE")`` builds it. Next to them the floor of the same
   requests: prefill ``(2·N·T + 2·layers·hidden·T²) / peak`` (N = matmul parameters, T = prompt
   tokens, causal attention) at the GPU's dense bf16 peak (``anchorctx.training.metrics``), plus
   each generated token's HBM read (weights + KV cache, as ``bench/eval_throughput.py``) at the
-  copy bandwidth measured in this run. No floor on CPU.
+  copy bandwidth measured in this run; with ``--batch-size`` B each request's share of a decode
+  step's weight read is 1/B (the rows of a batch decode together). No floor on CPU.
 - **parity**: both models' lm-eval scores side by side (the same documents: same task files,
   limit and seeds; ``same_inputs`` checks the prompts are identical) and the share of documents
   whose generated answers are identical.
@@ -194,14 +197,18 @@ class Timed:
         return out
 
 
-def floor_seconds(prompts: list[int], answers: list[int], hw: dict[str, Any]) -> float | None:
-    """Sum over requests of the prefill compute floor and the decode HBM floor (module doc)."""
+def floor_seconds(
+    prompts: list[int], answers: list[int], hw: dict[str, Any], rows: int = 1
+) -> float | None:
+    """Sum over requests of the prefill compute floor and the decode HBM floor (module doc).
+    ``rows`` requests decode together: a decode step reads the weights once for all of them,
+    so each request's share of the weight read is 1/``rows`` (its KV cache it reads alone)."""
     if not hw.get("peak_flops") or not hw.get("bandwidth"):
         return None
     total = 0.0
     for t, g in zip(prompts, answers, strict=True):
         flops = 2.0 * hw["matmul_params"] * t + 2.0 * hw["layers"] * hw["hidden"] * t * t
-        read = g * (hw["weight_bytes"] + hw["kv_bytes_per_token"] * (t + g / 2))
+        read = g * (hw["weight_bytes"] / rows + hw["kv_bytes_per_token"] * (t + g / 2))
         total += flops / hw["peak_flops"] + read / hw["bandwidth"]
     return total
 
@@ -253,6 +260,7 @@ def lm_eval_pass(name: str, lm: Any, tokenizer: Any, cfg: Any, args, hw) -> dict
 
     timed = Timed(lm, tokenizer, args.device)
     out: dict[str, Any] = {}
+    warmup = warmup_seconds(lm, cfg, args, timed) if args.warmup else {}
     with tempfile.TemporaryDirectory(prefix="lm-eval-ruler-bench-") as tmp:
         for task in args.tasks:
             for length in args.lengths:
@@ -267,7 +275,8 @@ def lm_eval_pass(name: str, lm: Any, tokenizer: Any, cfg: Any, args, hw) -> dict
                     continue
                 wall = time.perf_counter() - start
                 n = max(1, len(timed.prompts))
-                floor = floor_seconds(timed.prompts, timed.answers, hw)
+                rows = max(1, min(args.batch_size, len(timed.prompts)))
+                floor = floor_seconds(timed.prompts, timed.answers, hw, rows)
                 row = {
                     "score": rec["scores"][str(length)],
                     "n": rec["n"],
@@ -276,6 +285,7 @@ def lm_eval_pass(name: str, lm: Any, tokenizer: Any, cfg: Any, args, hw) -> dict
                     "generate_s": timed.seconds,
                     "build_s": wall - timed.seconds,
                     "s_per_sample": timed.seconds / n,
+                    "warmup_s": warmup.get(length),
                     "floor_s_per_sample": floor / n if floor is not None else None,
                     "prompt_tokens_mean": sum(timed.prompts) / n,
                     "answer_tokens_mean": sum(timed.answers) / n,
@@ -292,6 +302,26 @@ def lm_eval_pass(name: str, lm: Any, tokenizer: Any, cfg: Any, args, hw) -> dict
                     + f", samples built in {row['build_s']:.1f} s"
                 )
     return out
+
+
+def warmup_seconds(lm: Any, cfg: Any, args, timed: Timed) -> dict[int, float]:
+    """One untimed batch (``--batch-size`` documents of the first task) per length before the
+    timed passes: a model's first batch of a shape pays one-off costs (the static decoder
+    compiles its step and captures its graphs per cache size and rows, ~10 s; kernels
+    autotune), which would otherwise be spread over the first task's samples. Returns each
+    length's warm-up seconds."""
+    from anchorctx.evaluation import lm_eval_suites as S
+
+    warm = cfg.model_copy(deep=True)
+    warm.evaluation.lm_eval.limit = max(1, args.batch_size)
+    seconds: dict[int, float] = {}
+    with tempfile.TemporaryDirectory(prefix="lm-eval-ruler-warmup-") as tmp:
+        for length in args.lengths:
+            timed.reset()
+            S.run_unit(lm, warm, S.Unit(args.tasks[0], length), Path(tmp))
+            seconds[length] = timed.seconds
+            say(f"warm-up at {length}: {timed.seconds:.1f} s (one batch, not timed)")
+    return seconds
 
 
 def ours_pass(cfg: Any, args) -> dict[str, Any]:
@@ -359,8 +389,8 @@ def markdown(meta: dict[str, Any], rows: list[dict[str, Any]]) -> str:
         "decode HBM reads at the measured bandwidth)",
         "",
         "| task | length | prompt tok | anchorctx s | hf s | floor s | hf / anchorctx | "
-        "anchorctx / floor |",
-        "|---|---|---|---|---|---|---|---|",
+        "anchorctx / floor | warm-up s (anchorctx, hf) |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         a, h = r["anchorctx"], r.get("hf")
@@ -369,7 +399,8 @@ def markdown(meta: dict[str, Any], rows: list[dict[str, Any]]) -> str:
             f"| {r['task']} | {r['length']} | {a['prompt_tokens_mean']:.0f} | "
             f"{a['s_per_sample']:.3f} | {_f(h and h['s_per_sample'], '.3f')} | "
             f"{_f(fl, '.3f')} | {_f(h and h['s_per_sample'] / a['s_per_sample'], '.2f')} | "
-            f"{_f(fl and a['s_per_sample'] / fl, '.2f')} |"
+            f"{_f(fl and a['s_per_sample'] / fl, '.2f')} | "
+            f"{_f(a.get('warmup_s'))}, {_f(h and h.get('warmup_s'))} |"
         )
     lines += [
         "",
@@ -451,6 +482,13 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--squad", help="SQuAD v2 dev-v2.0.json")
     p.add_argument("--hotpotqa", help="HotpotQA hotpot_dev_distractor_v1.json")
     p.add_argument("--nltk-data", help="Directory holding tokenizers/punkt_tab")
+    p.add_argument(
+        "--no-warmup",
+        dest="warmup",
+        action="store_false",
+        help="Time each model's first request at a length too (compilation, graph capture) "
+        "instead of one untimed batch per length first.",
+    )
     p.add_argument("--skip-hf", action="store_true", help="No lm-eval hf pass.")
     p.add_argument("--skip-ours", action="store_true", help="No project RULER pass.")
     return p.parse_args(argv)

@@ -184,3 +184,35 @@ def test_uninformative_lm_eval_warnings_are_filtered(setup, caplog):
         logging.getLogger("lm_eval.evaluator").warning("a real problem")
     lm_eval_messages = [r.getMessage() for r in caplog.records if r.name.startswith("lm_eval")]
     assert lm_eval_messages == ["a real problem"]  # other lm-eval warnings still reach the log
+
+
+def test_environment_report_is_made_once_per_process(setup, monkeypatch):
+    """lm-eval adds torch's environment report (`pip list`, compiler and driver versions: ~1.8 s)
+    to every simple_evaluate result; MMLU calls it once per subject. The report lm-eval records
+    is the real one, and it is made on the first call only."""
+    import torch.utils.collect_env as collect_env
+
+    from anchorctx.evaluation import lm_eval_call
+
+    calls: list[int] = []
+
+    def report() -> str:
+        calls.append(1)
+        return "the environment report"
+
+    monkeypatch.setattr(collect_env, "get_pretty_env_info", report)
+    _cfg, model, tok, paths = setup
+    subject = MMLU_FIXTURE_SUBJECTS[0]
+    found, _ = harness.mmlu_layout(paths["mmlu_dir"])
+    with tempfile.TemporaryDirectory() as tmp:
+        name = harness.write_mmlu_yaml(Path(tmp), subject, found[subject])
+        lm = harness.make_lm(model, tok, 4)
+        manager = harness._task_manager(Path(tmp))
+        outs = [
+            lm_eval_call.simple_evaluate(
+                model=lm, tasks=[name], task_manager=manager, limit=1, bootstrap_iters=0
+            )
+            for _ in range(2)
+        ]
+    assert [out["pretty_env_info"] for out in outs] == ["the environment report"] * 2
+    assert calls == [1]

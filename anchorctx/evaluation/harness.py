@@ -52,6 +52,7 @@ from typing import TYPE_CHECKING, Any
 import yaml
 from tqdm.auto import tqdm
 
+from anchorctx.evaluation.lm_eval_call import simple_evaluate
 from anchorctx.models.loading import anchor_token_id
 
 if TYPE_CHECKING:
@@ -418,9 +419,6 @@ def evaluate_docs(
     lm: Any, task_manager: Any, task: str, doc_ids: list[int], num_fewshot: int
 ) -> list[dict[str, Any]]:
     """Per-document lm-eval results (``doc_id`` plus the task's metrics) for ``doc_ids``."""
-    # Imported here: lm_eval imports torch and transformers, which the suite registry skips.
-    from lm_eval.evaluator import simple_evaluate
-
     out = simple_evaluate(
         model=lm,
         tasks=[task],

@@ -58,6 +58,7 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
+from anchorctx.evaluation.lm_eval_call import simple_evaluate
 from anchorctx.evaluation.settings import LM_EVAL_PREFIX, LM_EVAL_TASKS, lm_eval_family
 
 if TYPE_CHECKING:
@@ -775,7 +776,6 @@ def run_unit(lm: Any, cfg: ExperimentConfig, unit: Unit, tmp: Path) -> dict[str,
     or lm-eval's own ``hf`` for a comparison): the task YAML on local files, the task metadata
     (``lm.tokenizer``'s name, the length), ``evaluation.lm_eval.limit``, lm-eval's seeds."""
     # Imported here: lm-eval imports torch and transformers.
-    from lm_eval.evaluator import simple_evaluate
     from lm_eval.tasks import TaskManager
 
     if unit.task == "ruler_vt":

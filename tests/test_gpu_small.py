@@ -252,3 +252,42 @@ def test_the_two_gpu_deployment_is_the_same_comparison_with_sequence_parallelism
     served = {d.name: d for d in build_deployments(ROOT / "configs")}
     assert served["gpu-small-sp2"].parameters["cfg"].training.sequence_parallel == 2
     check_heads(build_hf_config(pre.model, seq_len=pre.data.seq_len, vocab_size=3000), 2)
+
+
+def test_the_two_gpu_seeds_deployment_pretrains_on_both_and_overlaps_the_arms():
+    """full-experiment/gpu-small-seeds-2gpu: gpu-small-seeds from nothing on two GPUs. The
+    pretraining is two data-parallel replicas (the same global batch and steps, no accumulation);
+    the six seed arms train on one GPU each while the other evaluates; its own directory."""
+    from anchorctx.flows.deployments import (
+        GPU_SMALL_SEEDS,
+        GPU_SMALL_SEEDS_2GPU_NAME,
+        build_deployments,
+        gpu_small_seeds_two_gpus,
+    )
+    from anchorctx.tasks.sharding import overlap_training_gpus
+    from anchorctx.training.plan import plan_parallelism
+
+    seeds = load_config(CONFIG, GPU_SMALL_SEEDS)
+    built = gpu_small_seeds_two_gpus(CONFIG)
+    raw = built.model_dump(mode="json")
+    # Only the name and the pretraining's process count differ from gpu-small-seeds.
+    ref = seeds.model_dump(mode="json")
+    assert {k for k in raw if raw[k] != ref[k]} == {"name", "pretrain"}
+    assert raw["pretrain"]["overrides"] == {**ref["pretrain"]["overrides"], "training.nproc": 2}
+    assert built.experiment_dir != seeds.experiment_dir
+    raw["training"]["device"] = "cpu"  # plan_parallelism checks the device
+    two = config_from_dict(raw)
+    pre, one_pre = two.pretraining(), seeds.pretraining()
+    par = plan_parallelism(pre)
+    assert (par.world, par.sp, par.dp) == (2, 1, 2)
+    assert par.micro * par.accum * par.dp == one_pre.training.global_batch_size == 32
+    assert par.accum == 1 and pre.training.steps == one_pre.training.steps
+    assert pre.data == one_pre.data
+    arms = two.arms()
+    assert [a.variant_name for a in arms] == [a.variant_name for a in seeds.arms()]
+    assert all(a.training.nproc == 1 for a in arms)
+    assert overlap_training_gpus(built, built.arms(), ["0", "1"]) == ["0"]
+    served = {d.name: d for d in build_deployments(ROOT / "configs")}
+    cfg = served[GPU_SMALL_SEEDS_2GPU_NAME].parameters["cfg"]
+    assert cfg.name == GPU_SMALL_SEEDS_2GPU_NAME
+    assert cfg.pretrain.overrides["training.nproc"] == 2

@@ -7,7 +7,8 @@
   four arms at 16K, RULER 2K-16K; one GPU, about 25 minutes); ``full-experiment/gpu-small-sp2``:
   the same on two GPUs with sequence parallelism (:data:`GPU_SMALL_SP2`);
   ``full-experiment/gpu-small-seeds``: intra_doc and anchor under three training seeds from
-  gpu-small's base (:data:`GPU_SMALL_SEEDS`);
+  gpu-small's base (:data:`GPU_SMALL_SEEDS`); ``full-experiment/gpu-small-seeds-2gpu``: the
+  same from nothing on a two-GPU host (:func:`gpu_small_seeds_two_gpus`);
 - ``prepare-data/default``, ``train/default``, ``evaluate/default``, ``rope-precision/default``:
   the demo config as the default parameters.
 
@@ -21,7 +22,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from anchorctx.experiment import ExperimentConfig, load_config
+from anchorctx.experiment import ExperimentConfig, config_from_dict, load_config
 
 if TYPE_CHECKING:
     from prefect.deployments.runner import RunnerDeployment
@@ -55,6 +56,28 @@ GPU_SMALL_SEEDS = [
     "evaluation.suites=[ruler]",
     "analysis.rope_precision.in_report=false",
 ]
+
+
+# full-experiment/gpu-small-seeds-2gpu: GPU_SMALL_SEEDS from nothing (no cached base) on a host
+# with two GPUs, in its own experiment directory. The pretraining runs as two data-parallel
+# replicas (`training.nproc: 2` among its overrides: the same global batch of 32 rows, 16 a GPU,
+# no accumulation, the same 1500 steps), so its base is not gpu-small's (another nproc, another
+# pretraining hash). The arms train on one GPU while the finished ones are evaluated on the other
+# (evaluation.overlap). Arithmetic on two H100s by run 9's one-GPU timings (docs/REPRODUCTION.md):
+# corpora and packing ~1.5 min, pretraining ~5.5 min (half of run 9's 0.386 s steps, plus the
+# start), base evaluation ~1 min, 6 arms x 79-88 s of training with their RULER on the other GPU
+# meanwhile (~9 min), the last arm's evaluation and the report ~2 min: ~19 min, inside one
+# 30-minute machine hold, where GPU_SMALL_SEEDS from nothing on one GPU takes 31-36 min.
+GPU_SMALL_SEEDS_2GPU_NAME = "gpu-small-seeds-2gpu"
+
+
+def gpu_small_seeds_two_gpus(small: Path) -> ExperimentConfig:
+    """configs/gpu-small.yaml with :data:`GPU_SMALL_SEEDS`, its pretraining over two GPUs."""
+    raw = load_config(small, [*GPU_SMALL_SEEDS, f"name={GPU_SMALL_SEEDS_2GPU_NAME}"]).model_dump(
+        mode="json"
+    )
+    raw["pretrain"]["overrides"]["training.nproc"] = 2
+    return config_from_dict(raw, source=f"{small} ({GPU_SMALL_SEEDS_2GPU_NAME})")
 
 
 def paper_presets(configs_dir: Path) -> dict[str, Path]:
@@ -128,6 +151,15 @@ def build_deployments(
                 load_config(small, GPU_SMALL_SEEDS),
                 f"{small}: intra_doc and anchor under training seeds 1-3 from gpu-small's base "
                 "(run after gpu-small: ~24 min on one GPU), their difference over the seeds.",
+            )
+        )
+        deployments.append(
+            _deploy(
+                fx.full_experiment,
+                GPU_SMALL_SEEDS_2GPU_NAME,
+                gpu_small_seeds_two_gpus(small),
+                f"{small}: gpu-small-seeds from nothing on two GPUs (~19 min): pretraining over "
+                "both, each arm trained on one while the other evaluates the finished ones.",
             )
         )
     for name, path in paper_presets(configs_dir).items():

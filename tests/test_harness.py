@@ -188,8 +188,8 @@ def test_uninformative_lm_eval_warnings_are_filtered(setup, caplog):
 
 def test_environment_report_is_made_once_per_process(setup, monkeypatch):
     """lm-eval adds torch's environment report (`pip list`, compiler and driver versions: ~1.8 s)
-    to every simple_evaluate result; MMLU calls it once per subject. The report lm-eval records
-    is the real one, and it is made on the first call only."""
+    to every simple_evaluate result; MMLU calls it once per subject. Every result still holds
+    what the report function returns, and the function runs on the first call only."""
     import torch.utils.collect_env as collect_env
 
     from anchorctx.evaluation import lm_eval_call

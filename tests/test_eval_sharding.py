@@ -163,3 +163,28 @@ def test_flow_shards_over_gpu_slots_in_child_processes(tmp_path, demo_corpus, pr
         )
         stamp = Path(path).stat().st_mtime_ns
         assert run() == [path] and Path(path).stat().st_mtime_ns == stamp
+
+
+def test_missing_report_names_missing_cells_and_foreign_shard_files(tmp_path, demo_corpus):
+    """What a shard that cannot merge (and a merge that must generate) prints: the records
+    missing by cell, and every shard file whose header is another identity's (ignored)."""
+    cfg, ckpt = _cfg(tmp_path, demo_corpus, "report", lengths=LENGTHS[:1])
+    assert sharding.prepare(cfg, ckpt, "ruler", force=False)
+    first, second = sharding.plan_shards(cfg, "ruler", 2)
+    sharding.run_shard(cfg, ckpt, "ruler", first, 0, 2)
+    (task, length) = second[0].split("/")
+    assert sharding.missing_report(cfg, ckpt, "ruler") == (
+        f"2 recorded, 2 RULER samples missing in 1 cell(s) ['{task}@{length}']"
+    )
+    # A shard file written under another checkpoint hash: its records do not count.
+    path = sharding.shard_path(ckpt, "ruler", 1, 2, cfg)
+    ident = results.identity(cfg, ckpt, "ruler")
+    rows = [{results.HEADER_KEY: {**ident, "checkpoint_hash": "0" * 64}}]
+    rows += [
+        {"key": f"{second[0]}/{i}", "task": task, "length": int(length), "score": 0.0}
+        for i in range(2)
+    ]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    got = sharding.missing_report(cfg, ckpt, "ruler")
+    assert got.startswith("2 recorded, 2 RULER samples missing"), got
+    assert got.endswith(f"ignored as another identity's: ['{path.name} (other checkpoint_hash)']")

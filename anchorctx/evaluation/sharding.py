@@ -256,6 +256,38 @@ def is_done(cfg: ExperimentConfig, checkpoint: str | Path, suite: str) -> bool:
     )
 
 
+def missing_report(cfg: ExperimentConfig, checkpoint: str | Path, suite: str) -> str:
+    """Why an evaluation is not complete, in one line: the records still missing, and every
+    samples or shard file whose header names another identity (its records are ignored, so
+    a merge would generate them again). Printed by a shard that cannot merge and by a merge
+    that must generate records, so a run's log says what was recomputed and why."""
+    ckpt = check_checkpoint(checkpoint)
+    ident = identity(cfg, ckpt, suite)
+    done = _records(cfg, ckpt, suite)
+    if suite == "ruler":
+        r = cfg.evaluation.ruler
+        pending, _ = plan_samples(
+            selected_tasks(r.tasks, r.exclude), r.lengths, r.num_samples, data_paths(cfg), done
+        )
+        missing = sum(len(v) for v in pending.values())
+        cells = sorted(f"{task}@{length}" for (task, length), v in pending.items() if v)
+        what = f"{missing} RULER samples missing in {len(cells)} cell(s) {cells[:6]}"
+    elif is_lm_eval(suite):
+        left = [u.key for u in lm_eval_suites.units(cfg, suite) if u.key not in done]
+        what = f"{len(left)} lm-eval unit(s) missing {left[:6]}"
+    else:
+        what = "not sharded (one unit)"
+    foreign = []
+    for path in [samples_path(ckpt, suite, cfg), *_shard_files(ckpt, suite, cfg)]:
+        header = (read_jsonl(path)[:1] or [{}])[0].get(HEADER_KEY) if path.is_file() else None
+        if header is not None and header != ident:
+            differs = sorted(k for k in ident if header.get(k) != ident[k])
+            foreign.append(f"{path.name} (other {', '.join(differs)})")
+    return f"{len(done)} recorded, {what}" + (
+        f"; ignored as another identity's: {foreign}" if foreign else ""
+    )
+
+
 def _complete(cfg: ExperimentConfig, checkpoint: Path, suite: str, count: int) -> bool:
     """Every record of the evaluation is in the samples or shard files (a single shard owns
     every unit, so once it has run nothing is missing)."""
@@ -318,6 +350,10 @@ def main(argv: list[str] | None = None) -> int:
 
     cfg = ExperimentConfig.model_validate_json(args.config.read_text())
     if args.finalize:
+        if not is_done(cfg, args.checkpoint, args.suite):
+            # After every shard ran, a merge that still has records to generate is worth a
+            # line: the log then says what was recomputed and why.
+            print(f"merge: {missing_report(cfg, args.checkpoint, args.suite)}")
         print(finalize(cfg, args.checkpoint, args.suite))
     elif args.shard:
         timing: dict[str, float] = {}
@@ -326,7 +362,11 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps({"shard_timing": {k: round(v, 3) for k, v in timing.items()}}))
         if args.finalize_when_complete:
             result = finalize_if_complete(cfg, args.checkpoint, args.suite, args.shard[1])
-            print(f"merged: {result}" if result else "merged: not yet (other shards running)")
+            if result:
+                print(f"merged: {result}")
+            else:
+                why = missing_report(cfg, args.checkpoint, args.suite)
+                print(f"merged: not yet (other shards running?): {why}")
         print(out)
     else:
         print("give --shard INDEX COUNT or --finalize", file=sys.stderr)

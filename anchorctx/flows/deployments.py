@@ -63,11 +63,12 @@ GPU_SMALL_SEEDS = [
 # replicas (`training.nproc: 2` among its overrides: the same global batch of 32 rows, 16 a GPU,
 # no accumulation, the same 1500 steps), so its base is not gpu-small's (another nproc, another
 # pretraining hash). The arms train on one GPU while the finished ones are evaluated on the other
-# (evaluation.overlap). Arithmetic on two H100s by run 9's one-GPU timings (docs/REPRODUCTION.md):
-# corpora and packing ~1.5 min, pretraining ~5.5 min (half of run 9's 0.386 s steps, plus the
-# start), base evaluation ~1 min, 6 arms x 79-88 s of training with their RULER on the other GPU
-# meanwhile (~9 min), the last arm's evaluation and the report ~2 min: ~19 min, inside one
-# 30-minute machine hold, where GPU_SMALL_SEEDS from nothing on one GPU takes 31-36 min.
+# (evaluation.overlap). Measured on two H100s (docs/REPRODUCTION.md, run 10): corpora and
+# packing 3.1 min, pretraining 7.1 min (321 s of steps), base evaluation 47 s, each arm's training
+# 80-85 s; but each arm's RULER (two shards, both on the one GPU training leaves free: ~100 s each
+# with process start and model load) takes about twice an arm's training, so the evaluations
+# queue until the last arm has trained. After 27 min one arm's evaluation was still unfinished:
+# plan ~30 min.
 GPU_SMALL_SEEDS_2GPU_NAME = "gpu-small-seeds-2gpu"
 
 
@@ -158,7 +159,7 @@ def build_deployments(
                 fx.full_experiment,
                 GPU_SMALL_SEEDS_2GPU_NAME,
                 gpu_small_seeds_two_gpus(small),
-                f"{small}: gpu-small-seeds from nothing on two GPUs (~19 min): pretraining over "
+                f"{small}: gpu-small-seeds from nothing on two GPUs (~30 min): pretraining over "
                 "both, each arm trained on one while the other evaluates the finished ones.",
             )
         )

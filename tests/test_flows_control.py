@@ -49,6 +49,40 @@ def _run_args(*argv: str) -> argparse.Namespace:
     return build_parser().parse_args(["run", *argv])
 
 
+def test_follower_takes_the_arm_from_a_run_renamed_after_it_was_first_seen():
+    """Prefect may hand out a subflow run before it carries its templated name (a random name
+    first, ``train-demo-anchor`` after): the arm comes from the name the run has now."""
+    from types import SimpleNamespace
+    from uuid import uuid4
+
+    from anchorctx.flows.follow import Follower
+
+    flow_id, run_id = uuid4(), uuid4()
+    names = iter(["tricky-raptor", "train-demo-anchor"])
+
+    class Client:
+        def read_flow(self, _id):
+            return SimpleNamespace(name="train")
+
+    said: list[str] = []
+    follower = Follower(Client(), uuid4(), out=said.append)
+    follower.experiment = "demo"
+    for state in ("Pending", "Running"):
+        run = SimpleNamespace(
+            id=run_id,
+            flow_id=flow_id,
+            name=next(names),
+            tags=[],
+            state=SimpleNamespace(name=state, is_final=lambda: False),
+        )
+        follower._state(run)
+    assert [line.split("] ", 1)[1] for line in said] == [
+        "train · Pending",
+        "train · anchor · Running",
+    ]
+    assert follower.runs[run_id].arm == "anchor"
+
+
 def test_run_command_parameters():
     args = _run_args("--arm", "anchor", "--stage", "evaluate", "--suite", "ruler", "--force")
     assert run_parameters(args) == {

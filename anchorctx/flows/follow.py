@@ -159,6 +159,11 @@ class Follower:
             info = self.runs[run.id] = _Run(
                 run.name, stage, arm_of(run.name, flow, self.experiment)
             )
+        elif info.name != run.name:
+            # A subflow run can be read before its name is rendered from the flow's run-name
+            # template (Prefect names it at creation, then renames it): take the arm from the
+            # name it has now, or every line of that run would lack it.
+            info.name, info.arm = run.name, arm_of(run.name, flow, self.experiment)
         state = run.state.name if run.state else "Pending"
         if state != info.state:
             info.state = state

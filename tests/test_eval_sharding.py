@@ -188,3 +188,37 @@ def test_missing_report_names_missing_cells_and_foreign_shard_files(tmp_path, de
     got = sharding.missing_report(cfg, ckpt, "ruler")
     assert got.startswith("2 recorded, 2 RULER samples missing"), got
     assert got.endswith(f"ignored as another identity's: ['{path.name} (other checkpoint_hash)']")
+
+
+def test_evaluation_is_split_over_the_gpus_training_does_not_hold(
+    tmp_path, demo_corpus, monkeypatch
+):
+    """While training holds GPUs of the pool (full-experiment's overlap), an evaluation is
+    split into as many shards as GPUs are left, not one per GPU of the pool: its shards could
+    only queue on those, each paying a process start and a model load."""
+    from anchorctx.flows import sharded
+    from anchorctx.tasks.sharding import evaluation_gpus, give_gpus, gpu_slots, take_gpus
+
+    slots = gpu_slots(["5", "6", "7"])
+    assert evaluation_gpus(slots) == 3
+    held = take_gpus(slots, 2)
+    assert evaluation_gpus(slots) == 1
+
+    cfg, ckpt = _cfg(tmp_path, demo_corpus, "held", lengths=LENGTHS[:1])
+    planned = []
+
+    class Planned(Exception):
+        pass
+
+    def plan(cfg, suite, count):
+        planned.append(count)
+        raise Planned  # before any shard is submitted
+
+    monkeypatch.setattr(sharded, "plan_shards", plan)
+    with pytest.raises(Planned):
+        sharded.evaluate_sharded(cfg, [str(ckpt)], ["ruler"], False, ["5", "6", "7"])
+    give_gpus(slots, held)
+    assert evaluation_gpus(slots) == 3
+    with pytest.raises(Planned):
+        sharded.evaluate_sharded(cfg, [str(ckpt)], ["ruler"], False, ["5", "6", "7"])
+    assert planned == [1, 3]

@@ -1,9 +1,10 @@
 """Evaluation over every GPU of the host: (checkpoint × suite × unit) shards, one process per GPU.
 
 Called from a flow. Pairs with an up-to-date result are skipped (the cached re-run); the rest
-are split by :func:`anchorctx.evaluation.sharding.plan_shards` into as many shards as GPUs, all
-shards of all pairs run on a thread pool as wide as the GPU pool (each in a child process on one
-GPU); the shard that completes a pair merges it and writes its result. The records, hence the
+are split by :func:`anchorctx.evaluation.sharding.plan_shards` into as many shards as GPUs
+evaluation has (those training holds, full-experiment's overlap, excluded), all shards of all
+pairs run on a thread pool as wide as the GPU pool (each in a child process on one GPU); the
+shard that completes a pair merges it and writes its result. The records, hence the
 scores, are the same whatever the number of GPUs (see :mod:`anchorctx.evaluation.sharding`).
 """
 
@@ -19,7 +20,12 @@ from anchorctx.evaluation.results import result_path
 from anchorctx.evaluation.sharding import is_done, plan_shards, prepare
 from anchorctx.experiment import ExperimentConfig
 from anchorctx.io import atomic_write_text
-from anchorctx.tasks.sharding import evaluate_shard_task, finalize_task, gpu_slots
+from anchorctx.tasks.sharding import (
+    evaluate_shard_task,
+    evaluation_gpus,
+    finalize_task,
+    gpu_slots,
+)
 
 
 def config_file(cfg: ExperimentConfig) -> Path:
@@ -55,6 +61,7 @@ def evaluate_sharded(
     if todo:
         config_json = str(config_file(cfg))
         slots = gpu_slots(list(gpus))
+        count = evaluation_gpus(slots)
         with ThreadPoolTaskRunner(max_workers=len(gpus)) as runner:
             shards = [
                 runner.submit(
@@ -70,7 +77,7 @@ def evaluate_sharded(
                     },
                 )
                 for c, s in todo
-                for plan in [plan_shards(cfg, s, len(gpus))]
+                for plan in [plan_shards(cfg, s, count)]
                 for i, units in enumerate(plan)
             ]
             wait_all(shards, "evaluation shards")

@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from anchorctx.experiment import ExperimentConfig
 
 _POOLS: dict[str, queue.Queue[str]] = {}
+_HELD: dict[str, int] = {}  # per pool: device ids training holds out of it (take_gpus)
 _LOCK = threading.Lock()
 
 
@@ -59,13 +60,28 @@ def take_gpus(slots: str, count: int) -> list[str]:
     """Hold ``count`` device ids of the pool (waiting for them to be free) until
     :func:`give_gpus`; shards meanwhile run on the rest."""
     pool = _POOLS[slots]
-    return [pool.get() for _ in range(count)]
+    taken = [pool.get() for _ in range(count)]
+    with _LOCK:
+        _HELD[slots] = _HELD.get(slots, 0) + count
+    return taken
 
 
 def give_gpus(slots: str, gpus: Sequence[str]) -> None:
     """Return held device ids: shards waiting for a slot start on them at once."""
+    with _LOCK:
+        _HELD[slots] = _HELD.get(slots, 0) - len(gpus)
     for gpu in gpus:
         _POOLS[slots].put(gpu)
+
+
+def evaluation_gpus(slots: str) -> int:
+    """How many of the pool's GPUs evaluation has now: all of them but those training holds
+    (at least one). An evaluation planned while training holds GPUs is split into this many
+    shards, not one per GPU of the pool: its shards could only queue on the GPUs left, each
+    paying its own process start and model load (~30 s for a 147M model on an H100,
+    docs/REPRODUCTION.md run 10), and arms waiting behind it take the freed GPUs instead."""
+    with _LOCK:
+        return max(1, len(slots.split(",")) - _HELD.get(slots, 0))
 
 
 def overlap_training_gpus(

@@ -80,3 +80,30 @@ def test_a_cpu_run_on_a_gpu_host_uses_deepspeeds_cpu_accelerator():
 
     assert accelerators("detected") == ["cuda"]  # the failure this guards against
     assert accelerators("fixed") == ["cpu", "cuda", "cpu"]
+
+
+_IMPORT_DEEPSPEED = """
+import sys
+from anchorctx.training.deepspeed_env import import_deepspeed
+import_deepspeed()
+from deepspeed.autotuning import autotuner
+print("result:", "mlflow" in sys.modules, autotuner.has_mlflow)
+import mlflow  # the tracker's import, later in the same process
+print("result:", type(mlflow.MlflowClient).__name__)
+"""
+
+
+def test_deepspeed_is_imported_without_mlflow_and_mlflow_still_imports_after():
+    """DeepSpeed's autotuner imports MLflow at module level (1.2 s of CPU per training process,
+    for a feature the project never runs): import_deepspeed keeps MLflow out of that import
+    only; the tracker's own import afterwards gets the real package. In a fresh interpreter
+    (this one may have both loaded already)."""
+    import subprocess
+
+    out = subprocess.run(
+        [sys.executable, "-c", _IMPORT_DEEPSPEED], capture_output=True, text=True, timeout=300
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    # DeepSpeed prints its accelerator warning to stdout too: only the lines this script wrote.
+    got = [line.split()[1:] for line in out.stdout.splitlines() if line.startswith("result:")]
+    assert got == [["False", "False"], ["type"]], out.stdout[-3000:]

@@ -80,8 +80,9 @@ def evaluation_gpus(slots: str) -> int:
     shards, not one per GPU of the pool: its shards could only queue on the GPUs left, each
     paying its own process start and model load (~30 s for a 147M model on an H100,
     docs/REPRODUCTION.md run 10), and arms waiting behind it take the freed GPUs instead."""
+    total = len(slots.split(","))
     with _LOCK:
-        return max(1, len(slots.split(",")) - _HELD.get(slots, 0))
+        return min(total, max(1, total - _HELD.get(slots, 0)))
 
 
 def overlap_training_gpus(

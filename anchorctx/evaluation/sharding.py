@@ -256,6 +256,20 @@ def is_done(cfg: ExperimentConfig, checkpoint: str | Path, suite: str) -> bool:
     )
 
 
+def _missing(cfg: ExperimentConfig, suite: str, done: Mapping[str, Any]) -> dict[str, int]:
+    """Records still missing from ``done``, by unit (RULER ``task@length`` cells, lm-eval unit
+    keys); empty for a suite that is not split."""
+    if is_lm_eval(suite):
+        return {u.key: 1 for u in lm_eval_suites.units(cfg, suite) if u.key not in done}
+    if suite != "ruler":
+        return {}
+    r = cfg.evaluation.ruler
+    pending, _ = plan_samples(
+        selected_tasks(r.tasks, r.exclude), r.lengths, r.num_samples, data_paths(cfg), done
+    )
+    return {f"{task}@{length}": len(left) for (task, length), left in pending.items() if left}
+
+
 def missing_report(cfg: ExperimentConfig, checkpoint: str | Path, suite: str) -> str:
     """Why an evaluation is not complete, in one line: the records still missing, and every
     samples or shard file whose header names another identity (its records are ignored, so
@@ -264,17 +278,12 @@ def missing_report(cfg: ExperimentConfig, checkpoint: str | Path, suite: str) ->
     ckpt = check_checkpoint(checkpoint)
     ident = identity(cfg, ckpt, suite)
     done = _records(cfg, ckpt, suite)
+    missing = _missing(cfg, suite, done)
+    units = sorted(missing)[:6]
     if suite == "ruler":
-        r = cfg.evaluation.ruler
-        pending, _ = plan_samples(
-            selected_tasks(r.tasks, r.exclude), r.lengths, r.num_samples, data_paths(cfg), done
-        )
-        missing = sum(len(v) for v in pending.values())
-        cells = sorted(f"{task}@{length}" for (task, length), v in pending.items() if v)
-        what = f"{missing} RULER samples missing in {len(cells)} cell(s) {cells[:6]}"
+        what = f"{sum(missing.values())} RULER samples missing in {len(missing)} cell(s) {units}"
     elif is_lm_eval(suite):
-        left = [u.key for u in lm_eval_suites.units(cfg, suite) if u.key not in done]
-        what = f"{len(left)} lm-eval unit(s) missing {left[:6]}"
+        what = f"{len(missing)} lm-eval unit(s) missing {units}"
     else:
         what = "not sharded (one unit)"
     foreign = []
@@ -293,16 +302,7 @@ def _complete(cfg: ExperimentConfig, checkpoint: Path, suite: str, count: int) -
     every unit, so once it has run nothing is missing)."""
     if count == 1 or (suite != "ruler" and not is_lm_eval(suite)):
         return True
-    if is_lm_eval(suite):
-        done = _records(cfg, checkpoint, suite)
-        return all(u.key in done for u in lm_eval_suites.units(cfg, suite))
-
-    r = cfg.evaluation.ruler
-    done = _records(cfg, checkpoint, suite)
-    pending, _ = plan_samples(
-        selected_tasks(r.tasks, r.exclude), r.lengths, r.num_samples, data_paths(cfg), done
-    )
-    return not any(pending.values())
+    return not _missing(cfg, suite, _records(cfg, checkpoint, suite))
 
 
 def finalize_if_complete(

@@ -491,7 +491,23 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     )
     p.add_argument("--skip-hf", action="store_true", help="No lm-eval hf pass.")
     p.add_argument("--skip-ours", action="store_true", help="No project RULER pass.")
-    return p.parse_args(argv)
+    p.add_argument(
+        "--only-hf",
+        action="store_true",
+        help="The lm-eval hf pass alone (its partial.json; run beside a --skip-hf run on another "
+        "GPU, then --combine both output directories).",
+    )
+    p.add_argument(
+        "--combine",
+        nargs="+",
+        metavar="DIR",
+        help="Run nothing: the tables from these runs' output directories (their partial.json), "
+        "with the same --model, --tasks and --lengths.",
+    )
+    args = p.parse_args(argv)
+    if args.only_hf and args.skip_hf:
+        p.error("--only-hf and --skip-hf exclude each other")
+    return args
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -501,56 +517,23 @@ def main(argv: list[str] | None = None) -> int:
     inputs = resolve_inputs(args)
     own = own_lengths(args)
     cfg = build_config(args, inputs, own)
-
-    import torch
-
-    from anchorctx.evaluation import lm_eval_suites as S
-    from anchorctx.evaluation import results
-
     ckpt = Path(args.model).resolve()
-    for task in args.tasks:  # the files each task reads, before any model loads
-        S.check_data(cfg, f"lm_eval:{task}")
-    S._quiet()
-    S._punkt(cfg.evaluation.lm_eval.ruler.nltk_data)
-
-    partial = out_dir / "partial.json"
-
-    def keep(name: str, found: Any) -> Any:
-        """Each pass's results on disk as soon as it ends: a run cut short keeps them."""
-        done = json.loads(partial.read_text()) if partial.is_file() else {}
-        partial.write_text(json.dumps({**done, name: found}, indent=1))
-        return found
-
-    ours = None if args.skip_ours or not own else keep("ours", ours_pass(cfg, args))
-    say(f"loading {ckpt} ({args.device}, {args.dtype})")
-    model, tokenizer = results.cached_model(ckpt, cfg, results.checkpoint_hash(ckpt))
-    hw = hardware(model, args.device)
-    lm = S.make_lm(model, tokenizer, cfg)
-    anchor = keep("anchorctx", lm_eval_pass("anchorctx", lm, tokenizer, cfg, args, hw))
-    del model
-    results.clear_model_cache()
-    gc.collect()
-    if args.device.startswith("cuda"):
-        torch.cuda.empty_cache()
-
     hf_args = f"pretrained={ckpt},dtype={args.dtype}"
     if args.max_length:
         hf_args += f",max_length={args.max_length}"
-    hf = None
-    if not args.skip_hf:
-        from lm_eval.api.registry import get_model
-
-        say(f"loading lm-eval hf: model_args {hf_args}")
-        hf_lm = get_model("hf").create_from_arg_string(
-            hf_args, {"batch_size": args.batch_size, "device": args.device}
-        )
-        hf = keep("hf", lm_eval_pass("hf", hf_lm, hf_lm.tokenizer, cfg, args, hw))
-        del hf_lm
-        gc.collect()
+    if args.combine:
+        found = combine(args.combine)
+    else:
+        found = run_passes(args, cfg, own, ckpt, hf_args, out_dir / "partial.json")
+    if found.get("anchorctx") is None:  # --only-hf: its partial.json is the result
+        say(f"wrote {out_dir / 'partial.json'} (combine it with an anchorctx pass: --combine)")
+        return 0
 
     import lm_eval
 
-    rows = compare(args, anchor, hf, ours)
+    from anchorctx.evaluation import lm_eval_suites as S
+
+    rows = compare(args, found["anchorctx"], found.get("hf"), found.get("ours"))
     meta = {
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "model": str(ckpt),
@@ -563,7 +546,7 @@ def main(argv: list[str] | None = None) -> int:
         "inputs": {k: str(v) if v else None for k, v in inputs.items()},
         "lm_eval": getattr(lm_eval, "__version__", None) or S._installed_version(),
         "hf_model_args": hf_args,
-        "hardware": hw,
+        "hardware": found["hardware"],
         "argv": sys.argv[1:],
     }
     (out_dir / "lm_eval_ruler.json").write_text(json.dumps({**meta, "rows": rows}, indent=1))
@@ -572,6 +555,67 @@ def main(argv: list[str] | None = None) -> int:
     print(md)
     say(f"wrote {out_dir / 'lm_eval_ruler.json'} and {out_dir / 'lm_eval_ruler.md'}")
     return 0
+
+
+def combine(dirs: list[str]) -> dict[str, Any]:
+    """The passes of several runs of this script (their ``partial.json``; e.g. ``--only-hf`` on
+    one GPU beside a ``--skip-hf`` run on another), later ones filling what earlier ones lack."""
+    found: dict[str, Any] = {}
+    for d in dirs:
+        path = Path(d) / "partial.json"
+        if not path.is_file():
+            raise SystemExit(f"--combine: {path} not found (not an output directory of a run)")
+        for name, value in json.loads(path.read_text()).items():
+            found.setdefault(name, value)
+    if "anchorctx" not in found:
+        raise SystemExit(f"--combine: no anchorctx pass in {', '.join(dirs)}")
+    return found
+
+
+def run_passes(args, cfg: Any, own: list[int], ckpt: Path, hf_args: str, partial: Path) -> dict:
+    """The project's RULER, lm-eval with the anchorctx model, lm-eval with hf (each as asked),
+    each pass kept in ``partial`` as soon as it ends: a run cut short keeps them."""
+    import torch
+
+    from anchorctx.evaluation import lm_eval_suites as S
+    from anchorctx.evaluation import results
+
+    for task in args.tasks:  # the files each task reads, before any model loads
+        S.check_data(cfg, f"lm_eval:{task}")
+    S._quiet()
+    S._punkt(cfg.evaluation.lm_eval.ruler.nltk_data)
+    found: dict[str, Any] = {}
+
+    def keep(name: str, value: Any) -> Any:
+        found[name] = value
+        partial.write_text(json.dumps(found, indent=1))
+        return value
+
+    if not (args.skip_ours or args.only_hf) and own:
+        keep("ours", ours_pass(cfg, args))
+    if not args.only_hf:
+        say(f"loading {ckpt} ({args.device}, {args.dtype})")
+        model, tokenizer = results.cached_model(ckpt, cfg, results.checkpoint_hash(ckpt))
+        hw = keep("hardware", hardware(model, args.device))
+        lm = S.make_lm(model, tokenizer, cfg)
+        keep("anchorctx", lm_eval_pass("anchorctx", lm, tokenizer, cfg, args, hw))
+        del model, lm
+        results.clear_model_cache()
+        gc.collect()
+        if args.device.startswith("cuda"):
+            torch.cuda.empty_cache()
+    if not args.skip_hf:
+        from lm_eval.api.registry import get_model
+
+        say(f"loading lm-eval hf: model_args {hf_args}")
+        hf_lm = get_model("hf").create_from_arg_string(
+            hf_args, {"batch_size": args.batch_size, "device": args.device}
+        )
+        hw = found.get("hardware") or keep("hardware", hardware(hf_lm.model, args.device))
+        keep("hf", lm_eval_pass("hf", hf_lm, hf_lm.tokenizer, cfg, args, hw))
+        del hf_lm
+        gc.collect()
+    return found
 
 
 if __name__ == "__main__":

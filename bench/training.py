@@ -56,6 +56,7 @@ from anchorctx.demo.synthetic import SMOKE, VOCAB, WIDTH_7B, synthetic_row  # no
 from anchorctx.experiment import config_from_dict  # noqa: E402
 from anchorctx.models.loading import load_model  # noqa: E402
 from anchorctx.training import memory as MM  # noqa: E402
+from anchorctx.training import memory_choice  # noqa: E402
 from anchorctx.training import metrics as M  # noqa: E402
 from anchorctx.training.data import StepData, shard_rows  # noqa: E402
 from anchorctx.training.engine import (  # noqa: E402
@@ -66,6 +67,7 @@ from anchorctx.training.engine import (  # noqa: E402
     shutdown_distributed,
 )
 from anchorctx.training.kernels import use_kernels  # noqa: E402
+from anchorctx.training.launch import cuda_allocator_settings  # noqa: E402
 from anchorctx.training.loss import count_targets  # noqa: E402
 from anchorctx.training.plan import plan_parallelism  # noqa: E402
 from anchorctx.training.step import loss_function, train_step  # noqa: E402
@@ -125,11 +127,24 @@ MEMORY_FLAGS = (
 
 
 def memory_options(args) -> dict:
-    """``training.memory`` from the command line: the flags and ``--keep-activations``."""
+    """``training.memory`` from the command line: the flags and ``--keep-activations``; with
+    ``--defaults``, ``auto`` on (the flags are then options auto must keep)."""
     return {
         **{k: getattr(args, k) for k in MEMORY_FLAGS},
         "keep_activations": args.keep_activations,
+        "auto": args.defaults,
     }
+
+
+def launch_defaults(configs: dict, world: int, rank: int) -> dict:
+    """``training.memory.auto``'s choice for this host's GPU, by the launcher's own function
+    (what ``anchorctx train`` runs by default)."""
+    chosen = {}
+    for n, cfg in configs.items():
+        chosen[n], _, note = memory_choice.for_launch(cfg, world, 1)
+        if rank == 0:
+            print(f"{n} layers: {note}", flush=True)
+    return chosen
 
 
 def load(cfg, device: str = "cpu"):
@@ -209,11 +224,16 @@ def measure(engine, par, variant: str, seq_len: int, rank: int, args, cfg) -> di
 
 
 def run(args) -> list[dict]:
+    # The launcher's allocator setting (unless set) is read at the first CUDA allocation: first.
+    if args.defaults and (note := cuda_allocator_settings(DEVICE, os.environ)):
+        print(note, flush=True)
     rank, world, local_rank = init_distributed(DEVICE)
     # Ulysses fixes the sequence length at registration (once per process): SP runs measure
     # one length; one-GPU runs measure all of them.
     lengths = [args.per_gpu_tokens[0] * world] if world > 1 else args.lengths
     configs = {n: make_config(args, n, max(lengths), world) for n in args.layers}
+    if args.defaults and DEVICE == "cuda":
+        configs = launch_defaults(configs, world, rank)
     par = plan_parallelism(configs[args.layers[0]], world=world)
     device = f"cuda:{local_rank}" if DEVICE == "cuda" else "cpu"
     if args.init_on_device and world > 1 and len(args.layers) > 1:
@@ -369,6 +389,13 @@ def main() -> int:
         metavar="N",
         help="training.memory.keep_activations: the last N layers are not "
         "checkpointed (selective activation checkpointing).",
+    )
+    p.add_argument(
+        "--defaults",
+        action="store_true",
+        help="Run what a training launch runs by default: PYTORCH_CUDA_ALLOC_CONF="
+        "expandable_segments:True (unless set) and training.memory.auto's choice for this GPU "
+        "and host (printed; the memory flags above are options it must keep).",
     )
     p.add_argument(
         "--predict",

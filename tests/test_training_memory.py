@@ -144,6 +144,7 @@ def test_memory_config_is_validated():
         "tiled_mlp": False,
         "tiled_loss": False,
         "offload_optimizer": False,
+        "cpu_adam": "auto",
         "offload_checkpoints": False,
         "keep_activations": 0,
         "init_on_device": False,
@@ -218,6 +219,66 @@ def test_optimizer_offload_reaches_the_deepspeed_config():
     cfg.training.memory.offload_optimizer = True
     with pytest.raises(TrainingError, match="offload_optimizer"):  # ZeRO-0, the CPU default
         deepspeed_config(cfg, Parallelism(**{**par.to_dict(), "zero_stage": 0}))
+
+
+def _offload_config(**memory):
+    return config_from_dict(
+        {
+            "name": "m",
+            "model": {"path": "/nonexistent"},
+            "training": {"memory": {"offload_optimizer": True, **memory}},
+        }
+    )
+
+
+def test_cpu_adam_is_deepspeeds_on_cuda_and_torchs_on_cpu_and_is_priced_so():
+    from anchorctx.training import cost_plan
+    from anchorctx.training.engine import build_optimizer
+
+    assert MM.cpu_adam(MemoryConfig(), "cuda") == "deepspeed"
+    assert MM.cpu_adam(MemoryConfig(), "cpu") == "torch"
+    assert MM.cpu_adam(MemoryConfig(cpu_adam="torch"), "cuda") == "torch"
+    assert MM.cpu_adam(MemoryConfig(cpu_adam="deepspeed"), "cpu") == "deepspeed"
+    with pytest.raises(ConfigError, match="cpu_adam"):
+        _offload_config(cpu_adam="apex")
+    # A CPU run needs no compiler: torch's AdamW steps the offloaded state.
+    opt = build_optimizer(torch.nn.Linear(4, 4), _offload_config(), "cpu")
+    assert type(opt) is torch.optim.AdamW
+    # The plans price the host step by the optimizer that will run it (7B: 6.74B parameters).
+    shape = MM.LLAMA2_7B
+    ds = MM.Options.of_run(_offload_config().training, gpus=1, sp=1)
+    th = MM.Options.of_run(_offload_config(cpu_adam="torch").training, gpus=1, sp=1)
+    assert (ds.cpu_adam, th.cpu_adam) == ("deepspeed", "torch")
+    ratio = cost_plan.optimizer_seconds(shape, ds) / cost_plan.optimizer_seconds(shape, th)
+    assert ratio == pytest.approx(0.22 / 1.36)
+
+
+# DeepSpeedCPUAdam compiles its C++ op on first use (about a minute on a 16-core GPU host, several
+# on two cores): it runs with the GPU tests, on the host that uses it.
+@pytest.mark.gpu
+def test_deepspeed_cpu_adam_steps_like_torch_adamw():
+    """Both optimizers on the same fp32 parameters and gradients, three steps, decoupled weight
+    decay: the same parameters within float32 rounding (the C++ op vectorises the update; 1e-6
+    absolute is a few ulp of the 1e-3-sized steps)."""
+    from anchorctx.training.engine import build_optimizer
+
+    cfg = _offload_config()
+    cfg.training.weight_decay = 0.1
+    torch.manual_seed(0)
+    ref = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.LayerNorm(64))
+    model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.LayerNorm(64))
+    model.load_state_dict(ref.state_dict())
+    ds, th = build_optimizer(model, cfg, "cuda"), build_optimizer(ref, cfg, "cpu")
+    assert type(ds).__name__ == "DeepSpeedCPUAdam" and type(th) is torch.optim.AdamW
+    for step in range(3):
+        g = torch.Generator().manual_seed(step)
+        for a, b in zip(model.parameters(), ref.parameters(), strict=True):
+            a.grad = torch.randn(a.shape, generator=g)
+            b.grad = a.grad.clone()
+        ds.step()
+        th.step()
+    for a, b in zip(model.parameters(), ref.parameters(), strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.gpu

@@ -296,9 +296,10 @@ STEP_ROWS = (
 # Tokens/s per GPU of SP against one GPU at the same tokens per GPU, anchor attention (section 3,
 # 2× and 4× H200, 2026-11-22); SP 8 and more were not measured and take SP 4's.
 SP_EFFICIENCY = {1: 1.0, 2: 0.87, 4: 0.83}
-# torch's AdamW (foreach) over 1e9 fp32 parameters on the GPU host's CPU, 16 cores
-# (../REFERENCE.md, "Measured 2026-11-24"): the offloaded optimizer's step.
-CPU_ADAM_S_PER_GPARAM = 1.36
+# The offloaded optimizer's step over 1e9 fp32 parameters on a GPU host's CPU, 16 cores
+# (measured 2026-11-24, one H200 host): torch's AdamW (foreach) and DeepSpeed's compiled
+# DeepSpeedCPUAdam (training.memory.cpu_adam).
+CPU_ADAM_S_PER_GPARAM = {"torch": 1.36, "deepspeed": 0.22}
 
 
 def sp_efficiency(sp: int) -> float:
@@ -415,7 +416,7 @@ def optimizer_seconds(shape: Shape, opt: Options) -> float:
     GPU's own AdamW step is part of the fitted rate)."""
     if not opt.offload_optimizer:
         return 0.0
-    return CPU_ADAM_S_PER_GPARAM * shape.params / opt.gpus / 1e9
+    return CPU_ADAM_S_PER_GPARAM[opt.cpu_adam] * shape.params / opt.gpus / 1e9
 
 
 # ------------------------------------------------------------------------------ document lengths

@@ -150,8 +150,8 @@ def offload_entries(memory: MemoryConfig, par: Parallelism) -> tuple[dict, dict]
         )
     # Not pinned: pinned pages of a 7B model's fp32 state (~110 GB) can exhaust a host whose
     # page-locked limit is below its RAM; the copies are a small part of a long-row step.
-    # Our torch AdamW (its fused CPU kernel) steps the CPU partitions; DeepSpeed would otherwise
-    # insist on its JIT-compiled DeepSpeedCPUAdam (a compiler run on every fresh host).
+    # The optimizer engine.build_optimizer made steps the CPU partitions (training.memory.cpu_adam:
+    # DeepSpeedCPUAdam, or torch's AdamW, which DeepSpeed would otherwise refuse here).
     return (
         {"offload_optimizer": {"device": "cpu", "pin_memory": False}},
         {"zero_force_ds_cpu_optimizer": False},

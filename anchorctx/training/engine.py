@@ -34,6 +34,7 @@ from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from anchorctx.attention.hf import attention_name, select_attention
 from anchorctx.process import free_port
 from anchorctx.training.deepspeed_env import deepspeed_config, import_deepspeed, use_accelerator
+from anchorctx.training.memory import cpu_adam
 
 # Re-exported: scripts/setup.sh names the ops cache from here, beside prebuild_ops.
 
@@ -118,6 +119,14 @@ def build_optimizer(model: torch.nn.Module, cfg: ExperimentConfig, device: str):
             {"params": [p for p in params if p.ndim >= 2], "weight_decay": t.weight_decay},
             {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0},
         ]
+    if t.memory.offload_optimizer and cpu_adam(t.memory, device) == "deepspeed":
+        # The offloaded fp32 state is stepped on the host: DeepSpeed's C++ Adam (SIMD, all
+        # cores) is 6x torch's there. Its op compiles on first use into TORCH_EXTENSIONS_DIR
+        # (about a minute, once per host; deepspeed_env points every run at one cache).
+        import_deepspeed()
+        from deepspeed.ops.adam import DeepSpeedCPUAdam
+
+        return DeepSpeedCPUAdam(groups, lr=t.lr, betas=tuple(t.betas), eps=1e-8, adamw_mode=True)
     fused = {"fused": True} if device == "cuda" else {}
     return torch.optim.AdamW(groups, lr=t.lr, betas=tuple(t.betas), eps=1e-8, **fused)
 

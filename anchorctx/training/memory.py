@@ -125,6 +125,7 @@ class Options:
     offload_checkpoints: bool = False
     keep_activations: int = 0  # last layers not checkpointed
     kernels: str = "torch"  # training.kernels
+    cpu_adam: str = "deepspeed"  # what steps an offloaded optimizer (the plans model CUDA runs)
 
     @classmethod
     def of_run(cls, training, gpus: int, sp: int) -> Options:
@@ -139,7 +140,16 @@ class Options:
             offload_checkpoints=m.offload_checkpoints,
             keep_activations=m.keep_activations,
             kernels=training.kernels,
+            cpu_adam=cpu_adam(m, "cuda"),
         )
+
+
+def cpu_adam(memory, device: str) -> str:
+    """The optimizer ``training.memory.cpu_adam`` names for a run on ``device``: ``deepspeed``
+    or ``torch``."""
+    if memory.cpu_adam != "auto":
+        return memory.cpu_adam
+    return "deepspeed" if device == "cuda" else "torch"
 
 
 def predict(shape: Shape, seq_len: int, opt: Options) -> dict[str, float]:

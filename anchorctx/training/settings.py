@@ -75,6 +75,13 @@ class MemoryConfig(Strict):
         description="ZeRO optimizer state (fp32 weights, Adam moments, fp32 gradients) in CPU "
         "memory, stepped there. Needs zero_stage >= 1.",
     )
+    cpu_adam: Literal["auto", "deepspeed", "torch"] = Field(
+        "auto",
+        description="What steps the offloaded optimizer state on the host: DeepSpeed's compiled "
+        "DeepSpeedCPUAdam (C++ with SIMD, JIT-built once into TORCH_EXTENSIONS_DIR: 0.22 s per "
+        "1B parameters on a 16-core GPU host) or torch's AdamW (1.36 s; no compiler needed). "
+        "auto: deepspeed for CUDA runs, torch for CPU runs. Only with offload_optimizer.",
+    )
     offload_checkpoints: bool = Field(
         False,
         description="Keep each checkpointed layer's input ([T, hidden]) in CPU memory until "

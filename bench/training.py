@@ -225,7 +225,8 @@ def measure(engine, par, variant: str, seq_len: int, rank: int, args, cfg) -> di
 
 def run(args) -> list[dict]:
     # The launcher's allocator setting (unless set) is read at the first CUDA allocation: first.
-    if args.defaults and (note := cuda_allocator_settings(DEVICE, os.environ)):
+    note = cuda_allocator_settings(DEVICE, os.environ) if args.defaults else None
+    if note and os.environ.get("RANK", "0") == "0":  # every rank sets it; rank 0 says so
         print(note, flush=True)
     rank, world, local_rank = init_distributed(DEVICE)
     # Ulysses fixes the sequence length at registration (once per process): SP runs measure

@@ -149,7 +149,9 @@ def offload_entries(memory: MemoryConfig, par: Parallelism) -> tuple[dict, dict]
             "training.memory.offload_optimizer needs ZeRO (training.zero_stage 1, 2 or 3)"
         )
     # Not pinned: pinned pages of a 7B model's fp32 state (~110 GB) can exhaust a host whose
-    # page-locked limit is below its RAM; the copies are a small part of a long-row step.
+    # page-locked limit is below its RAM. The price: pageable copies. On a 4-layer 7B-wide model
+    # at 128K they were most of the 1.65 s offload added to a 1.94 s step (docs/PERFORMANCE.md
+    # section 8); pinned buffers sized to the host are not yet measured.
     # The optimizer engine.build_optimizer made steps the CPU partitions (training.memory.cpu_adam:
     # DeepSpeedCPUAdam, or torch's AdamW, which DeepSpeed would otherwise refuse here).
     return (

@@ -1,10 +1,10 @@
 """Every artifact kind gets the mode the user's umask asks for (docs/RELIABILITY.md, file modes).
 
 The artifacts are written by the real writers on tiny inputs: JSON and Markdown results, the
-samples journal (a header written atomically, then appended lines), the experiment report and
-its RULER plot, the training-loss plot, the RoPE precision study (JSON, table and figure),
-a checkpoint directory with a file its writer created 0600 (as safetensors does), and the
-writer lock's file. Temporary files are created private; none may reach its final name so.
+samples journal (a header written atomically, then appended lines), the RULER sample store, the
+experiment report and its RULER plot, the training-loss plot, the RoPE precision study (JSON,
+table and figure), a checkpoint directory with a file its writer created 0600 (as safetensors
+does), and the writer lock's file. Temporary files are created private; none may reach its final name so.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from anchorctx.evaluation.arm_comparison import LOSS_PNG, plot_loss_curves
 from anchorctx.evaluation.averaging import SUMMARY_JSON, SUMMARY_MD, summarize_run
 from anchorctx.evaluation.report import write_experiment_report
 from anchorctx.evaluation.results import HEADER_KEY, start_samples
+from anchorctx.evaluation.ruler.runner import SampleStore
 from anchorctx.io import (
     WriterLock,
     append_jsonl,
@@ -68,7 +69,11 @@ def write_samples(root: Path) -> dict[str, list[Path]]:
     metrics = root / "run" / "metrics.jsonl"
     append_jsonl(metrics, {"step": 1, "loss": 8.0})
     assert json.loads(samples.read_text().splitlines()[0]) == {HEADER_KEY: ident}
-    return {"jsonl": [samples, metrics]}
+    # The experiment's RULER sample store (one JSON file per task, length and identity).
+    store = SampleStore(root / "ruler-samples", ("identity",), "fwe", 4096)
+    store.add([{"index": 0, "input": "text", "outputs": ["a"]}])
+    assert store.read()[0]["input"] == "text"
+    return {"jsonl": [samples, metrics], "json": [store.path]}
 
 
 def write_result(run_dir: Path, step: int, score: float) -> None:

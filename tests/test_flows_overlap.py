@@ -5,6 +5,7 @@ without CUDA (every child process runs on CPU), as in tests/test_eval_sharding.p
 
 from __future__ import annotations
 
+import types
 from pathlib import Path
 
 import pytest
@@ -174,7 +175,11 @@ def test_one_gpu_prefetches_ruler_samples_while_training(
 
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
     raw = _raw(tmp_path / "runs", demo_corpus, "auto")
-    raw["evaluation"]["ruler"].update(tasks=["niah_single_1", "fwe"], lengths=[512, 768])
+    # sample_store off: the reference below must generate its own samples (an empty in-memory
+    # cache stands for a fresh process; the store would serve it the flow's).
+    raw["evaluation"]["ruler"].update(
+        tasks=["niah_single_1", "fwe"], lengths=[512, 768], sample_store=False
+    )
     raw["variants"] = raw["variants"][1:]  # one arm (anchor) shows it; each arm costs CI time
     cfg = config_from_dict(raw)
     calls: list[tuple[str, int, bool]] = []
@@ -201,6 +206,36 @@ def test_one_gpu_prefetches_ruler_samples_while_training(
     assert _outputs(cfg) == prefetched
     assert any(in_suite for *_, in_suite in calls[4:])  # the reference generated its own
     runner.SAMPLES.clear()
+
+
+def test_several_gpus_prefetch_into_the_sample_store_only(tmp_path, demo_corpus, monkeypatch):
+    """On one GPU the flow prefetches RULER samples for the evaluations in its own process. On
+    several, the evaluations are child processes: prefetching helps them only through the
+    experiment's sample store, so it runs with ``sample_store`` and not without."""
+    import threading
+
+    import anchorctx.flows.experiment as fx
+
+    submitted: list[str] = []
+    monkeypatch.setattr(fx, "ensure_eval_fixtures_task", lambda arm: None)
+    monkeypatch.setattr(
+        fx,
+        "prefetch_ruler_task",
+        types.SimpleNamespace(submit=lambda arm, tok, stop: submitted.append(arm.variant) or 1),
+    )
+
+    def prefetch(gpus: list[str], store: bool):
+        raw = _raw(tmp_path / "runs", demo_corpus, "auto")
+        raw["evaluation"]["ruler"]["sample_store"] = store
+        monkeypatch.setattr(fx, "visible_gpus", lambda: gpus)
+        scope = fx.Scope.of(config_from_dict(raw), None, None, None, False, None, None)
+        # The tokenizer the samples are made with must exist (demo_corpus built it).
+        return fx._prefetch_samples(scope, threading.Event())
+
+    assert prefetch(["0"], store=False) == 1  # in this process's memory
+    assert prefetch(["0", "1"], store=True) == 1  # through the store, for the child processes
+    assert prefetch(["0", "1"], store=False) is None  # nothing would reach the children
+    assert submitted == ["full", "full"]
 
 
 def test_prefetch_thread_starts_after_transformers_is_resolved(tmp_path, demo_corpus):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from anchorctx.demo.fixtures import write_ruler_fixtures
+from anchorctx.evaluation.results import evaluation_fingerprint
 from anchorctx.evaluation.ruler import PAPER_EXCLUDE, TASKS, RulerLengthError, run_suite, score
 from anchorctx.evaluation.ruler.runner import selected_tasks
 from anchorctx.experiment import config_from_dict
@@ -29,7 +30,9 @@ def _cfg(tiny_config, **ruler):
     # fit tight: at 512 tokens RULER's smallest haystacks (its incremental) overflow the demo
     # tokenizer's budget; these tests are about the runner, the fit rules have their own tests.
     base = {"tasks": ["niah_single_1", "fwe", "qa_2"], "lengths": [512], "num_samples": 2}
-    raw["evaluation"]["ruler"].update({**base, "fit": "tight", **ruler})
+    # sample_store off: these tests count generations within one process; the on-disk store
+    # (shared by every test of the session through tiny_config's run_root) has its own test.
+    raw["evaluation"]["ruler"].update({**base, "fit": "tight", "sample_store": False, **ruler})
     raw["evaluation"]["batch_size"] = 1  # one record per batch: the crash lands mid-task
     return config_from_dict(raw)
 
@@ -191,6 +194,51 @@ def test_samples_are_generated_once_per_process(tiny_config, model, tokenizer, m
     )
     assert calls[3:] == [("fwe", 512, (0,))]
     runner.SAMPLES.clear()
+
+
+def test_stored_samples_serve_the_experiments_other_processes(
+    tiny_config, model, tokenizer, monkeypatch, tmp_path
+):
+    """With ``sample_store`` (the default) a fresh process (an empty in-memory cache) reads the
+    samples an earlier one stored instead of generating them, and records the same outputs; an
+    unreadable file is generated again and replaced; another seed has a file of its own."""
+    from anchorctx.evaluation.ruler import runner
+
+    cfg = _cfg(tiny_config, tasks=["niah_single_1", "fwe"], num_samples=2, sample_store=True)
+    cfg = cfg.model_copy(update={"run_root": tmp_path / "runs"})
+    calls: list[tuple[str, tuple[int, ...]]] = []
+    real = runner.generate
+
+    def spy(task, length, *args, indices, **kwargs):
+        calls.append((task, tuple(indices)))
+        return real(task, length, *args, indices=indices, **kwargs)
+
+    monkeypatch.setattr(runner, "generate", spy)
+
+    def evaluate(c) -> list[tuple[str, str]]:
+        runner.SAMPLES.clear()  # each evaluation as a process of its own
+        recs: list[dict] = []
+        run_suite(model, tokenizer, c, done={}, on_sample=recs.append, progress=False)
+        return sorted((r["key"], r["prediction"]) for r in recs)
+
+    cold = evaluate(cfg)
+    assert sorted(calls) == [("fwe", (0, 1)), ("niah_single_1", (0, 1))]
+    store = cfg.experiment_dir / "ruler-samples"
+    files = sorted(store.iterdir())
+    assert [f.name.rsplit("-", 1)[0] for f in files] == ["fwe-512", "niah_single_1-512"]
+    assert evaluate(cfg) == cold and len(calls) == 2  # read, not generated
+    files[0].write_text('{"identity": "')  # a torn file: generated again, then replaced
+    assert evaluate(cfg) == cold and calls[2:] == [("fwe", (0, 1))]
+    assert evaluate(cfg) == cold and len(calls) == 3
+    seed = cfg.model_copy(deep=True)
+    seed.evaluation.ruler.seed = 43
+    evaluate(seed)
+    assert len(calls) == 5 and len(list(store.iterdir())) == 4
+    runner.SAMPLES.clear()
+    # Where samples are kept does not change scores: cached results stay valid either way.
+    off = cfg.model_copy(deep=True)
+    off.evaluation.ruler.sample_store = False
+    assert evaluation_fingerprint(off, "ruler") == evaluation_fingerprint(cfg, "ruler")
 
 
 def test_sample_cache_is_bounded_by_characters():

@@ -128,7 +128,7 @@ class Suite:
 
 
 SUITES: dict[str, Suite] = {
-    "ruler": Suite(ruler.run_suite, "ruler"),
+    "ruler": Suite(ruler.run_suite, "ruler", ignore=("sample_store",)),
     "longbench": Suite(longbench.run_suite, "longbench", required=("data_dir",)),
     "mmlu": Suite(
         harness.run_suite_mmlu,

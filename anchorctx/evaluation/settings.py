@@ -41,6 +41,14 @@ class RulerConfig(Strict):
         "haystack steps; 4K samples are 2.3K-4.1K tokens). 'tight': shrink it to the largest "
         "size that fits (all samples near the target; a deviation from the reference).",
     )
+    sample_store: bool = Field(
+        True,
+        description="Keep the generated samples in <run_root>/<name>/ruler-samples (JSON, one "
+        "file per task, length and sample identity), so every evaluation process of the "
+        "experiment (each arm, shard and re-run) reads them instead of generating them again "
+        "(1504 samples at 2K-16K cost 34.5 s of CPU). Disk: about the prompts' text, ~10 GB for "
+        "the paper's 13 tasks x 6 lengths x 500 samples. Scores do not depend on it.",
+    )
 
 
 class LongBenchConfig(Strict):

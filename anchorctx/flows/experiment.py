@@ -441,14 +441,18 @@ class Scope:
 def _prefetch_samples(scope: Scope, stop: threading.Event) -> PrefectFuture | None:
     """Start generating the arms' RULER samples in this process while the GPU trains (a
     future), or None: nothing to gain (no training before the evaluation, no RULER, evaluation
-    on CPU, where the thread would only compete with training for the cores, or in other
-    processes: several GPUs or a work pool)."""
+    on CPU, where the thread would only compete with training for the cores, or on a work
+    pool's nodes). On one GPU the evaluations run in this process and take the samples from its
+    memory; on several they run in child processes, which read them from the experiment's
+    sample store (``evaluation.ruler.sample_store``; without it there is nothing to share)."""
     cfg, arms, ev = scope.cfg, scope.arms, scope.cfg.evaluation
     if not (scope.runs("pretrain", "train") and scope.runs("evaluate")):
         return None
     if ev.device == "cpu" or ev.work_pool or "ruler" not in (scope.suites or ev.suites):
         return None
-    if not any("ruler" in a.evaluation.suites for a in arms) or len(visible_gpus()) != 1:
+    if not any("ruler" in a.evaluation.suites for a in arms):
+        return None
+    if len(visible_gpus()) != 1 and not arms[0].evaluation.ruler.sample_store:
         return None
     # Before pretraining the arms' model (the base checkpoint) does not exist yet; its
     # tokenizer is the pretraining config's, so the samples are the same (the sample cache

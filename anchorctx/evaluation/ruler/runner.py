@@ -8,6 +8,7 @@ regenerated nor predicted again. A (task, length) whose samples are all done cos
 from __future__ import annotations
 
 import hashlib
+import json
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
@@ -25,6 +26,7 @@ from anchorctx.evaluation.ruler.data import (
 )
 from anchorctx.evaluation.ruler.generate import generate, num_available
 from anchorctx.evaluation.ruler.scoring import sample_score
+from anchorctx.io import atomic_write_text
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -68,12 +70,24 @@ class SampleCache:
             files.append((key, str(value), stat and (stat.st_size, stat.st_mtime_ns)))
         return (task, length, seed, fit, tok, tuple(files))
 
-    def samples(self, task, length, tokenizer, num_samples, seed, indices, fit, paths) -> list:
-        """``generate(task, length, ...)`` of ``indices``, generating only those not held."""
+    def samples(
+        self, task, length, tokenizer, num_samples, seed, indices, fit, paths, store=None
+    ) -> list:
+        """``generate(task, length, ...)`` of ``indices``, generating only those neither held
+        nor in ``store`` (a directory shared by the processes of one experiment, or None)."""
         ident = self.identity(task, length, tokenizer, seed, fit, paths)
         with self._lock:
             held = {i: self._samples[(ident, i)] for i in indices if (ident, i) in self._samples}
         missing = [i for i in indices if i not in held]
+        stored = SampleStore(store, ident, task, length) if store is not None and missing else None
+        if stored is not None:
+            found = stored.read()
+            held.update((i, found[i]) for i in missing if i in found)
+            with self._lock:
+                for i in missing:
+                    if i in found:
+                        self._put((ident, i), found[i])
+            missing = [i for i in missing if i not in held]
         if missing:
             new = generate(
                 task, length, tokenizer, num_samples, seed, indices=missing, fit=fit, **paths
@@ -82,6 +96,8 @@ class SampleCache:
                 for sample in new:
                     self._put((ident, sample["index"]), sample)
             held.update((sample["index"], sample) for sample in new)
+            if stored is not None:
+                stored.add(new)
         return [held[i] for i in indices if i in held]
 
     @staticmethod
@@ -120,6 +136,44 @@ class SampleCache:
 
 
 SAMPLES = SampleCache()  # the process' cache, shared by every evaluation in it
+
+
+class SampleStore:
+    """One (task, length, identity)'s samples on disk, for the other processes of an
+    experiment: each arm's evaluation and each shard is a process of its own, and without it
+    every one of them generates the same samples again. A file per cell, named by a hash of the
+    identity (:meth:`SampleCache.identity`: tokenizer vocabulary, seed, fit, data files by path,
+    size and time), holding ``{"identity": ..., "samples": {index: sample}}`` as JSON (no
+    pickle); written atomically. A file that cannot be read, or holds another identity, is
+    treated as empty and replaced: the samples are generated again, nothing fails. Two
+    processes adding to one file at once may each drop the other's additions (the last rename
+    wins); those samples are generated again later."""
+
+    def __init__(self, directory: Path, ident: tuple, task: str, length: int) -> None:
+        self.digest = hashlib.sha256(repr(ident).encode()).hexdigest()[:16]
+        self.path = Path(directory) / f"{task}-{length}-{self.digest}.json"
+
+    def read(self) -> dict[int, dict]:
+        try:
+            data = json.loads(self.path.read_text())
+            if data["identity"] != self.digest:
+                return {}
+            return {int(i): sample for i, sample in data["samples"].items()}
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            return {}
+
+    def add(self, new: list[dict]) -> None:
+        samples = {str(i): s for i, s in self.read().items()}
+        for sample in new:  # the token ids stay in memory (SampleCache.prompt_ids)
+            samples[str(sample["index"])] = {k: v for k, v in sample.items() if k != "prompt_ids"}
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(self.path, json.dumps({"identity": self.digest, "samples": samples}))
+
+
+def sample_store(cfg: ExperimentConfig) -> Path | None:
+    """Where ``cfg``'s RULER samples are kept for the experiment's other processes, or None
+    (``evaluation.ruler.sample_store`` off)."""
+    return cfg.experiment_dir / "ruler-samples" if cfg.evaluation.ruler.sample_store else None
 
 
 def record_key(task: str, length: int, index: int) -> str:
@@ -194,7 +248,7 @@ def run_suite(
     score (0-100)."""
     r = cfg.evaluation.ruler
     check_lengths(r.lengths, model)
-    paths = data_paths(cfg)
+    paths, store = data_paths(cfg), sample_store(cfg)
     plan, not_run = plan_samples(
         selected_tasks(r.tasks, r.exclude), r.lengths, r.num_samples, paths, done
     )
@@ -218,7 +272,7 @@ def run_suite(
             on_sample(rec)
 
         samples = SAMPLES.samples(
-            task, length, tokenizer, r.num_samples, r.seed, pending, r.fit, paths
+            task, length, tokenizer, r.num_samples, r.seed, pending, r.fit, paths, store
         )
         # Samples of one (task, length) share their length to within a few tokens: batching
         # them wastes almost nothing on padding.
@@ -245,14 +299,14 @@ def prefetch_samples(
     samples per cell, measured on an H200 host). Tasks whose data is missing are skipped here;
     the evaluation reports them. ``should_stop`` is asked between (task, length) cells."""
     r = cfg.evaluation.ruler
-    paths = data_paths(cfg)
+    paths, store = data_paths(cfg), sample_store(cfg)
     plan, _ = plan_samples(selected_tasks(r.tasks, r.exclude), r.lengths, r.num_samples, paths, {})
     held = 0
     for (task, length), indices in sorted(plan.items(), key=lambda kv: -kv[0][1]):
         if should_stop():
             break
         for sample in SAMPLES.samples(
-            task, length, tokenizer, r.num_samples, r.seed, indices, r.fit, paths
+            task, length, tokenizer, r.num_samples, r.seed, indices, r.fit, paths, store
         ):
             SampleCache.prompt_ids(sample, tokenizer)
             held += 1

@@ -21,8 +21,10 @@ For each task and length (lm-eval task names; ``--limit`` documents each, lm-eva
 - **ours vs lm-eval's RULER**: the project's RULER suite (``anchorctx.evaluation.ruler``, the
   reference NVIDIA/RULER) at the same tasks, lengths and sample count, with a 95% Wilson
   interval on each score (per-sample scores treated as successes out of n), next to lm-eval's
-  ``anchorctx`` score with its interval; ``differ`` where the two intervals are disjoint. The
-  samples differ (each suite draws its own), so only the rates are comparable.
+  ``anchorctx`` score with its interval, and their difference with its 95% interval
+  (Newcombe's hybrid score method, ``anchorctx.evaluation.paired.unpaired_difference``);
+  ``differ`` where that interval excludes 0. The samples differ (each suite draws its own), so
+  only the rates are comparable.
 
 Every input is a local file (the GPU host has no network): ``--essays`` (RULER's
 ``PaulGrahamEssays.json`` or a copy of baber/paul_graham_essays), ``--squad`` (SQuAD v2
@@ -42,7 +44,6 @@ import argparse
 import gc
 import hashlib
 import json
-import math
 import sys
 import tempfile
 import time
@@ -52,6 +53,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from anchorctx.evaluation.paired import unpaired_difference, wilson
 from anchorctx.evaluation.ruler.constants import TASKS as RULER_TASKS
 
 # lm-eval task -> the project's RULER task: lm-eval keeps the niah names and prefixes the others
@@ -60,7 +62,6 @@ _QA = {"qa_1": "ruler_qa_squad", "qa_2": "ruler_qa_hotpot"}
 TASK_MAP = {(t if t.startswith("niah") else _QA.get(t, f"ruler_{t}")): t for t in RULER_TASKS}
 DEFAULT_TASKS = ["niah_single_1", "niah_single_2", "niah_multikey_1", "ruler_vt", "ruler_fwe"]
 DEFAULT_TASKS += ["ruler_qa_squad"]
-Z95 = 1.959963984540054
 T0 = time.perf_counter()
 
 
@@ -68,17 +69,6 @@ def say(text: str) -> None:
     print(f"[{time.perf_counter() - T0:7.1f} s] {text}", flush=True)
 
 
-def wilson(p: float, n: int) -> tuple[float, float]:
-    """95% Wilson score interval (percent) of a rate ``p`` (0-1) over ``n`` samples."""
-    if n <= 0:
-        return (0.0, 100.0)
-    z2 = Z95 * Z95
-    centre = (p + z2 / (2 * n)) / (1 + z2 / n)
-    half = Z95 * math.sqrt(p * (1 - p) / n + z2 / (4 * n * n)) / (1 + z2 / n)
-    return (100 * max(0.0, centre - half), 100 * min(1.0, centre + half))
-
-
-# ------------------------------------------------------------------------------- inputs
 def resolve_inputs(args: argparse.Namespace) -> dict[str, Path | None]:
     """The four local inputs: explicit options win, else the ``--assets`` stand-ins."""
     stand_in: dict[str, Path | None] = dict.fromkeys(("essays", "squad", "hotpotqa", "nltk_data"))
@@ -365,7 +355,9 @@ def compare(args, anchor, hf, ours) -> list[dict[str, Any]]:
                 n = ours["counts"][ours_task][str(length)]
                 olo, ohi = wilson(o_score / 100, n)
                 row["ours"] = {"task": ours_task, "score": o_score, "n": n, "interval": [olo, ohi]}
-                row["differ"] = ohi < lo or hi < olo
+                d, dlo, dhi = unpaired_difference(a["score"] / 100, a["n"], o_score / 100, n)
+                row["difference"] = {"value": d, "interval": [dlo, dhi]}
+                row["differ"] = dlo > 0 or dhi < 0
             rows.append(row)
     return rows
 
@@ -422,8 +414,9 @@ def markdown(meta: dict[str, Any], rows: list[dict[str, Any]]) -> str:
         "",
         "## lm-eval's RULER vs the project's RULER (anchorctx model, 95% Wilson intervals)",
         "",
-        "| task | length | lm-eval score [95%] | ours | ours score [95%] | differ |",
-        "|---|---|---|---|---|---|",
+        "| task | length | lm-eval score [95%] | ours | ours score [95%] | lm-eval − ours [95%] "
+        "| differ |",
+        "|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         lo, hi = r["lm_eval_interval"]
@@ -431,10 +424,12 @@ def markdown(meta: dict[str, Any], rows: list[dict[str, Any]]) -> str:
         ours = (
             o and f"{o['score']:.1f} [{o['interval'][0]:.1f}, {o['interval'][1]:.1f}] (n={o['n']})"
         )
+        d = r.get("difference")
+        diff = d and f"{d['value']:+.1f} [{d['interval'][0]:+.1f}, {d['interval'][1]:+.1f}]"
         lines.append(
             f"| {r['task']} | {r['length']} | {r['anchorctx']['score']:.1f} [{lo:.1f}, {hi:.1f}] "
             f"(n={r['anchorctx']['n']}) | {o['task'] if o else '–'} | {ours if o else '–'} | "
-            f"{'**yes**' if r.get('differ') else 'no' if o else '–'} |"
+            f"{diff or '–'} | {'**yes**' if r.get('differ') else 'no' if o else '–'} |"
         )
     if failed:
         lines += ["", "## Failed (no score)", ""]

@@ -56,9 +56,9 @@ def test_auto_is_the_fastest_combination_that_fits(gpu):
     assert choice is not None
     assert choice.peak_gib <= cost_plan.usable_gib(kind)
     step, _ = _brute_force(cfg, kind, 128)
-    # kept-layer counts are searched at 0, powers of two and all layers: within 3% of the best
-    # of every count (the bound for auto against the best hand-set combination)
-    assert choice.step_s <= step * 1.03
+    # every kept-layer count is searched (and checkpoint offload besides): no slower than the
+    # best combination here
+    assert choice.step_s <= step + 1e-9
     assert memory_choice.choose(cfg, memory.LLAMA2_7B, 1, 1, kind, 128, False) == choice
 
 

@@ -15,6 +15,8 @@ from anchorctx.evaluation.paired import (
     ruler_intervals,
     ruler_sample_scores,
     stratified_interval,
+    unpaired_difference,
+    wilson,
 )
 
 
@@ -165,3 +167,17 @@ def test_report_leaves_intervals_out_when_every_arm_is_at_chance(tmp_path):
     md = write_experiment_report(exp, ["full", "anchor"])["markdown"]
     assert "RULER: 95% intervals" not in md
     assert "every arm's RULER score is at chance" in md
+
+
+def test_unpaired_difference_matches_newcombes_worked_example():
+    """Newcombe (1998), Statistics in Medicine 17:873, example (a): 56/70 against 48/80, method
+    10 gives 0.0524 to 0.3339 (printed to four places)."""
+    d, lo, hi = unpaired_difference(56 / 70, 70, 48 / 80, 80)
+    assert d == pytest.approx(20.0)
+    assert (round(lo / 100, 4), round(hi / 100, 4)) == (0.0524, 0.3339)
+    # Disjoint-interval overlap is stricter than the difference's own interval: 16.1% against
+    # 33.9% of 56 overlap as Wilson intervals, yet their difference excludes 0.
+    assert wilson(9 / 56, 56)[1] > wilson(19 / 56, 56)[0]
+    assert unpaired_difference(9 / 56, 56, 19 / 56, 56)[2] < 0
+    assert wilson(0.0, 56)[0] == pytest.approx(0.0, abs=1e-9)  # rounding only
+    assert wilson(1.0, 56)[1] == pytest.approx(100.0)

@@ -86,6 +86,30 @@ def stratified_interval(by_task: dict[str, list[float]]) -> dict[str, float] | N
     return {"mean": mean, "se": se, "lo": mean - Z95 * se, "hi": mean + Z95 * se, "n": n}
 
 
+def wilson(p: float, n: int) -> tuple[float, float]:
+    """95% Wilson score interval (percent) of a rate ``p`` (0-1) over ``n`` samples: exact
+    enough at 0 and 100%, where the normal approximation collapses to a point."""
+    if n <= 0:
+        return (0.0, 100.0)
+    z2 = Z95 * Z95
+    centre = (p + z2 / (2 * n)) / (1 + z2 / n)
+    half = Z95 * math.sqrt(p * (1 - p) / n + z2 / (4 * n * n)) / (1 + z2 / n)
+    return (100 * max(0.0, centre - half), 100 * min(1.0, centre + half))
+
+
+def unpaired_difference(p1: float, n1: int, p2: float, n2: int) -> tuple[float, float, float]:
+    """``p1 - p2`` (percent) of two rates (0-1) over independent samples, with its 95% interval
+    by Newcombe's hybrid score method (1998, method 10: each rate's Wilson interval combined).
+    For two suites that draw their own samples (nothing to pair); two overlapping intervals can
+    still differ significantly, so this, not the overlap, says whether they do."""
+    l1, u1 = (x / 100 for x in wilson(p1, n1))
+    l2, u2 = (x / 100 for x in wilson(p2, n2))
+    d = p1 - p2
+    lo = d - math.sqrt((p1 - l1) ** 2 + (u2 - p2) ** 2)
+    hi = d + math.sqrt((u1 - p1) ** 2 + (p2 - l2) ** 2)
+    return (100 * d, 100 * lo, 100 * hi)
+
+
 def paired_differences(
     a: dict[str, dict[str, float]], b: dict[str, dict[str, float]]
 ) -> dict[str, list[float]]:

@@ -58,6 +58,19 @@ KEPT_MLP_UNITS = 4
 # [t, I] unit fewer).
 FUSED_NORM_UNITS = 4
 FUSED_MLP_UNITS = 1
+# Fitted to the fused kernels' measured peaks, on top of the counts above (least squares over
+# eight rows of the 4-layer Llama-2-7B-wide model with tiled loss: H100 at 64K with 1-4 kept
+# layers and at 128K with 1-3, 2026-11-27; H200 at 128K with 4, 2026-11-24; docs/PERFORMANCE.md
+# section 8). After the fit every row is within 0.03 GiB; before it, 3.4-15.3 GiB over.
+# - A kept layer holds FUSED_KEPT_FITTED_UNITS [t, H] tensors fewer: 7.54 and 15.08 GiB a kept
+#   layer at 64K and 128K, where the count gives 8.53 and 17.06.
+# - A layer's working set is FUSED_WORKING_FITTED_UNITS [t, H] smaller (the size of 4 [t, I]
+#   and 1 [t, H] for this shape: the fused SwiGLU's backward writes its gradients in place) and
+#   FUSED_WORKING_FITTED_BYTES larger at every length. Fitted on one shape: other MLP ratios
+#   are extrapolations.
+FUSED_KEPT_FITTED_UNITS = 2
+FUSED_WORKING_FITTED_UNITS = 11.77
+FUSED_WORKING_FITTED_BYTES = 2.49 * (1 << 30)
 # Fitted, not counted: the one-H200 measurement (7B shape, 256K tokens, tiled MLP and loss,
 # optimizer offload; 2026-11-23) peaked at 121.7 GiB against 112.7 GiB counted; the 9 GiB
 # difference is charged to the one term that scales with t there, as 4.5 more [t, H] tensors.
@@ -166,13 +179,13 @@ def predict(shape: Shape, seq_len: int, opt: Options) -> dict[str, float]:
     grads = 2 * p / n
     kept = min(opt.keep_activations, shape.layers)
     ckpt = (shape.layers - kept) * t * h * BF16
-    fused_norm, fused_mlp = (
-        (FUSED_NORM_UNITS, FUSED_MLP_UNITS) if opt.kernels == "liger" else (0, 0)
-    )
+    fused = opt.kernels == "liger"
+    fused_norm, fused_mlp = (FUSED_NORM_UNITS, FUSED_MLP_UNITS) if fused else (0, 0)
+    fused_kept = fused_norm + (FUSED_KEPT_FITTED_UNITS if fused else 0)
     kept_bytes = (
         kept
         * (
-            (KEPT_UNITS - fused_norm) * t * h
+            (KEPT_UNITS - fused_kept) * t * h
             + KV_UNITS * t * shape.kv_width
             + (KEPT_MLP_UNITS - fused_mlp) * t * shape.intermediate
         )
@@ -187,6 +200,8 @@ def predict(shape: Shape, seq_len: int, opt: Options) -> dict[str, float]:
     mlp_tokens = t / mlp_tiles(int(t), h) if opt.tiled_mlp else t
     layer = (attn_units * t * h + KV_UNITS * t * shape.kv_width) * BF16
     layer += (MLP_UNITS - fused_mlp) * mlp_tokens * shape.intermediate * BF16
+    if fused:
+        layer += FUSED_WORKING_FITTED_BYTES - FUSED_WORKING_FITTED_UNITS * t * h * BF16
     out = {
         "parameters": 2 * p / n + gathered,
         "gradients": REDUCE_BUCKET + (0 if opt.offload_optimizer else grads),

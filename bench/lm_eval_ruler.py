@@ -322,7 +322,26 @@ def ours_pass(cfg: Any, args) -> dict[str, Any]:
     path = evaluate_checkpoint(cfg, Path(args.model).resolve(), "ruler", progress=False)
     result = load_result(path) or {}
     say(f"ours: the project's RULER in {time.perf_counter() - start:.1f} s -> {path}")
-    return {"path": str(path), "scores": result["scores"], "counts": result["counts"]}
+    return {
+        "path": str(path),
+        "scores": result["scores"],
+        "counts": result["counts"],
+        "prompt_tokens": prompt_tokens(path.parent / result["samples"]["file"]),
+    }
+
+
+def prompt_tokens(samples: Path) -> dict[str, dict[str, float]]:
+    """Mean prompt tokens per task and length of the project's RULER records: its haystack
+    rule (``evaluation.ruler.fit``) and lm-eval's can fill one target length differently."""
+    from anchorctx.io import read_jsonl
+
+    sums: dict[tuple[str, str], list[int]] = {}
+    for r in read_jsonl(samples)[1:]:  # the first line is the header
+        sums.setdefault((r["task"], str(r["length"])), []).append(r["prompt_tokens"])
+    out: dict[str, dict[str, float]] = {}
+    for (task, length), n in sums.items():
+        out.setdefault(task, {})[length] = sum(n) / len(n)
+    return out
 
 
 # ------------------------------------------------------------------------------- report
@@ -355,6 +374,8 @@ def compare(args, anchor, hf, ours) -> list[dict[str, Any]]:
                 n = ours["counts"][ours_task][str(length)]
                 olo, ohi = wilson(o_score / 100, n)
                 row["ours"] = {"task": ours_task, "score": o_score, "n": n, "interval": [olo, ohi]}
+                tokens = ours.get("prompt_tokens", {}).get(ours_task, {}).get(str(length))
+                row["ours"]["prompt_tokens_mean"] = tokens
                 d, dlo, dhi = unpaired_difference(a["score"] / 100, a["n"], o_score / 100, n)
                 row["difference"] = {"value": d, "interval": [dlo, dhi]}
                 row["differ"] = dlo > 0 or dhi < 0
@@ -415,8 +436,8 @@ def markdown(meta: dict[str, Any], rows: list[dict[str, Any]]) -> str:
         "## lm-eval's RULER vs the project's RULER (anchorctx model, 95% Wilson intervals)",
         "",
         "| task | length | lm-eval score [95%] | ours | ours score [95%] | lm-eval − ours [95%] "
-        "| differ |",
-        "|---|---|---|---|---|---|---|",
+        "| differ | prompt tok (lm-eval, ours) |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         lo, hi = r["lm_eval_interval"]
@@ -429,7 +450,9 @@ def markdown(meta: dict[str, Any], rows: list[dict[str, Any]]) -> str:
         lines.append(
             f"| {r['task']} | {r['length']} | {r['anchorctx']['score']:.1f} [{lo:.1f}, {hi:.1f}] "
             f"(n={r['anchorctx']['n']}) | {o['task'] if o else '–'} | {ours if o else '–'} | "
-            f"{diff or '–'} | {'**yes**' if r.get('differ') else 'no' if o else '–'} |"
+            f"{diff or '–'} | {'**yes**' if r.get('differ') else 'no' if o else '–'} | "
+            f"{r['anchorctx']['prompt_tokens_mean']:.0f}, "
+            f"{_f(o and o.get('prompt_tokens_mean'), '.0f')} |"
         )
     if failed:
         lines += ["", "## Failed (no score)", ""]

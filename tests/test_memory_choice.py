@@ -121,3 +121,18 @@ def test_launch_chooses_for_this_hosts_gpu(monkeypatch):
     monkeypatch.setattr(memory_choice, "local_gpu", lambda: None)
     same, none, why = memory_choice.for_launch(cfg, 1, 1)
     assert same is cfg and none is None and "nvidia-smi" in why
+
+
+def test_auto_takes_the_fused_kernels_only_at_the_width_they_were_measured_on():
+    """Liger's kernels where they were measured to help (the 7B width); a narrower model keeps
+    transformers' kernels unless its config names liger."""
+    kind = cost_plan.GPUS["h100"]
+    wide = memory_choice.choose(_cfg(), memory.LLAMA2_7B, 1, 1, kind, 128, liger=True)
+    assert wide is not None and wide.options.kernels == "liger"
+    narrow_shape = dataclasses.replace(memory.LLAMA2_7B, hidden=1024, intermediate=2816)
+    narrow = memory_choice.choose(_cfg(), narrow_shape, 1, 1, kind, 128, liger=True)
+    assert narrow is not None and narrow.options.kernels == "torch"
+    named = memory_choice.choose(
+        _cfg("training.kernels=liger"), narrow_shape, 1, 1, kind, 128, liger=True
+    )
+    assert named is not None and named.options.kernels == "liger"

@@ -123,6 +123,14 @@ def liger_installed() -> bool:
     return importlib.util.find_spec("liger_kernel") is not None
 
 
+# The narrowest model on which the fused kernels were measured to save time (the 4-layer
+# Llama-2-7B-wide rows, hidden 4096; docs/PERFORMANCE.md sections 2 and 8). On gpu-small's
+# 147M model (hidden 1024, 2K rows) the one-GPU pretraining step with them took 0.74 s against
+# 0.386 s without them (docs/REPRODUCTION.md run 12, on a shared host; not yet timed apart), so
+# below this width auto leaves the kernels to the config.
+FUSED_KERNELS_MIN_HIDDEN = 4096
+
+
 def _keep_values(layers: int) -> list[int]:
     """Every kept-layer count, 0 to the depth: the step time falls with each kept layer, so the
     fastest combination keeps as many as fit, and a coarser grid (powers of two) left 5% on
@@ -145,7 +153,10 @@ def candidates(
     space = {
         "tiled_loss": values("tiled_loss", [False, True]),
         "tiled_mlp": values("tiled_mlp", [False, True]),
-        "kernels": values("kernels", ["torch", "liger"] if liger else ["torch"]),
+        "kernels": values(
+            "kernels",
+            ["torch", "liger"] if liger and shape.hidden >= FUSED_KERNELS_MIN_HIDDEN else ["torch"],
+        ),
         "offload_optimizer": values("offload_optimizer", [False, True] if zero >= 1 else [False]),
         "offload_checkpoints": values(
             "offload_checkpoints", [False, True] if ac and offload_checkpoints else [False]

@@ -393,9 +393,7 @@ def test_memory_model_counts_fused_kernels():
     liger = MM.predict(s, t, MM.Options(keep_activations=2, kernels="liger"))
     fewer = (4 * t * s.hidden + t * s.intermediate) * MM.BF16
     fitted = MM.FUSED_WORKING_FITTED_UNITS * t * s.hidden * MM.BF16
-    assert torch_["layer_working_set"] - liger["layer_working_set"] == pytest.approx(
-        fewer + fitted - MM.FUSED_WORKING_FITTED_BYTES
-    )
+    assert torch_["layer_working_set"] - liger["layer_working_set"] == pytest.approx(fewer + fitted)
     kept_fewer = fewer + MM.FUSED_KEPT_FITTED_UNITS * t * s.hidden * MM.BF16
     assert torch_["kept_activations"] - liger["kept_activations"] == 2 * kept_fewer
 
@@ -416,6 +414,15 @@ def test_memory_model_meets_the_measured_liger_rows(tokens, kept, measured):
     s = dataclasses.replace(MM.LLAMA2_7B, layers=4)
     opt = MM.Options(keep_activations=kept, kernels="liger", tiled_loss=True)
     assert MM.predict(s, tokens, opt)["peak"] / MM.GIB == pytest.approx(measured, abs=0.1)
+
+
+def test_memory_model_misses_the_liger_logits_row_by_less_than_the_reserve():
+    """The one liger row that peaks in the logits phase (H200, 128K, nothing kept, plain loss:
+    69.9 GiB measured) is not among the fitted rows; the prediction misses it by less than the
+    6% the plans keep in reserve."""
+    s = dataclasses.replace(MM.LLAMA2_7B, layers=4)
+    peak = MM.predict(s, 131072, MM.Options(kernels="liger"))["peak"] / MM.GIB
+    assert abs(peak - 69.9) < 69.9 * MM.RESERVED_FRACTION
 
 
 def test_max_seq_len_is_the_boundary():

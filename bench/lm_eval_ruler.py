@@ -335,12 +335,12 @@ def prompt_tokens(samples: Path) -> dict[str, dict[str, float]]:
     rule (``evaluation.ruler.fit``) and lm-eval's can fill one target length differently."""
     from anchorctx.io import read_jsonl
 
-    sums: dict[tuple[str, str], list[int]] = {}
+    by_cell: dict[tuple[str, str], list[int]] = {}
     for r in read_jsonl(samples)[1:]:  # the first line is the header
-        sums.setdefault((r["task"], str(r["length"])), []).append(r["prompt_tokens"])
+        by_cell.setdefault((r["task"], str(r["length"])), []).append(r["prompt_tokens"])
     out: dict[str, dict[str, float]] = {}
-    for (task, length), n in sums.items():
-        out.setdefault(task, {})[length] = sum(n) / len(n)
+    for (task, length), tokens in by_cell.items():
+        out.setdefault(task, {})[length] = sum(tokens) / len(tokens)
     return out
 
 
@@ -373,9 +373,15 @@ def compare(args, anchor, hf, ours) -> list[dict[str, Any]]:
             if o_score is not None:
                 n = ours["counts"][ours_task][str(length)]
                 olo, ohi = wilson(o_score / 100, n)
-                row["ours"] = {"task": ours_task, "score": o_score, "n": n, "interval": [olo, ohi]}
-                tokens = ours.get("prompt_tokens", {}).get(ours_task, {}).get(str(length))
-                row["ours"]["prompt_tokens_mean"] = tokens
+                row["ours"] = {
+                    "task": ours_task,
+                    "score": o_score,
+                    "n": n,
+                    "interval": [olo, ohi],
+                    "prompt_tokens_mean": ours.get("prompt_tokens", {})
+                    .get(ours_task, {})
+                    .get(str(length)),
+                }
                 d, dlo, dhi = unpaired_difference(a["score"] / 100, a["n"], o_score / 100, n)
                 row["difference"] = {"value": d, "interval": [dlo, dhi]}
                 row["differ"] = dlo > 0 or dhi < 0

@@ -226,6 +226,11 @@ class ExperimentConfig(Strict):
         raw["variants"] = []
         for key, value in spec.overrides.items():
             set_dotted(raw, key, value, what=f"variant {spec.name!r} override {key!r}")
+        if raw["seed"] != self.seed and raw["evaluation"]["data_seed"] is None:
+            # A training seed: the generated evaluation data stays the experiment's. Arms of
+            # other seeds share its directories, and each one's evaluation would otherwise
+            # rewrite them with its own seed while the others read (docs/REPRODUCTION.md run 13).
+            raw["evaluation"]["data_seed"] = self.seed
         raw["training"]["attention"] = spec.attention
         raw["variant"] = spec.name
         if self.pretrain is not None:  # the arm continues training the pretrained base model

@@ -53,7 +53,7 @@ import torch  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from anchorctx.demo.synthetic import SMOKE, VOCAB, WIDTH_7B, synthetic_row  # noqa: E402
-from anchorctx.experiment import config_from_dict  # noqa: E402
+from anchorctx.experiment import config_from_dict, load_config  # noqa: E402
 from anchorctx.models.loading import load_model  # noqa: E402
 from anchorctx.training import memory as MM  # noqa: E402
 from anchorctx.training import memory_choice  # noqa: E402
@@ -80,8 +80,24 @@ from anchorctx.training.tiling import (  # noqa: E402
 DEVICE = "cuda"
 
 
+def model_width(args) -> dict:
+    """The model's width: the smoke model, a config's ``model.tiny`` (``--shape-from``; its depth
+    is ``--layers``), else Llama-2-7B's. ``--kv-heads`` overrides the key/value heads."""
+    if args.smoke:
+        width = {**SMOKE, "num_key_value_heads": min(args.kv_heads or 4, 4)}
+    elif args.shape_from:
+        tiny = load_config(args.shape_from).model.tiny
+        if tiny is None:
+            raise SystemExit(f"--shape-from {args.shape_from}: the config has no model.tiny")
+        width = {k: getattr(tiny, k) for k in (*WIDTH_7B, "num_key_value_heads")}
+    else:
+        width = {**WIDTH_7B, "num_key_value_heads": 32}  # Llama-2-7B: multi-head attention
+    if args.kv_heads and not args.smoke:
+        width["num_key_value_heads"] = args.kv_heads
+    return width
+
+
 def make_config(args, layers: int, seq_len: int, world: int):
-    width = SMOKE if args.smoke else WIDTH_7B
     raw = {
         "name": "bench",
         "run_root": "/tmp/anchorctx-bench",
@@ -89,9 +105,8 @@ def make_config(args, layers: int, seq_len: int, world: int):
         "model": {
             "tiny": {
                 "architecture": "llama",
-                **width,
+                **model_width(args),
                 "num_hidden_layers": layers,
-                "num_key_value_heads": args.kv_heads,
                 "vocab_size": VOCAB,
             },
             "tokenizer": "unused",
@@ -169,6 +184,50 @@ def step_data(seq_len: int, variant: str, par, rank: int, seed: int) -> StepData
     return StepData([mb], count_targets(row.targets), row.real_tokens, pairs)
 
 
+class PhaseTimes:
+    """``--breakdown``: wall seconds of the DeepSpeed engine's ``backward`` and ``step`` and of
+    the optimizer's own update inside ``step``, each between device synchronisations. The
+    instance's methods are wrapped (DeepSpeed looks them up at call time), nothing is patched
+    in DeepSpeed. What each phase holds under ZeRO-3: ``backward`` the recomputed forward of
+    every checkpointed layer, the gradients, their reduce-scatter and, with an offloaded
+    optimizer, the gradients' copy to host memory; ``step`` the norm and clipping, the update
+    and the updated bf16 weights' copy back to the GPU; the forward with the loss is what the
+    step leaves."""
+
+    def __init__(self, engine, sync) -> None:
+        self.totals = {"backward": 0.0, "step": 0.0, "update": 0.0}
+        self._sync = sync
+        self._wrap(engine, "backward", "backward")
+        self._wrap(engine, "step", "step")
+        # ZeRO wraps the basic optimizer (DeepSpeedCPUAdam, torch's AdamW) as `.optimizer`.
+        self._wrap(getattr(engine.optimizer, "optimizer", engine.optimizer), "step", "update")
+
+    def _wrap(self, owner, attr: str, phase: str) -> None:
+        inner = getattr(owner, attr)
+
+        def timed(*args, **kwargs):
+            self._sync()
+            t0 = time.perf_counter()
+            try:
+                return inner(*args, **kwargs)
+            finally:
+                self._sync()
+                self.totals[phase] += time.perf_counter() - t0
+
+        setattr(owner, attr, timed)
+
+    def take(self, step_s: float) -> dict[str, float]:
+        """This step's phases (and the forward with the loss, the rest), then zero them."""
+        out = {"forward_and_loss": step_s - self.totals["backward"] - self.totals["step"]}
+        out |= self.totals
+        self.totals = dict.fromkeys(self.totals, 0.0)
+        return out
+
+
+def median_phases(steps: list[dict[str, float]]) -> dict[str, float]:
+    return {k: round(statistics.median(s[k] for s in steps), 4) for k in steps[0]}
+
+
 def measure(engine, par, variant: str, seq_len: int, rank: int, args, cfg) -> dict:
     data = step_data(seq_len, variant, par, rank, seed=args.seed)
     scale = loss_scale(engine, par)
@@ -176,14 +235,21 @@ def measure(engine, par, variant: str, seq_len: int, rank: int, args, cfg) -> di
     sync = torch.cuda.synchronize if DEVICE == "cuda" else (lambda: None)
     if DEVICE == "cuda":
         torch.cuda.reset_peak_memory_stats()
-    times = []
+    phases = PhaseTimes(engine, sync) if args.breakdown else None
+    times, phase_times = [], []
     for i in range(args.warmup + args.steps):
         sync()
         t0 = time.perf_counter()
         stats = train_step(engine, data, par.engine, scale, loss_fn)
         sync()
+        step_s = time.perf_counter() - t0
+        split = phases.take(step_s) if phases else None
         if i >= args.warmup:
-            times.append(time.perf_counter() - t0)
+            times.append(step_s)
+            if split:
+                phase_times.append(split)
+        if split and rank == 0:
+            print("  phases: " + ", ".join(f"{k} {v:.2f} s" for k, v in split.items()), flush=True)
         if rank == 0:  # long full-depth steps: each one is on record even if a later one fails
             print(
                 f"step {i + 1}: {time.perf_counter() - t0:.2f} s, loss {stats.loss:.4f}, "
@@ -219,6 +285,7 @@ def measure(engine, par, variant: str, seq_len: int, rank: int, args, cfg) -> di
         "host_max_rss_gib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 1),
         "memory": mem.model_dump(),
         "step_times_s": [round(t, 4) for t in times],
+        "phases_s": median_phases(phase_times) if phase_times else None,
         "last_loss": round(stats.loss, 4),  # a real step: finite, ≈ ln(vocab) on random tokens
     }
 
@@ -362,7 +429,28 @@ def main() -> int:
     )
     p.add_argument("--variants", nargs="+", default=["full", "anchor"])
     p.add_argument("--layers", type=int, nargs="+", default=[4])
-    p.add_argument("--kv-heads", type=int, default=32, help="32: Llama-2-7B (MHA).")
+    p.add_argument(
+        "--kv-heads",
+        type=int,
+        default=None,
+        help="Key/value heads (default: the shape's; Llama-2-7B has 32, multi-head attention).",
+    )
+    p.add_argument(
+        "--shape-from",
+        type=Path,
+        default=None,
+        metavar="CONFIG",
+        help="Measure the width of CONFIG's model.tiny (hidden, MLP, heads, key/value heads) "
+        "instead of Llama-2-7B's, e.g. configs/gpu-small.yaml; the depth is --layers, the "
+        "vocabulary the synthetic rows' 32000.",
+    )
+    p.add_argument(
+        "--breakdown",
+        action="store_true",
+        help="Time the step's phases apart (forward with the loss, backward, optimizer step and, "
+        "within it, the optimizer's own update): a device synchronisation at each phase "
+        "boundary, so the step time of these rows carries them.",
+    )
     p.add_argument("--engine", default="auto")
     p.add_argument(
         "--kernels",
@@ -410,7 +498,7 @@ def main() -> int:
     if args.smoke:
         global DEVICE
         DEVICE = "cpu"
-        args.engine, args.zero_stage, args.kv_heads = "sdpa", 0, min(args.kv_heads, 4)
+        args.engine, args.zero_stage = "sdpa", 0
     results = run(args)
     if not results:
         return 0

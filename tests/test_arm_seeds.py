@@ -65,6 +65,44 @@ def test_seeds_expand_into_one_run_per_seed():
     assert [a.variant_name for a in again.arms()] == [a.variant_name for a in arms]
 
 
+def test_seed_arms_read_the_experiments_evaluation_data(tmp_path):
+    """A training seed changes training only: every arm's generated evaluation data (demo
+    fixtures, held-out sets) is the experiment's. Run 13 (docs/REPRODUCTION.md) wrote them with
+    each arm's seed into the shared directories, so arms of different seeds answered different
+    RULER samples under the same keys."""
+    from anchorctx.demo.fixtures import data_seed, ensure_eval_fixtures
+    from anchorctx.demo.heldout_eval import ensure_heldout_eval
+
+    raw = _raw(
+        [
+            {"name": "intra_doc", "attention": "intra_doc", "seeds": [1, 2]},
+            {"name": "full", "attention": "full"},
+        ]
+    )
+    raw |= {"seed": 7, "evaluation": {"demo_fixtures": str(tmp_path / "fx")}}
+    arms = config_from_dict(raw).arms()
+    assert [a.seed for a in arms] == [1, 2, 7]
+    assert [a.evaluation.data_seed for a in arms] == [7, 7, None]
+    assert {data_seed(a) for a in arms} == {7}
+    manifest = tmp_path / "fx" / "manifest.json"
+    ensure_eval_fixtures(arms[0])
+    written = manifest.stat().st_mtime_ns
+    for arm in arms[1:]:  # current for every arm: nothing is written again
+        ensure_eval_fixtures(arm)
+    assert manifest.stat().st_mtime_ns == written
+    assert json.loads(manifest.read_text())["seed"] == 7
+    # A seed the config names is kept; so is the held-out data's.
+    raw["evaluation"] |= {"data_seed": 5, "heldout_data": str(tmp_path / "heldout")}
+    arms = config_from_dict(raw).arms()
+    assert [a.evaluation.data_seed for a in arms] == [5, 5, 5]
+    ensure_heldout_eval(arms[0])
+    heldout = tmp_path / "heldout" / "manifest.json"
+    written = heldout.stat().st_mtime_ns
+    ensure_heldout_eval(arms[1])
+    assert heldout.stat().st_mtime_ns == written
+    assert json.loads(heldout.read_text())["params"]["seed"] == 5
+
+
 def test_seed_run_names_round_trip():
     assert seed_run_name("anchor", 3) == "anchor-s3"
     assert seed_run_of("anchor-s3") == ("anchor", 3)
@@ -122,7 +160,16 @@ def test_gpu_small_seeds_preset_keeps_gpu_small_base():
         same = ref[arm.training.attention]
         assert arm.training == same.training and arm.data == same.data
         assert arm.evaluation.suites == ["ruler"]
-        assert arm.evaluation.ruler == same.evaluation.ruler  # the same RULER samples
+        # gpu-small's RULER settings at 8K only, with four times the samples per task.
+        assert arm.evaluation.ruler.lengths == [8192]
+        assert arm.evaluation.ruler.num_samples == 4 * same.evaluation.ruler.num_samples
+        assert (
+            arm.evaluation.ruler.model_copy(
+                update={"lengths": same.evaluation.ruler.lengths, "num_samples": 56}
+            )
+            == same.evaluation.ruler
+        )
+        assert arm.evaluation.data_seed == small.seed  # every arm reads gpu-small's data
 
 
 # ---------------------------------------------------------------------------- the statistics
@@ -225,11 +272,20 @@ def test_markdown_says_where_the_difference_excludes_zero():
     assert "**anchor − intra_doc: the difference excludes 0 at 4K (+100.0).**" in md
 
 
-def _write_run(run_dir: Path, per_length: dict[str, list[float]], train_s: float, eval_s: float):
+def _write_run(
+    run_dir: Path,
+    per_length: dict[str, list[float]],
+    train_s: float,
+    eval_s: float,
+    fingerprint: str | None = None,
+):
     """A run at step 50: its RULER result and samples (task vt), and its measured times."""
     folder = run_dir / "eval" / "step-000050"
     folder.mkdir(parents=True)
-    lines = [json.dumps({"__header__": {"checkpoint_hash": "x"}})]
+    header = {"checkpoint_hash": "x"}
+    if fingerprint:
+        header["evaluation_fingerprint"] = fingerprint
+    lines = [json.dumps({"__header__": header})]
     for length, values in per_length.items():
         lines += [
             json.dumps(
@@ -303,3 +359,25 @@ def test_report_without_seeds_has_no_section(tmp_path):
     _write_run(exp / "anchor", {"2048": ANCHOR[1]["2048"]}, 80.0, 100.0)
     md = write_experiment_report(exp, ["intra_doc", "anchor"])["markdown"]
     assert "paired differences" in md and "over training seeds" not in md
+
+
+def test_runs_that_answered_other_samples_are_not_paired(tmp_path):
+    """intra_doc-s2 was evaluated on other input files (another evaluation fingerprint): its
+    samples reuse the keys of the others' but are not the same prompts. The report says so,
+    pairs none of its cells and computes the seed section over seeds 1 and 3."""
+    from anchorctx.evaluation.report import write_experiment_report
+
+    exp = tmp_path / "exp"
+    for s in (1, 2, 3):
+        fp = "other" if s == 2 else "same"
+        _write_run(exp / f"intra_doc-s{s}", {"2048": INTRA["2048"]}, 80.0, 100.0, fp)
+        _write_run(exp / f"anchor-s{s}", {"2048": ANCHOR[s]["2048"]}, 80.0, 100.0, "same")
+    md = write_experiment_report(exp, RUNS)["markdown"]
+    assert "**Not every arm answered the same RULER samples**" in md
+    assert "`intra_doc-s2` other" in md
+    assert "| anchor-s3 − intra_doc-s3 | +50.0 [-6.6, +106.6] |" in md
+    assert "− intra_doc-s2 |" not in md and "| intra_doc-s2 − " not in md
+    assert "#### anchor − intra_doc (2 seeds)" in md
+    report = json.loads((exp / "report.json").read_text())
+    (diff,) = report["ruler_intervals"]["seed_differences"]
+    assert diff["seeds"] == [1, 3]

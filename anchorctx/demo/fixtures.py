@@ -689,15 +689,22 @@ def ensure_eval_fixtures(cfg: ExperimentConfig) -> dict[str, Path] | None:
     """Write the fixtures to ``cfg.evaluation.demo_fixtures`` unless a current copy is there.
 
     Returns the paths, or ``None`` when the config names no fixture directory (real data).
-    The seed is the experiment seed, so two configs with the same seed share identical files.
+    The seed is :func:`data_seed`'s, so two configs with the same one share identical files.
     """
     out = cfg.evaluation.demo_fixtures
     if out is None:
         return None
-    out = Path(out)
-    if _is_current(out, cfg.seed):
+    out, seed = Path(out), data_seed(cfg)
+    if _is_current(out, seed):
         return fixture_paths(out)
-    return write_eval_fixtures(out, seed=cfg.seed)
+    return write_eval_fixtures(out, seed=seed)
+
+
+def data_seed(cfg: ExperimentConfig) -> int:
+    """The seed of the generated evaluation data: ``evaluation.data_seed``, else the
+    experiment's (an arm trained under another seed keeps the experiment's data)."""
+    ev = cfg.evaluation.data_seed
+    return cfg.seed if ev is None else ev
 
 
 # ----------------------------------------------------------------------- the RULER-only set

@@ -169,6 +169,8 @@ def write_heldout_eval(
 
 def ensure_heldout_eval(cfg: ExperimentConfig) -> dict[str, Path] | None:
     """Write ``evaluation.heldout_data`` when the config names it (None: it does not)."""
+    from anchorctx.demo.fixtures import data_seed
+
     if cfg.evaluation.heldout_data is None:
         return None
-    return write_heldout_eval(cfg.evaluation.heldout_data, seed=cfg.seed)
+    return write_heldout_eval(cfg.evaluation.heldout_data, seed=data_seed(cfg))

@@ -69,6 +69,27 @@ def ruler_sample_scores(
     return out
 
 
+def ruler_sample_identity(run_dir: str | Path, ruler_summary: dict[str, Any]) -> str | None:
+    """The evaluation fingerprint under which the averaged checkpoints' RULER samples were
+    answered (their samples files' headers; several are ``|``-joined). It covers the settings
+    and the input files' content, so two arms with equal identities answered the same samples
+    under the same keys. None when a samples file or its header is missing."""
+    found = set()
+    for key in _eval_keys(ruler_summary):
+        rows = read_jsonl(Path(run_dir) / "eval" / key / "ruler.samples.jsonl")
+        header = rows[0].get("__header__") if rows else None
+        if not isinstance(header, dict) or not header.get("evaluation_fingerprint"):
+            return None
+        found.add(str(header["evaluation_fingerprint"]))
+    return "|".join(sorted(found)) or None
+
+
+def same_samples(identity: dict[str, str | None] | None, a: str, b: str) -> bool:
+    """Whether runs ``a`` and ``b`` may be paired sample by sample: no identities given, or
+    equal ones. Different ones (other input files or settings) reuse keys for other samples."""
+    return identity is None or identity.get(a) == identity.get(b)
+
+
 def stratified_interval(by_task: dict[str, list[float]]) -> dict[str, float] | None:
     """Mean over tasks of the task means, its standard error and 95% interval (module doc).
 
@@ -122,12 +143,16 @@ def paired_differences(
 
 
 def ruler_intervals(
-    samples: dict[str, dict[str, dict[str, dict[str, float]]] | None], arms: list[str]
+    samples: dict[str, dict[str, dict[str, dict[str, float]]] | None],
+    arms: list[str],
+    identity: dict[str, str | None] | None = None,
 ) -> dict[str, Any]:
     """Each arm's 95% interval per length, and every pair's paired difference per length.
 
     ``samples``: :func:`ruler_sample_scores` per arm (None: not available; such an arm is left
-    out). Pairs are ``later - earlier`` in ``arms`` order (the experiment's variant order)."""
+    out). Pairs are ``later - earlier`` in ``arms`` order (the experiment's variant order).
+    ``identity``: :func:`ruler_sample_identity` per arm; arms whose identities differ are not
+    paired, and the result lists them under ``other_samples``."""
     have = [a for a in arms if samples.get(a)]
     intervals = {
         arm: {
@@ -139,6 +164,8 @@ def ruler_intervals(
     }
     differences: list[dict[str, Any]] = []
     for first, second in combinations(have, 2):
+        if not same_samples(identity, first, second):
+            continue
         cells = {}
         for length in sorted(set(samples[first]) & set(samples[second]), key=float):  # type: ignore[arg-type]
             iv = stratified_interval(
@@ -148,16 +175,29 @@ def ruler_intervals(
                 cells[length] = iv | {"excludes_zero": iv["lo"] > 0 or iv["hi"] < 0}
         if cells:
             differences.append({"arm": second, "minus": first, "lengths": cells})
-    return {"confidence": 0.95, "arms": intervals, "differences": differences}
+    out: dict[str, Any] = {"confidence": 0.95, "arms": intervals, "differences": differences}
+    ids = {a: (identity or {}).get(a) for a in have}
+    if len(set(ids.values())) > 1:
+        out["other_samples"] = ids  # each arm's identity, when they are not all one
+    return out
 
 
 def intervals_markdown(result: dict[str, Any], arms: list[str]) -> str:
     """The two tables of :func:`ruler_intervals`, with how they were computed."""
     lengths = sorted({k for iv in result["arms"].values() for k in iv}, key=float)
+    other = result.get("other_samples") or {}
+    same = (
+        "Every arm answered the same RULER samples."
+        if not other
+        else "**Not every arm answered the same RULER samples**: their evaluation fingerprints "
+        "(settings and input files) differ ("
+        + ", ".join(f"`{arm}` {fp or 'unknown'}" for arm, fp in other.items())
+        + "), so only arms with equal fingerprints are paired."
+    )
     lines = [
         "### RULER: 95% intervals and paired differences",
         "",
-        "Every arm answered the same RULER samples. The first table gives each arm's Table 5 "
+        same + " The first table gives each arm's Table 5 "
         "average with its 95% sampling interval (stratified over tasks, normal approximation); "
         "the second, the difference between two arms on the same samples with its 95% "
         "interval, **bold** where the interval excludes 0. Each interval holds on its own: "

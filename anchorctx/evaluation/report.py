@@ -35,7 +35,12 @@ from anchorctx.evaluation.averaging import (
     sorted_keys,
     suite_markdown,
 )
-from anchorctx.evaluation.paired import intervals_markdown, ruler_intervals, ruler_sample_scores
+from anchorctx.evaluation.paired import (
+    intervals_markdown,
+    ruler_intervals,
+    ruler_sample_identity,
+    ruler_sample_scores,
+)
 from anchorctx.evaluation.seed_pairs import seed_cost, seed_differences, seed_differences_markdown
 from anchorctx.io import atomic_write_bytes, atomic_write_json, atomic_write_text, read_json
 
@@ -284,9 +289,15 @@ def write_experiment_report(
         else None
         for arm in arms
     }
-    intervals = ruler_intervals(samples, arms)
+    # Pairs only among arms that answered the same samples (equal evaluation fingerprints).
+    identity = {
+        arm: ruler_sample_identity(experiment_dir / arm, _suite(summaries[arm], "ruler"))
+        for arm in arms
+        if samples[arm]
+    }
+    intervals = ruler_intervals(samples, arms, identity)
     # Arms trained under several seeds (runs <arm>-s<seed>): their differences over the seeds.
-    intervals["seed_differences"] = seed_differences(samples, arms)
+    intervals["seed_differences"] = seed_differences(samples, arms, identity)
     intervals["seed_costs"] = {
         f"{d['arm']} − {d['minus']}": seed_cost(experiment_dir, d)
         for d in intervals["seed_differences"]

@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from anchorctx.evaluation.averaging import length_label, markdown_table
-from anchorctx.evaluation.paired import Z95, paired_differences, stratified_interval
+from anchorctx.evaluation.paired import Z95, paired_differences, same_samples, stratified_interval
 from anchorctx.experiment import seed_run_of
 from anchorctx.io import read_json, read_jsonl
 
@@ -145,21 +145,26 @@ def _seed_averaged(per_seed: list[dict[str, list[float]]]) -> dict[str, list[flo
 
 
 def seed_differences(
-    samples: dict[str, dict[str, dict[str, dict[str, float]]] | None], runs: list[str]
+    samples: dict[str, dict[str, dict[str, dict[str, float]]] | None],
+    runs: list[str],
+    identity: dict[str, str | None] | None = None,
 ) -> list[dict[str, Any]]:
     """Every pair of arms trained under two seeds or more: per length, each seed's paired
     difference, their mean and the interval of :func:`seed_interval`, and the seeds needed.
 
     ``samples``: :func:`anchorctx.evaluation.paired.ruler_sample_scores` per run. Pairs are
     ``later - earlier`` in ``runs`` order (the experiment's variant order), over the seeds both
-    arms have samples for."""
+    arms have samples for, answered under the same identity
+    (:func:`anchorctx.evaluation.paired.same_samples`)."""
     groups = seed_groups(runs)
     out = []
     for first, second in combinations(groups, 2):
         seeds = sorted(
             s
             for s in set(groups[first]) & set(groups[second])
-            if samples.get(groups[first][s]) and samples.get(groups[second][s])
+            if samples.get(groups[first][s])
+            and samples.get(groups[second][s])
+            and same_samples(identity, groups[first][s], groups[second][s])
         )
         if len(seeds) < 2:
             continue

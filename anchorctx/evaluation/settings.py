@@ -290,6 +290,12 @@ class EvaluationConfig(Strict):
         "heldout_eval: a long essay and 400 SQuAD paragraphs for RULER up to 16K, 400 MMLU- and "
         "HellaSwag-style items); the config's ruler/harness paths name its files.",
     )
+    data_seed: Seed | None = Field(
+        None,
+        description="Seed of the generated evaluation data (demo_fixtures, heldout_data). None: "
+        "the experiment's seed. An arm that overrides seed (variants[].seeds) gets the "
+        "experiment's here, so every arm reads the same data.",
+    )
     batch_size: int = Field(1, gt=0, description="Generation batch size.")
     engine: Literal["auto", "hf", "static"] = Field(
         "auto",

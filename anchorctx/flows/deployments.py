@@ -44,7 +44,10 @@ GPU_SMALL_SP2 = ["name=gpu-small-sp2", "training.nproc=2", "training.sequence_pa
 # hashes neither the variants nor the evaluation and analysis settings) and the base model's
 # evaluation are the ones gpu-small already made: run after gpu-small, this pretrains nothing.
 # Its report replaces runs/gpu-small/report.md (`anchorctx report configs/gpu-small.yaml`
-# writes gpu-small's back). RULER only, and no RoPE study, to fit one GPU's 25 minutes.
+# writes gpu-small's back). RULER only, and no RoPE study, to fit one GPU's 25 minutes; RULER at
+# 8K only with 224 samples per task (4x gpu-small's, about the same work as its 2K-16K x 56):
+# over gpu-small's lengths the seeds disagreed as much as the arms differ (run 10), and at 8K
+# with 4x the samples two to three seeds are the power the difference needs (run 13).
 # Arithmetic on an H100 by run 9's timings (docs/REPRODUCTION.md): 6 runs x (train 79-88 s +
 # evaluate 94-139 s; those evaluations also ran MMLU and HellaSwag) = 6 x 173-227 s =
 # 17.3-22.7 min; three packed 16K datasets (the seed orders the data; the two arms of one seed
@@ -54,6 +57,8 @@ GPU_SMALL_SEEDS = [
     "variants=[{name: intra_doc, attention: intra_doc, seeds: [1, 2, 3]},"
     " {name: anchor, attention: anchor, seeds: [1, 2, 3]}]",
     "evaluation.suites=[ruler]",
+    "evaluation.ruler.lengths=[8192]",
+    "evaluation.ruler.num_samples=224",
     "analysis.rope_precision.in_report=false",
 ]
 
@@ -68,7 +73,9 @@ GPU_SMALL_SEEDS = [
 # 80-85 s; but each arm's RULER (two shards, both on the one GPU training leaves free: ~100 s each
 # with process start and model load) takes about twice an arm's training, so the evaluations
 # queue until the last arm has trained. After 27 min one arm's evaluation was still unfinished:
-# plan ~30 min.
+# plan ~30 min. On three H200s (run 13; two evaluate while one trains) it finished in 21.4 min,
+# though every arm's RULER merge generated its samples again (the seed-dependent evaluation data
+# since fixed, evaluation.data_seed); without that repeat, less.
 GPU_SMALL_SEEDS_2GPU_NAME = "gpu-small-seeds-2gpu"
 
 

@@ -496,3 +496,41 @@ def test_row19_docker_binds_loopback_needs_a_password_and_installs_the_lock():
             assert "--no-deps" in line, f"the project must not resolve dependencies: {line}"
     assert "COPY requirements requirements" in logical
     assert any("torch.__version__ == want" in x for x in logical)  # nothing replaced torch
+
+
+# --------------------------------------------------------- inputs rewritten during a run
+def test_inputs_rewritten_during_an_evaluation_write_no_result(tmp_path, fake, capsys):
+    """Another process rewrites a suite's input file while it runs (docs/REPRODUCTION.md run 13:
+    seed arms rewriting the shared evaluation data): the evaluation fails with one line naming
+    the change and writes no result, whole or sharded; the next run, on stable data, completes
+    from fresh records."""
+    from anchorctx.evaluation import sharding
+
+    data = tmp_path / "essay.json"
+    data.write_text('{"text": "before"}')
+
+    class Rewrites(FakeSuite):
+        def __call__(self, *args, **kwargs):
+            out = super().__call__(*args, **kwargs)
+            if self.calls == 1:  # only during the first run
+                data.write_text('{"text": "after, from another seed"}')
+            return out
+
+    suite = Rewrites()
+    results.SUITES["fake"] = Suite(suite, inputs=lambda cfg: {"essay": data})
+    cfg = _cfg(tmp_path)
+    ck = save_tiny_checkpoint(cfg.run_dir / "checkpoints" / "step-000001", seed=0, step=1)
+    with pytest.raises(results.EvaluationError, match="changed while it ran") as err_info:
+        evaluate_checkpoint(cfg, ck, "fake", progress=False)
+    assert "another process rewrote them" in str(err_info.value)
+    assert not results.result_path(ck, "fake", cfg).exists()
+    out = evaluate_checkpoint(cfg, ck, "fake", progress=False)  # the data is stable now
+    result = json.loads(out.read_text())
+    assert result["samples"]["resumed"] == 0 and suite.calls == 2  # nothing of the mixed run
+    assert result["inputs"] == results.input_fingerprints(cfg, "fake")
+
+    # A shard: the same check before it reports its records as written.
+    suite.calls = 0
+    data.write_text('{"text": "before"}')
+    with pytest.raises(results.EvaluationError, match="changed while it ran"):
+        sharding.run_shard(cfg, ck, "fake", [sharding.WHOLE], 0, 1)

@@ -302,6 +302,20 @@ def evaluation_fingerprint(cfg: ExperimentConfig, suite: str) -> str:
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
 
 
+def check_unchanged(cfg: ExperimentConfig, suite: str, ident: dict[str, str]) -> None:
+    """Raise when the suite's settings or input files changed after ``ident`` was taken (at the
+    start of an evaluation): its records would mix two sample sets under one identity. The
+    content hashes are memoised on the files' signatures, so an unchanged input costs a stat."""
+    now = evaluation_fingerprint(cfg, suite)
+    if now != ident["evaluation_fingerprint"]:
+        raise EvaluationError(
+            f"suite {suite!r}: its input files or settings changed while it ran (evaluation "
+            f"fingerprint {ident['evaluation_fingerprint']} at the start, {now} now; "
+            f"inputs now {input_fingerprints(cfg, suite)}): another process rewrote them? "
+            "No result is written; run it again"
+        )
+
+
 def evaluation_code_version() -> str:
     """anchorctx's version plus a hash of the code that can change scores."""
     return code_version(SCORE_SOURCES, SCORE_NEUTRAL_SOURCES)
@@ -555,6 +569,7 @@ def _evaluate(cfg, ckpt, suite, spec, ident, out: Path, samples: Path, force, pr
     model, tokenizer = cached_model(ckpt, cfg, ident["checkpoint_hash"])
     started = time.time()
     raw = spec.runner(model, tokenizer, cfg, done=done, on_sample=on_sample, progress=progress)
+    check_unchanged(cfg, suite, ident)
     if isinstance(raw, dict) and (empty := unscored(raw)):
         raise EmptyEvaluationError(
             f"suite {suite!r} scored {', '.join(empty[:5])} from 0 items: no result is written "

@@ -40,6 +40,7 @@ from anchorctx.evaluation.results import (
     cached_model,
     check_checkpoint,
     check_inputs,
+    check_unchanged,
     evaluate_checkpoint,
     get_suite,
     identity,
@@ -225,6 +226,8 @@ def run_shard(
         on_sample=lambda rec: append_jsonl(out, rec),
         progress=progress,
     )
+    # Inputs rewritten meanwhile: fail. The file keeps the old identity, so a rerun starts over.
+    check_unchanged(cfg, suite, ident)
     if timing is not None:
         timing.update(
             setup_s=loading - start,

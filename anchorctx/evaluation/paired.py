@@ -22,6 +22,7 @@ checkpoints as its summary), so the interval is that of the number Table 5 shows
 
 from __future__ import annotations
 
+import json
 import math
 from itertools import combinations
 from pathlib import Path
@@ -76,8 +77,12 @@ def ruler_sample_identity(run_dir: str | Path, ruler_summary: dict[str, Any]) ->
     under the same keys. None when a samples file or its header is missing."""
     found = set()
     for key in _eval_keys(ruler_summary):
-        rows = read_jsonl(Path(run_dir) / "eval" / key / "ruler.samples.jsonl")
-        header = rows[0].get("__header__") if rows else None
+        path = Path(run_dir) / "eval" / key / "ruler.samples.jsonl"
+        try:
+            with path.open() as f:  # the header is the first line; the records need no reading
+                header = json.loads(f.readline() or "{}").get("__header__")
+        except (OSError, ValueError, AttributeError):
+            return None
         if not isinstance(header, dict) or not header.get("evaluation_fingerprint"):
             return None
         found.add(str(header["evaluation_fingerprint"]))

@@ -9,9 +9,12 @@ One GPU, attention variants at several lengths (step time, tokens/s, MFU, peak m
     python bench/training.py --lengths 32768 65536 131072 --out training-1gpu.json
 
 Sequence-parallel scaling at a fixed per-GPU load (SP = number of processes; compare with the
-one-GPU numbers at the same per-GPU length):
+one-GPU numbers at the same per-GPU length). Give each rank its share of the host's cores, as
+``anchorctx train`` does: torchrun's default of one thread a rank starves an offloaded
+optimizer (docs/PERFORMANCE.md section 8):
 
-    torchrun --nproc-per-node 4 bench/training.py --per-gpu-tokens 32768 --out sp4.json
+    OMP_NUM_THREADS=$(( $(nproc) / 4 )) torchrun --nproc-per-node 4 bench/training.py \
+        --per-gpu-tokens 32768 --out sp4.json
 
 Memory of a full-depth model: measure two depths and extrapolate linearly in depth
 (``--layers 2 4 --extrapolate-layers 32``; assumption: per-layer memory — parameters, optimiser
@@ -55,8 +58,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from anchorctx.demo.synthetic import SMOKE, VOCAB, WIDTH_7B, synthetic_row  # noqa: E402
 from anchorctx.experiment import config_from_dict, load_config  # noqa: E402
 from anchorctx.models.loading import load_model  # noqa: E402
+from anchorctx.training import determinism, memory_choice  # noqa: E402
 from anchorctx.training import memory as MM  # noqa: E402
-from anchorctx.training import memory_choice  # noqa: E402
 from anchorctx.training import metrics as M  # noqa: E402
 from anchorctx.training.data import StepData, shard_rows  # noqa: E402
 from anchorctx.training.engine import (  # noqa: E402
@@ -118,6 +121,7 @@ def make_config(args, layers: int, seq_len: int, world: int):
             "device": DEVICE,
             "engine": args.engine,
             "kernels": args.kernels,
+            "deterministic": args.deterministic,
             "precision": "bf16",
             "zero_stage": args.zero_stage,
             "activation_checkpointing": True,
@@ -273,6 +277,7 @@ def measure(engine, par, variant: str, seq_len: int, rank: int, args, cfg) -> di
         "variant": variant,
         "engine": par.engine,
         "kernels": cfg.training.kernels,
+        "deterministic": cfg.training.deterministic,
         "zero_stage": par.zero_stage,
         "step_time_s": round(dt, 4),
         "tokens_per_s": round(seq_len / dt, 1),
@@ -291,6 +296,13 @@ def measure(engine, par, variant: str, seq_len: int, rank: int, args, cfg) -> di
 
 
 def run(args) -> list[dict]:
+    """Every depth's rows; with ``--deterministic`` inside the training loop's own deterministic
+    mode (torch's deterministic algorithms, cuDNN without autotuning, cuBLAS' fixed workspace)."""
+    with determinism.deterministic_mode(args.deterministic, args.seed):
+        return _run(args)
+
+
+def _run(args) -> list[dict]:
     # The launcher's allocator setting (unless set) is read at the first CUDA allocation: first.
     note = cuda_allocator_settings(DEVICE, os.environ) if args.defaults else None
     if note and os.environ.get("RANK", "0") == "0":  # every rank sets it; rank 0 says so
@@ -463,6 +475,12 @@ def main() -> int:
     p.add_argument("--steps", type=int, default=3, help="Timed steps (median reported).")
     p.add_argument("--warmup", type=int, default=2, help="Untimed steps (compilation).")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--deterministic",
+        action="store_true",
+        help="training.deterministic: deterministic kernels (and engines with a deterministic "
+        "backward), as a reproducible run trains.",
+    )
     p.add_argument("--peak-tflops", type=float, default=None)
     p.add_argument("--extrapolate-layers", type=int, default=None)
     p.add_argument("--out", type=Path, default=None)

@@ -68,3 +68,38 @@ def test_declared_deterministic_backward_is_bit_identical(engine, variant):
         second = _once(engine, layout, q, k, v, grad)
     for name, a, b in zip(("out", "dq", "dk", "dv"), first, second, strict=True):
         assert torch.equal(a, b), f"{engine} {variant}: {name} differs between two runs"
+
+
+def test_fused_kernels_backward_is_bit_identical():
+    """``training.kernels: liger`` under the deterministic mode: Liger-Kernel's RMSNorm (its
+    weight gradient summed from per-block partials) and SwiGLU give bit-identical gradients in
+    two runs, at gpu-small's width (hidden 1024) on 16K tokens."""
+    pytest.importorskip("liger_kernel")
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from anchorctx.training.kernels import use_kernels
+
+    config = LlamaConfig(
+        hidden_size=1024,
+        intermediate_size=2816,
+        num_attention_heads=16,
+        num_key_value_heads=8,
+        num_hidden_layers=2,
+        vocab_size=1024,
+        attn_implementation="sdpa",
+    )
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(config).to("cuda", torch.bfloat16)
+    assert use_kernels(model, "liger") > 0
+    ids = torch.randint(0, config.vocab_size, (1, T), device="cuda", generator=None)
+
+    def grads() -> list[torch.Tensor]:
+        model.zero_grad(set_to_none=True)
+        model(input_ids=ids, labels=ids).loss.backward()
+        return [p.grad.clone() for p in model.parameters()]
+
+    with deterministic_mode(True, seed=0):
+        first, second = grads(), grads()
+    names = [n for n, _ in model.named_parameters()]
+    for name, a, b in zip(names, first, second, strict=True):
+        assert torch.equal(a, b), f"liger: the gradient of {name} differs between two runs"

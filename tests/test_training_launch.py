@@ -144,3 +144,23 @@ def test_cuda_training_sets_expandable_segments_unless_the_user_chose():
     assert mine == {"PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb:512"}
     cpu: dict[str, str] = {}
     assert cuda_allocator_settings("cpu", cpu) is None and cpu == {}
+
+
+def test_cuda_ranks_share_the_host_cores_unless_the_user_chose():
+    from anchorctx.training.launch import host_threads_settings
+
+    env: dict[str, str] = {}
+    note = host_threads_settings("cuda", 2, env, cores=64)
+    assert env == {"OMP_NUM_THREADS": "32"}
+    assert note and "OMP_NUM_THREADS=32 a rank (64 cores, 2 ranks" in note
+    few: dict[str, str] = {}
+    host_threads_settings("cuda", 8, few, cores=6)  # more ranks than cores: one each
+    assert few == {"OMP_NUM_THREADS": "1"}
+    mine = {"OMP_NUM_THREADS": "4"}
+    assert (
+        host_threads_settings("cuda", 2, mine, cores=64) is None and mine["OMP_NUM_THREADS"] == "4"
+    )
+    # One rank keeps torch's own default (every core); CPU ranks keep torchrun's 1.
+    for device, nproc in (("cuda", 1), ("cpu", 2)):
+        env = {}
+        assert host_threads_settings(device, nproc, env, cores=64) is None and env == {}

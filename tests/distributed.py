@@ -7,11 +7,17 @@ process group itself: gloo on CPU, NCCL on GPUs).
 
     run_distributed(worker, 2, tmp_path)
 
-Each rank is a fresh spawned interpreter with ``RANK``/``WORLD_SIZE``/``LOCAL_RANK``/
-``MASTER_ADDR``/``MASTER_PORT`` set (what torchrun would set), so library code that initialises
-its own process group runs unchanged; a failing rank's traceback is re-raised in the test.
-Fresh interpreters also keep process-global state (DeepSpeed groups, the Ulysses attention
-registration) out of the pytest process.
+Each rank is a fresh interpreter with ``RANK``/``WORLD_SIZE``/``LOCAL_RANK``/
+``MASTER_ADDR``/``MASTER_PORT`` set (what torchrun would set) and the test process' environment,
+so library code that initialises its own process group runs unchanged; a failing rank's
+traceback is re-raised in the test. Fresh interpreters also keep process-global state
+(DeepSpeed groups, the Ulysses attention registration) out of the pytest process.
+
+A rank is forked from multiprocessing's fork server, which imported ``PRELOAD`` once (started
+on first use, one per pytest process, idle in between): a spawned interpreter spent ~8 s of
+CPU importing them, for every rank of every run (five ranks in tests/test_training_sp.py).
+The server only imports: no model, process group or DeepSpeed state exists in it, so each
+rank starts as clean as a spawned one.
 """
 
 from __future__ import annotations
@@ -26,9 +32,27 @@ from anchorctx.process import free_port
 
 # DeepSpeed JIT-builds a shared-memory comm op on CPU (~40 s); build it once per cache dir.
 _EXT_ENV = "TORCH_EXTENSIONS_DIR"
+# What every rank imports (CPU seconds on two cores): torch (~1.8), the torch.compile machinery
+# (~2.7) that DeepSpeed's ZeRO optimizer check imports (deepspeed/runtime/zero/muon), and
+# transformers' modelling code (~3.5); pytest, for this module. Not DeepSpeed itself (~0.3 s
+# after these): a rank imports it through anchorctx, which chooses its accelerator and op cache
+# first, as in a spawned interpreter.
+PRELOAD = (
+    "torch",
+    "torch._dynamo",
+    "torch._inductor.compile_fx",
+    "transformers.modeling_utils",
+    "transformers.models.llama.modeling_llama",
+    "pytest",
+)
 
 
 def _entry(rank: int, fn: Callable, world: int, port: int, env: dict, args: tuple) -> None:
+    import torch
+
+    # The test process' environment, as a spawned interpreter would inherit it (a forked rank
+    # has the fork server's, from when the server started).
+    os.environ.clear()
     os.environ.update(env)
     os.environ.update(
         RANK=str(rank),
@@ -39,20 +63,26 @@ def _entry(rank: int, fn: Callable, world: int, port: int, env: dict, args: tupl
         MASTER_PORT=str(port),
         OMP_NUM_THREADS="1",
     )
+    # torch read OMP_NUM_THREADS when the server imported it: one intra-op thread a rank, set
+    # here (ranks that each spread small ops over every core contend for the cores).
+    torch.set_num_threads(1)
     fn(rank, world, *args)
 
 
 def run_distributed(fn: Callable[..., None], world: int, *args: Any, timeout_s: int = 600) -> None:
-    """Run ``fn(rank, world, *args)`` on ``world`` spawned processes and wait for all."""
+    """Run ``fn(rank, world, *args)`` on ``world`` fresh processes and wait for all."""
+    import multiprocessing
+
     import torch.multiprocessing as mp
 
-    env = {k: v for k, v in os.environ.items() if k == _EXT_ENV}
+    # Takes effect when the server starts (the first call in this process).
+    multiprocessing.get_context("forkserver").set_forkserver_preload(list(PRELOAD))
     ctx = mp.start_processes(
         _entry,
-        args=(fn, world, free_port(), env, args),
+        args=(fn, world, free_port(), dict(os.environ), args),
         nprocs=world,
         join=False,
-        start_method="spawn",
+        start_method="forkserver",
     )
     import time
 

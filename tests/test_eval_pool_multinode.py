@@ -70,12 +70,6 @@ def _in(hosts, node: int, cmd: list[str], env: dict, log: Path) -> subprocess.Po
 def test_shards_run_on_both_hosts_and_equal_one_process(tmp_path, demo_corpus):
     if reason := netns.unavailable():
         pytest.skip(reason)
-    # One length: two units, one a host.
-    cfg, ckpt = _cfg(tmp_path, demo_corpus, "pool", lengths=LENGTHS[:1])
-    cfg = cfg.model_copy(deep=True)
-    cfg.evaluation.work_pool, cfg.evaluation.shards = "anchorctx-test", 2
-    cfg_json = tmp_path / "pool.json"
-    cfg_json.write_text(cfg.model_dump_json())
 
     with netns.two_hosts() as hosts:
         port = free_port()
@@ -114,7 +108,14 @@ def test_shards_run_on_both_hosts_and_equal_one_process(tmp_path, demo_corpus):
             )
         ]
         try:
-            # One process alone: the reference records and scores, while the server starts.
+            # While the server starts (~10 s of CPU: it migrates its new database), the pool's
+            # config and checkpoint, then one process alone: the reference records and scores.
+            # One length: two units, one a host.
+            cfg, ckpt = _cfg(tmp_path, demo_corpus, "pool", lengths=LENGTHS[:1])
+            cfg = cfg.model_copy(deep=True)
+            cfg.evaluation.work_pool, cfg.evaluation.shards = "anchorctx-test", 2
+            cfg_json = tmp_path / "pool.json"
+            cfg_json.write_text(cfg.model_dump_json())
             ref_cfg, ref_ckpt = _cfg(tmp_path, demo_corpus, "alone", lengths=LENGTHS[:1])
             ref = results.load_result(
                 results.evaluate_checkpoint(ref_cfg, ref_ckpt, "ruler", progress=False)

@@ -262,10 +262,16 @@ def test_write_pretrain_corpus_with_task_format_documents(demo_corpus, tmp_path)
     """task_format_documents > 0 writes FILES task_format_<i>.jsonl files with that many
     documents, records the parameters, and a second identical call reuses the corpus."""
     out = tmp_path / "c"
+    # Six fill the first two tasks' cells (documents go to the cells task by task, one at each
+    # of the three lengths): niah_single_1 (noise haystack) and niah_single_2 (essay haystack),
+    # so the call with workers below still runs two generation jobs in its two processes, and
+    # every file gets documents. Twelve added two more essay-haystack tasks: both processes then
+    # imported NLTK's sentence splitter (~3 s of CPU each) and generated twice as much.
+    count = 6
     kw = {
         "seed": 1,
         "documents": 10,
-        "task_format_documents": 12,
+        "task_format_documents": count,
         "tokenizer": demo_corpus.tokenizer_dir,
         "seq_len": SEQ_LEN,
     }
@@ -274,7 +280,7 @@ def test_write_pretrain_corpus_with_task_format_documents(demo_corpus, tmp_path)
     formatted = sorted(data.glob("task_format_*.jsonl"))
     assert [f.name for f in formatted] == [f"task_format_{i}.jsonl" for i in range(pc.FILES)]
     rows = _lines(formatted)
-    assert len(rows) == 12
+    assert len(rows) == count
     assert {r["meta"]["redpajama_set_name"] for r in rows} == {pc.DOMAIN}
     assert all(
         "special magic" in r["text"] or "VAR " in r["text"] or "coded" in r["text"] for r in rows
@@ -283,12 +289,12 @@ def test_write_pretrain_corpus_with_task_format_documents(demo_corpus, tmp_path)
     assert len(plain) == pc.FILES and len(_lines(plain)) == 10
     marker = json.loads((out / "pretrain.json").read_text())
     task_format = marker["params"]["task_format"]
-    assert task_format["documents"] == 12 and task_format["seq_len"] == SEQ_LEN
+    assert task_format["documents"] == count and task_format["seq_len"] == SEQ_LEN
     assert re.fullmatch(r"[0-9a-f]{16}", task_format["tokenizer"])
     assert marker["params"]["version"] == pc.PRETRAIN_CORPUS_VERSION
     assert "english_share" not in task_format  # the default: the corpus' identity is unchanged
-    assert sum(marker["kinds"].values()) == 22
-    assert sum(marker["kinds"].get(t, 0) for t in pc.TASK_FORMAT_TASKS) == 12
+    assert sum(marker["kinds"].values()) == 10 + count
+    assert sum(marker["kinds"].get(t, 0) for t in pc.TASK_FORMAT_TASKS) == count
     # Written with workers (the five kinds in a side process meanwhile): the same files.
     pc.write_pretrain_corpus(tmp_path / "w", **kw, workers=2)
     for f in sorted(data.glob("*.jsonl")):

@@ -68,7 +68,6 @@ def _step_outputs(
     of :func:`_wrapped_then_loaded` (its failure is recorded, not raised)."""
     import traceback
 
-    import deepspeed
     import torch.distributed as dist
     import yaml
 
@@ -76,6 +75,7 @@ def _step_outputs(
     from anchorctx.models.loading import load_model
     from anchorctx.packing import load_packed
     from anchorctx.training.data import BatchPlan
+    from anchorctx.training.deepspeed_env import import_deepspeed
     from anchorctx.training.engine import (
         build_engine,
         init_distributed,
@@ -90,6 +90,10 @@ def _step_outputs(
 
     cfg = config_from_dict(yaml.safe_load(cfg_yaml))
     init_distributed("cpu")
+    # DeepSpeed as training loads it: imported by init_distributed, after its accelerator was
+    # chosen and without MLflow (a plain `import deepspeed` first also imported MLflow, ~1.5 s
+    # of CPU a rank, for its autotuner).
+    deepspeed = import_deepspeed()
     base = plan_parallelism(cfg, world=world)
     pre = preflight(cfg, base, data_dir=Path(data_dir))
     dataset, _ = load_packed(pre.data_dir)
@@ -214,7 +218,7 @@ def sp2(tiny_config, packed_demo, tmp_path_factory, torch_extensions) -> dict:  
     """SP=2 on two processes, computed once: first the Ulysses wrapper check of
     test_ulysses_wrapper_survives_a_later_model_load (the first model loads of the fresh
     interpreters), then the step outputs test_sp2_and_dp2_equal_one_process compares (the same
-    config and process group: one spawn and DeepSpeed set-up less than one each)."""
+    config and process group: one process start and DeepSpeed set-up less than one each)."""
     out = tmp_path_factory.mktemp("sp2") / "sp2.pt"
     return _run(tiny_config, packed_demo, sp=2, world=2, out=out, ulysses_first=True)
 

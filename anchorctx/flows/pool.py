@@ -6,8 +6,9 @@ deployment and then runs ``prefect worker start --type process --limit 1``: the 
 flow run per worker is the GPU slot. With ``evaluation.work_pool`` set, the evaluate flow splits
 each (checkpoint, suite) pair into shards (:mod:`anchorctx.evaluation.sharding`), submits each as
 a run of that deployment and waits; Prefect hands the runs to whichever workers are free, on
-any node. The merge that writes ``<suite>.json`` runs on the pool too (it may load the model to
-generate what a failed shard left), so the flow's own process needs no GPU.
+any node. The shard that completes a pair merges it and writes ``<suite>.json`` (its model is
+loaded already); a merge run is left, on the pool too, only where none did (it may load the model
+to generate what a failed shard left), so the flow's own process needs no GPU.
 
 Shards write their records next to the checkpoint, so ``run_root`` (and the config JSON written
 under it) must be on a filesystem every node mounts. Records merge sorted by key: the result
@@ -28,7 +29,7 @@ from urllib.parse import urlparse
 from prefect import flow, get_run_logger
 
 from anchorctx.evaluation.results import result_path
-from anchorctx.evaluation.sharding import plan_shards, prepare
+from anchorctx.evaluation.sharding import is_done, plan_shards, prepare
 from anchorctx.experiment import ExperimentConfig
 from anchorctx.flows.sharded import config_file
 from anchorctx.process import run_process_group
@@ -70,12 +71,15 @@ def evaluate_shard_flow(
     index: int | None = None,
     count: int = 1,
     units: list[str] | None = None,
+    merge: bool = False,
 ) -> str:
-    """One shard of one evaluation (or, with ``index=None``, the merge), on this worker's GPU."""
+    """One shard of one evaluation (or, with ``index=None``, the merge), on this worker's GPU.
+    ``merge``: the shard that completes the evaluation merges it in its own process, where the
+    model is loaded already."""
     logger = get_run_logger()
     node = node_address()
     shard = None if index is None else (index, count)
-    cmd = shard_command(config_json, checkpoint, suite, shard=shard, units=units or [])
+    cmd = shard_command(config_json, checkpoint, suite, shard=shard, units=units or [], merge=merge)
     logger.info("%s on %s", "merge" if shard is None else f"shard {index + 1}/{count}", node)
     lines: list[str] = []
 
@@ -153,6 +157,7 @@ def evaluate_on_pool(
                 "index": i,
                 "count": len(plan),
                 "units": units,
+                "merge": True,
             }
             for c, s in todo
             for plan in [plan_shards(cfg, s, count)]
@@ -160,7 +165,13 @@ def evaluate_on_pool(
         ]
         logger.info("%d pairs to evaluate: %d shards on work pool %r", len(todo), len(shards), pool)
         _run_all(pool, shards)  # each shard's log says which node ran it
-        _run_all(pool, [{"config_json": config_json, "checkpoint": c, "suite": s} for c, s in todo])
+        # The shard that completed a pair merged it already; a merge run is left only where
+        # that did not happen (e.g. shards resumed from another attempt's records).
+        merges = [(c, s) for c, s in todo if not is_done(cfg, c, s)]
+        if merges:
+            _run_all(
+                pool, [{"config_json": config_json, "checkpoint": c, "suite": s} for c, s in merges]
+            )
     return [str(result_path(c, s, cfg)) for c, s in pairs]
 
 

@@ -30,7 +30,8 @@ import os
 from collections.abc import Iterator, MutableMapping
 from typing import Any
 
-import torch
+# torch is imported by the functions that use it: the launcher calls environment() on every
+# node, and a node that only starts torchrun never needs torch itself (~2 s of imports).
 
 # ":4096:8": eight 4 MiB cuBLAS workspaces (":16:8", the other value cuBLAS documents as
 # deterministic, is smaller and can be slower).
@@ -61,6 +62,8 @@ def deterministic_mode(deterministic: bool, seed: int) -> Iterator[None]:
     if not deterministic:
         yield
         return
+    import torch
+
     environment(True, os.environ)  # a caller that did not go through the launcher
     cudnn = torch.backends.cudnn
     before = (
@@ -82,6 +85,8 @@ def deterministic_mode(deterministic: bool, seed: int) -> Iterator[None]:
 def record(deterministic: bool) -> dict[str, Any]:
     """The run manifest's ``deterministic`` entry: what was asked for and what was in force
     when the run directory was prepared (inside :func:`deterministic_mode`)."""
+    import torch
+
     return {
         "requested": deterministic,
         "torch_deterministic_algorithms": torch.are_deterministic_algorithms_enabled(),

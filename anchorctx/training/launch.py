@@ -41,16 +41,7 @@ from anchorctx.config import dump_config
 from anchorctx.experiment import ExperimentConfig
 from anchorctx.io import atomic_write_json, move_aside
 from anchorctx.process import free_port, run_process_group
-from anchorctx.training import checkpoints as ckpt
 from anchorctx.training import determinism, memory_choice
-from anchorctx.training.loop import (
-    Prepared,
-    check_resume_data,
-    preflight,
-    restart_state,
-    run_lock,
-    train,
-)
 from anchorctx.training.nodes import NodeSpec, rendezvous_args, resolve_nodes
 from anchorctx.training.plan import (
     Parallelism,
@@ -110,6 +101,18 @@ def launch(
         # recovers and checks the resume state and prepares the data; this node's workers check
         # the restart state inside the job, after node 0 is done (loop.train).
         return _launch_group(cfg, par, resume, None, nodes, lock_fd=None)
+    # Imported here, past the other nodes' return: the run directory's work below needs torch
+    # and transformers (~4 s of imports), which a node that only starts torchrun never uses.
+    from anchorctx.training import checkpoints as ckpt
+    from anchorctx.training.loop import (
+        Prepared,
+        check_resume_data,
+        preflight,
+        restart_state,
+        run_lock,
+        train,
+    )
+
     with run_lock(cfg) as lock:
         if prepare_inputs is not None:
             prepare_inputs(cfg)

@@ -21,6 +21,7 @@ from anchorctx.models.checkpoints import list_checkpoints
 from anchorctx.process import run_process_group
 from anchorctx.tasks.artifacts import Progress, artifact_key
 from anchorctx.tasks.caching import train_cache_key
+from anchorctx.training.run_dir import run_lock
 
 
 def train_command(config_path: Path, *, resume: bool) -> list[str]:
@@ -85,9 +86,6 @@ def train_task(
     back if it does not. ``gpus``: the device ids the child may use (``CUDA_VISIBLE_DEVICES``;
     default: every visible GPU).
     """
-    # Imported here: the training loop imports torch, which the flow process otherwise skips.
-    from anchorctx.training.loop import run_lock
-
     logger = get_run_logger()
     run_dir = cfg.run_dir
     # The renames below happen while holding the run directory's lock (released just before

@@ -49,6 +49,7 @@ from anchorctx.training.plan import (
     plan_parallelism,
     processes_per_node,
 )
+from anchorctx.training.run_dir import run_lock
 
 LAUNCH_CONFIG = ".launch-config.yaml"
 # torchrun (``torch.distributed.run``) with its stop-by-signal traceback folded into one line.
@@ -109,7 +110,6 @@ def launch(
         check_resume_data,
         preflight,
         restart_state,
-        run_lock,
         train,
     )
 

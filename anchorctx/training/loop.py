@@ -32,7 +32,6 @@ from tqdm import tqdm
 from anchorctx.config import dump_config
 from anchorctx.experiment import ExperimentConfig
 from anchorctx.io import (
-    WriterLock,
     append_jsonl,
     atomic_write_json,
     atomic_write_text,
@@ -80,6 +79,7 @@ from anchorctx.training.plan import (
     padded_length,
     plan_parallelism,
 )
+from anchorctx.training.run_dir import run_lock
 from anchorctx.training.settings import TrainingConfig
 from anchorctx.training.step import loss_function, train_step
 from anchorctx.training.tiling import (
@@ -206,11 +206,6 @@ def _train_ranks(
         return _train(run)
     finally:
         shutdown_distributed()
-
-
-def run_lock(cfg: ExperimentConfig) -> WriterLock:
-    """The writer lock of the run directory (``.<variant>.lock`` beside it)."""
-    return WriterLock.beside(cfg.run_dir, f"run directory {cfg.run_dir}")
 
 
 def _prepare_rank(

@@ -91,7 +91,7 @@ def test_fused_kernels_backward_is_bit_identical():
     torch.manual_seed(0)
     model = LlamaForCausalLM(config).to("cuda", torch.bfloat16)
     assert use_kernels(model, "liger") > 0
-    ids = torch.randint(0, config.vocab_size, (1, T), device="cuda", generator=None)
+    ids = torch.randint(0, config.vocab_size, (1, T), device="cuda")
 
     def grads() -> list[torch.Tensor]:
         model.zero_grad(set_to_none=True)

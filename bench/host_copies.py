@@ -3,10 +3,10 @@
 With ``training.memory.offload_optimizer`` every step sends the fp32 gradients down to the host
 (4 bytes per parameter) and the updated bf16 weights back up (2 bytes per parameter); DeepSpeed
 runs these copies from pageable memory (``pin_memory: false``, see
-anchorctx/training/deepspeed_env.py). This measures what a copy of each kind costs from
-pageable and from pinned memory, and what making a pinned copy of a buffer costs (``pin_memory``:
-a page-locked allocation and one copy into it), so the
-seconds a 7B step could save are arithmetic rather than a guess:
+anchorctx/training/deepspeed_env.py). This measures what a copy of each kind costs from pageable
+and from pinned memory, and what making a pinned copy of a buffer costs (``pin_memory``: a
+page-locked allocation and one copy into it), so the seconds a 7B step could save are
+arithmetic rather than a guess:
 
     python bench/host_copies.py --gib 1 4 --out host-copies.json
 

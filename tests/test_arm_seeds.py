@@ -14,7 +14,7 @@ from anchorctx.config import ConfigError
 from anchorctx.evaluation.averaging import summarize_run
 from anchorctx.evaluation.paired import Z95
 from anchorctx.evaluation.seed_pairs import (
-    Z80,
+    _cornish_fisher,
     run_seconds,
     seed_differences,
     seed_differences_markdown,
@@ -22,6 +22,7 @@ from anchorctx.evaluation.seed_pairs import (
     seed_interval,
     seeds_needed,
     t95,
+    t_quantile,
 )
 from anchorctx.experiment import config_from_dict, load_config, seed_run_name, seed_run_of
 
@@ -173,13 +174,24 @@ def test_gpu_small_seeds_preset_keeps_gpu_small_base():
 
 
 # ---------------------------------------------------------------------------- the statistics
-def test_t95_table_and_expansion():
-    assert t95(2) == pytest.approx(4.302652729749462)
-    assert t95(30) == pytest.approx(2.0422724563012378)
-    assert t95(60) == pytest.approx(2.000297822014, abs=1e-4)
+def test_t_quantiles_exact_and_expanded():
+    # Published two-sided 95% points, and the 80% point at 2 degrees of freedom in closed form:
+    # t_p = (2p - 1) sqrt(2 / (4 p (1 - p))) = 0.6 sqrt(3.125); at 1, tan(pi (p - 1/2)).
+    assert t95(1) == pytest.approx(12.706204736174694, rel=1e-12)
+    assert t95(2) == pytest.approx(4.302652729749462, rel=1e-12)
+    assert t95(30) == pytest.approx(2.0422724563012378, rel=1e-12)
+    assert t95(60) == pytest.approx(2.000297822014, abs=1e-9)
+    assert t_quantile(0.8, 2) == pytest.approx(0.6 * math.sqrt(3.125), rel=1e-12)
+    assert t_quantile(0.8, 1) == pytest.approx(math.tan(math.pi * 0.3), rel=1e-12)
+    # Where the expansion takes over (above 200 degrees of freedom) it agrees with the exact
+    # sum to 1e-6; the published t_.975 at 200 is 1.971896.
+    for p in (0.8, 0.975):
+        assert _cornish_fisher(p, 200) == pytest.approx(t_quantile(p, 200), abs=1e-6)
+    assert t95(200) == pytest.approx(1.971896, abs=1e-6)
     assert t95(10**6) == pytest.approx(Z95, abs=1e-5)
-    with pytest.raises(ValueError):
-        t95(0)
+    for bad in ((0.975, 0), (0.4, 5), (1.0, 5)):
+        with pytest.raises(ValueError):
+            t_quantile(*bad)
 
 
 def test_seed_interval_by_hand():
@@ -199,15 +211,22 @@ def test_seed_interval_by_hand():
 
 
 def test_seeds_needed_by_hand():
-    """se* = 3 / (z.975 + z.8) = 1.07083, se*^2 = 1.14668; sd^2 = 7."""
-    target = (3 / (Z95 + Z80)) ** 2
-    assert target == pytest.approx(1.14668, abs=1e-4)
-    # se_samples^2 = 0.25 < se*^2: ceil(7 / (1.14668 - 0.25)) = ceil(7.807) = 8 seeds.
-    assert seeds_needed(3.0, math.sqrt(7), 0.5) == {"seeds": 8, "samples_factor": 1}
-    # se_samples^2 = 4 >= se*^2: ceil(14 / 1.14668) = 13 seeds, ceil(8 / 1.14668) = 7x samples.
-    assert seeds_needed(-3.0, math.sqrt(7), 2.0) == {"seeds": 13, "samples_factor": 7}
+    """S seeds and k x the samples are enough when |m| >= (t.975 + t.8)(S - 1) se(S, k),
+    se(S, k)^2 = sd^2 / S + se_samples^2 / k; the cheapest by S (1 + k)."""
+    a = t95(9) + t_quantile(0.8, 9)  # 3.1456
+    b = t95(10) + t_quantile(0.8, 10)  # 3.1072
+    # m = 3, sd^2 = 7, se_samples^2 = 0.25: 10 seeds give 3.1456 * sqrt(0.95) = 3.07 > 3, 11
+    # give 3.1072 * sqrt(7/11 + 0.25) = 2.92; 10 seeds with 2x samples (30) cost more than 22.
+    assert a * math.sqrt(0.95) > 3 > b * math.sqrt(7 / 11 + 0.25)
+    assert seeds_needed(3.0, math.sqrt(7), 0.5) == {"seeds": 11, "samples_factor": 1}
+    # se_samples^2 = 4: no number of seeds is enough at 1x (3 < (t.975 + t.8)_inf * 2 = 5.6).
+    assert seeds_needed(-3.0, math.sqrt(7), 2.0) == {"seeds": 15, "samples_factor": 8}
     assert seeds_needed(3.0, 0.0, 0.0) == {"seeds": 2, "samples_factor": 1}
     assert seeds_needed(0.0, 1.0, 1.0) is None
+    # Run 14's anchor − intra_doc at 8K (docs/REPRODUCTION.md): three seeds whose interval held
+    # 0. The normal formula said 2 seeds; with t, 5 (3 seeds: 5.36 x 0.326 = 1.75 > 1.23).
+    assert seeds_needed(1.23, 0.32, 0.27) == {"seeds": 5, "samples_factor": 1}
+    assert seeds_needed(0.01, 1.0, 1.0) == {"seeds": None, "samples_factor": None}
 
 
 def _by_length(per_length: dict[str, list[float]]) -> dict:
@@ -252,9 +271,10 @@ def test_seed_differences_by_hand():
     assert two["se"] ** 2 == pytest.approx(11875 / 27)
     assert two["half_width"] == pytest.approx(4.302652729749462 * math.sqrt(11875 / 27))
     assert not two["excludes_zero"]
-    # se*^2 = (100/3 / 2.80159)^2 = 141.57 <= se_samples^2 = 370.4: the budget split in two,
-    # ceil(2 * 208.33 / 141.57) = 3 seeds and ceil(2 * 370.4 / 141.57) = 6x the samples.
-    assert two["needed"] == {"seeds": 3, "samples_factor": 6}
+    # sd^2 = 208.3, se_samples^2 = 370.4: 6 seeds and 7x the samples give (2.5706 + 0.9195) x
+    # sqrt(208.3/6 + 370.4/7) = 32.7 <= 33.3 (5 seeds: 36.2); 8 seeds and 5x tie at 48 seed-
+    # evaluations, and fewer seeds win the tie.
+    assert two["needed"] == {"seeds": 6, "samples_factor": 7}
     four = diff["lengths"]["4096"]
     assert four["mean"] == 100.0 and four["half_width"] == 0.0 and four["excludes_zero"]
     # A seed one arm lacks is left out; one seed left is no pair.
@@ -332,18 +352,27 @@ def test_report_section_from_result_files(tmp_path):
         _write_run(exp / f"intra_doc-s{s}", {"2048": INTRA["2048"]}, 80.0, 100.0)
         _write_run(exp / f"anchor-s{s}", {"2048": ANCHOR[s]["2048"]}, 80.0, 100.0)
     assert run_seconds(exp / "anchor-s1") == {"train_s": 80.0, "eval_s": 100.0}
+    # A sharded evaluation's result: its own duration_s is the merge's; process_s, every
+    # process's seconds, is what it cost.
+    sharded = exp / "anchor-s1" / "eval" / "step-000050" / "ruler.json"
+    sharded.write_text(
+        json.dumps(json.loads(sharded.read_text()) | {"duration_s": 0.01, "process_s": 140.0})
+    )
+    assert run_seconds(exp / "anchor-s1") == {"train_s": 80.0, "eval_s": 140.0}
+    sharded.write_text(json.dumps(json.loads(sharded.read_text()) | {"process_s": 100.0}))
     assert run_seconds(exp / "nothing") is None
     md = write_experiment_report(exp, RUNS)["markdown"]
     assert "### RULER: 95% intervals and paired differences" in md  # every run an arm there
     assert "| anchor-s3 − intra_doc-s3 | +50.0 [-6.6, +106.6] |" in md
     assert "#### anchor − intra_doc (3 seeds)" in md
     assert "| ± (smallest difference that excludes 0) | 90.2 |" in md
-    assert "| seeds for 80% power | 3, and 6× samples |" in md
+    assert "| seeds for 80% power | 6, and 7× samples |" in md
     assert "**anchor − intra_doc: the difference does not exclude 0 at any length** over 3 " in md
     assert "smaller than 90.2 points" in md
-    # 3 seeds are enough but 6x the samples are needed: the 3 seeds of both arms evaluated again
-    # on them, 3 * 2 * (6 - 1) * 100 s = 50 GPU-minutes; one seed of the pair, 2 * 180 s = 6.0.
-    assert "2K: 3 seeds and 6× the RULER samples per task (0 more seeds of both arms, 50 " in md
+    # 6 seeds and 7x the samples: 3 more seeds of both arms, 3 * 2 * (80 + 7 * 100) s, and the
+    # 3 seeds run evaluated again on the larger set, 3 * 2 * (7 - 1) * 100 s: 8280 s = 138
+    # GPU-minutes; one seed of the pair, 2 * 180 s = 6.0.
+    assert "2K: 6 seeds and 7× the RULER samples per task (3 more seeds of both arms, 138 " in md
     assert "one seed of the pair cost 6.0 GPU-minutes here, 80 s training and 100 s " in md
     report = json.loads((exp / "report.json").read_text())
     (diff,) = report["ruler_intervals"]["seed_differences"]

@@ -122,6 +122,20 @@ def test_sharded_equals_unsharded_and_resumes(tmp_path, demo_corpus):
     samples = dict(got["samples"])
     assert len(samples.pop("sha256")) == 64  # the records' hash, checked by cached re-runs
     assert samples == {"resumed": 8, "new": 0, "file": "ruler.samples.jsonl"}
+    # What the records cost: every process that generated them, not the merge's own moment
+    # (duration_s). Four processes: shard 0 of 3, both shards of 2, and the merge.
+    log = read_jsonl(results.time_log_path(results.samples_path(ckpt, "ruler")))
+    assert [r["process"] for r in log] == [
+        "shard 0 of 3",
+        "shard 0 of 2",
+        "shard 1 of 2",
+        "evaluate",
+    ]
+    assert sum(r["records"] for r in log) == 8 and log[-1]["records"] == 0
+    spent = sum(v for r in log for k, v in r.items() if k.endswith("_s"))
+    assert got["processes"] == 4 and got["process_s"] == pytest.approx(spent, abs=1e-3)
+    assert got["process_s"] > got["duration_s"]
+    assert ref["processes"] == 1 and ref["process_s"] >= ref["duration_s"]
     for field in ("scores", "counts", "not_run", "checkpoint_hash", "evaluation_fingerprint"):
         assert got[field] == ref[field], field
     assert _sorted_records(results.samples_path(ckpt, "ruler")) == ref_records
@@ -133,6 +147,7 @@ def test_sharded_equals_unsharded_and_resumes(tmp_path, demo_corpus):
     # force restarts from nothing.
     assert sharding.prepare(cfg, ckpt, "ruler", force=True) and not out.exists()
     assert read_jsonl(results.samples_path(ckpt, "ruler"))[1:] == []
+    assert not results.time_log_path(results.samples_path(ckpt, "ruler")).exists()
 
 
 @pytest.mark.slow

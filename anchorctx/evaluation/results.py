@@ -475,6 +475,29 @@ def repair_torn_tail(path: Path) -> int:
     return size - keep
 
 
+# ---------------------------------------------------------------------- time spent
+def time_log_path(samples: Path) -> Path:
+    """``<suite>.time.jsonl`` beside the samples file: one line per process that generated
+    records of it (a shard, a merge, a resumed run), with its seconds. A result's own
+    ``duration_s`` is the time of the process that wrote it, which after sharded or resumed
+    generation is the merge's fraction of a second; the log keeps what the records cost."""
+    return samples.with_name(samples.name.replace(".samples.jsonl", ".time.jsonl"))
+
+
+def log_time(samples: Path, ident: dict[str, str], process: str, seconds: dict[str, float]) -> None:
+    """Append one process's seconds (model load, generation, ...) and records written."""
+    row = {"identity": ident, "process": process, **{k: round(v, 3) for k, v in seconds.items()}}
+    append_jsonl(time_log_path(samples), row)
+
+
+def time_spent(samples: Path, ident: dict[str, str]) -> dict[str, Any]:
+    """Seconds summed over the processes logged for this identity (each on its own device):
+    ``process_s``, and how many processes."""
+    rows = [r for r in read_jsonl(time_log_path(samples)) if r.get("identity") == ident]
+    total = sum(float(v) for r in rows for k, v in r.items() if k.endswith("_s"))
+    return {"process_s": round(total, 3), "processes": len(rows)}
+
+
 def start_samples(path: Path, ident: dict[str, str]) -> None:
     """Start a samples (or shard) file afresh: only the header line holding ``ident``."""
     atomic_write_text(path, json.dumps({HEADER_KEY: ident}) + "\n")
@@ -556,6 +579,7 @@ def _evaluate(cfg, ckpt, suite, spec, ident, out: Path, samples: Path, force, pr
     if done is None:
         done = {}
         start_samples(samples, ident)
+        time_log_path(samples).unlink(missing_ok=True)  # the records start afresh; so do times
     new = 0
 
     def on_sample(record: dict[str, Any]) -> None:
@@ -566,16 +590,20 @@ def _evaluate(cfg, ckpt, suite, spec, ident, out: Path, samples: Path, force, pr
         new += 1
 
     _check_tokenizer(ckpt)
+    loading = time.time()
     model, tokenizer = cached_model(ckpt, cfg, ident["checkpoint_hash"])
     started = time.time()
     raw = spec.runner(model, tokenizer, cfg, done=done, on_sample=on_sample, progress=progress)
     check_unchanged(cfg, suite, ident)
+    seconds = {"load_s": started - loading, "generate_s": time.time() - started}
+    log_time(samples, ident, "evaluate", seconds | {"records": new})
     if isinstance(raw, dict) and (empty := unscored(raw)):
         raise EmptyEvaluationError(
             f"suite {suite!r} scored {', '.join(empty[:5])} from 0 items: no result is written "
             f"(an empty data file? check the paths under evaluation.{spec.section or suite})"
         )
     result = _result_record(cfg, ckpt, suite, ident, raw, started)
+    result |= time_spent(samples, ident)
     result["samples"] = {
         "resumed": len(done),
         "new": new,

@@ -21,71 +21,91 @@ three values and gives intervals that are too narrow; this closed form is also e
 
 When the interval holds 0, its half-width is the smallest mean difference these seeds and
 samples could have told from 0. The seeds needed to detect the observed mean difference
-``|m|`` with 80% power at a two-sided 5% level follow the normal power formula: the standard
-error must reach ``se* = |m| / (z_0.975 + z_0.8)``, so with the sample set as it is
-``S* = ceil(sd^2 / (se*^2 - se_samples^2))``; when ``se_samples >= se*`` no number of seeds is
-enough, and the budget is split evenly: ``S* = ceil(2 sd^2 / se*^2)`` seeds and ``k =
-ceil(2 se_samples^2 / se*^2)`` times the samples per task (``se_samples^2`` scales as one over
-the samples). The normal quantiles make ``S*`` a lower bound at a handful of seeds.
+``|m|`` with 80% power at a two-sided 5% level are judged by the same interval: ``S`` seeds and
+``k`` times the samples per task suffice when
+
+    |m| >= (t_{0.975, S-1} + t_{0.8, S-1}) * se(S, k),    se(S, k)^2 = sd^2 / S + se_samples^2 / k
+
+(``se_samples^2`` scales as one over the samples). This is the usual t approximation of a
+t-test's power: with the normal quantiles instead, three seeds whose interval held 0 were
+reported as "2 seeds are enough" (docs/REPRODUCTION.md, run 14). Of the combinations up to
+:data:`MAX_SEEDS` seeds and :data:`MAX_SAMPLES_FACTOR` times the samples, the one with the
+fewest seed-evaluations ``S * (1 + k)`` is reported (a seed trains once and evaluates ``k``
+times the samples; training and evaluation weighted alike, as their measured times are in
+run 14), fewer seeds first on a tie. ``t`` quantiles are exact (:func:`t_quantile`).
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from itertools import combinations
 from pathlib import Path
+from statistics import NormalDist
 from typing import Any
 
 from anchorctx.evaluation.averaging import length_label, markdown_table
-from anchorctx.evaluation.paired import Z95, paired_differences, same_samples, stratified_interval
+from anchorctx.evaluation.paired import paired_differences, same_samples, stratified_interval
 from anchorctx.experiment import seed_run_of
 from anchorctx.io import read_json, read_jsonl
 
-Z80 = 0.8416212335729143  # one-sided 80% quantile of the standard normal (power 0.8)
-# Two-sided 95% quantiles of Student's t with 1..30 degrees of freedom.
-_T95 = (
-    12.706204736174694,
-    4.302652729749462,
-    3.1824463052837078,
-    2.7764451051977934,
-    2.5705818356363146,
-    2.4469118511449786,
-    2.364624251592784,
-    2.306004135204166,
-    2.262157162798205,
-    2.228138851986274,
-    2.200985160091639,
-    2.1788128296672284,
-    2.1603686564627913,
-    2.144786687917804,
-    2.131449545559776,
-    2.1199052992212546,
-    2.1098155778333156,
-    2.1009220402410382,
-    2.0930240544083087,
-    2.085963447265864,
-    2.0796138447276795,
-    2.0738730679040254,
-    2.0686576104190486,
-    2.0638985616280245,
-    2.0595385527532972,
-    2.0555294386428735,
-    2.0518305164802846,
-    2.0484071417952454,
-    2.045229642132703,
-    2.0422724563012378,
-)
+POWER = 0.8  # the power the seeds needed are planned for
+MAX_SEEDS = 64  # the largest number of seeds a plan may name
+MAX_SAMPLES_FACTOR = 16  # ... and the largest factor on the RULER samples per task
+# Above this many degrees of freedom t_quantile uses the Cornish-Fisher expansion around the
+# normal quantile, whose error there is below 1e-6 (the exact sum has df/2 terms).
+_EXACT_DF = 200
+
+
+def _t_central(t: float, df: int) -> float:
+    """P(|T| <= t) of Student's t with ``df`` degrees of freedom, t >= 0: the finite sums of
+    Abramowitz & Stegun 26.7.3 (odd df) and 26.7.4 (even df) in theta = atan(t / sqrt(df))."""
+    theta = math.atan(t / math.sqrt(df))
+    c2 = math.cos(theta) ** 2
+    if df % 2:  # odd: (2/pi) (theta + sin cos (1 + 2/3 cos^2 + 2*4/(3*5) cos^4 + ...))
+        if df == 1:
+            return 2 * theta / math.pi
+        term = total = 1.0
+        for i in range(1, (df - 1) // 2):
+            term *= c2 * (2 * i) / (2 * i + 1)
+            total += term
+        return 2 / math.pi * (theta + math.sin(theta) * math.cos(theta) * total)
+    term = total = 1.0  # even: sin (1 + 1/2 cos^2 + 1*3/(2*4) cos^4 + ...)
+    for i in range(df // 2 - 1):
+        term *= c2 * (2 * i + 1) / (2 * i + 2)
+        total += term
+    return math.sin(theta) * total
+
+
+@functools.lru_cache(maxsize=1024)
+def t_quantile(p: float, df: int) -> float:
+    """The ``p`` quantile (0.5 < p < 1) of Student's t with ``df`` degrees of freedom: bisection
+    on the exact distribution function to 1e-12, or above :data:`_EXACT_DF` degrees of freedom
+    the Cornish-Fisher expansion around the normal quantile."""
+    if df < 1:
+        raise ValueError(f"t quantile: degrees of freedom must be at least 1, not {df}")
+    if not 0.5 < p < 1:
+        raise ValueError(f"t quantile: p must lie in (0.5, 1), not {p}")
+    if df > _EXACT_DF:
+        return _cornish_fisher(p, df)
+    target, lo, hi = 2 * p - 1, 0.0, 1.0
+    while _t_central(hi, df) < target:
+        hi *= 2
+    while hi - lo > 1e-12 * max(1.0, hi):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if _t_central(mid, df) < target else (lo, mid)
+    return (lo + hi) / 2
+
+
+def _cornish_fisher(p: float, df: int) -> float:
+    """The t quantile's expansion in 1/df around the normal quantile, to the second order."""
+    z = NormalDist().inv_cdf(p)
+    return z + (z**3 + z) / (4 * df) + (5 * z**5 + 16 * z**3 + 3 * z) / (96 * df**2)
 
 
 def t95(df: int) -> float:
-    """Two-sided 95% quantile of Student's t: the table to 30 degrees of freedom, above it the
-    Cornish-Fisher expansion around the normal quantile (error below 1e-4)."""
-    if df < 1:
-        raise ValueError(f"t95: degrees of freedom must be at least 1, not {df}")
-    if df <= len(_T95):
-        return _T95[df - 1]
-    z = Z95
-    return z + (z**3 + z) / (4 * df) + (5 * z**5 + 16 * z**3 + 3 * z) / (96 * df**2)
+    """Two-sided 95% quantile of Student's t (:func:`t_quantile` at 0.975)."""
+    return t_quantile(0.975, df)
 
 
 def seed_groups(runs: list[str]) -> dict[str, dict[int, str]]:
@@ -120,18 +140,23 @@ def seed_interval(per_seed: list[float], se_samples: float) -> dict[str, Any]:
     }
 
 
-def seeds_needed(mean: float, sd: float, se_samples: float) -> dict[str, int] | None:
-    """Seeds (and a factor on the samples per task) to detect ``mean`` with 80% power at a
-    two-sided 5% level (module doc); None when the mean is 0 (nothing to detect)."""
+def seeds_needed(mean: float, sd: float, se_samples: float) -> dict[str, int | None] | None:
+    """Seeds and a factor on the samples per task that detect ``mean`` with 80% power at a
+    two-sided 5% level, the cheapest by the module doc's rule; ``seeds`` None when no
+    combination within :data:`MAX_SEEDS` and :data:`MAX_SAMPLES_FACTOR` does. None when the
+    mean is 0 (nothing to detect)."""
     if mean == 0:
         return None
-    target = (abs(mean) / (Z95 + Z80)) ** 2  # se*^2
-    if se_samples**2 < target:
-        return {"seeds": max(2, math.ceil(sd**2 / (target - se_samples**2))), "samples_factor": 1}
-    return {
-        "seeds": max(2, math.ceil(2 * sd**2 / target)),
-        "samples_factor": math.ceil(2 * se_samples**2 / target),
-    }
+    best: tuple[int, int, int] | None = None  # (seed-evaluations, seeds, samples factor)
+    for k in range(1, MAX_SAMPLES_FACTOR + 1):
+        for seeds in range(2, MAX_SEEDS + 1):
+            t = t95(seeds - 1) + t_quantile(POWER, seeds - 1)
+            if abs(mean) >= t * math.sqrt(sd**2 / seeds + se_samples**2 / k):
+                best = min(best or (seeds * (1 + k), seeds, k), (seeds * (1 + k), seeds, k))
+                break  # more seeds at this k only cost more
+    if best is None:
+        return {"seeds": None, "samples_factor": None}
+    return {"seeds": best[1], "samples_factor": best[2]}
 
 
 def _seed_averaged(per_seed: list[dict[str, list[float]]]) -> dict[str, list[float]] | None:
@@ -201,7 +226,9 @@ def seed_differences(
 def run_seconds(run_dir: str | Path) -> dict[str, float] | None:
     """What a run measured of its own time: training (``elapsed_s`` of the last row of
     ``metrics.jsonl``: the step loop, without process start and model load) and evaluation
-    (the ``duration_s`` of every suite result under ``eval/``). None when neither is there."""
+    (every suite result under ``eval/``: the seconds of all the processes that generated its
+    records, ``process_s``; a result written before that was recorded gives its own
+    ``duration_s``). None when neither is there."""
     run_dir = Path(run_dir)
     train = None
     if (metrics := run_dir / "metrics.jsonl").is_file():
@@ -214,8 +241,11 @@ def run_seconds(run_dir: str | Path) -> dict[str, float] | None:
             record = read_json(path)
         except (OSError, ValueError):
             continue
-        if isinstance(record, dict) and isinstance(record.get("duration_s"), int | float):
-            evaluate += float(record["duration_s"])
+        if not isinstance(record, dict):
+            continue
+        seconds = record.get("process_s", record.get("duration_s"))
+        if isinstance(seconds, int | float):
+            evaluate += float(seconds)
             found = True
     if train is None and not found:
         return None
@@ -237,6 +267,8 @@ def seed_cost(experiment_dir: str | Path, diff: dict[str, Any]) -> dict[str, flo
 def _needed_text(needed: dict[str, int] | None) -> str:
     if needed is None:
         return "—"
+    if needed["seeds"] is None:
+        return f"more than {MAX_SEEDS}, or {MAX_SAMPLES_FACTOR}× samples"
     if needed["samples_factor"] == 1:
         return f"{needed['seeds']}"
     return f"{needed['seeds']}, and {needed['samples_factor']}× samples"
@@ -305,10 +337,18 @@ def seed_differences_markdown(
 def _cost_sentence(label: str, diff: dict[str, Any], cost: dict[str, float] | None) -> str:
     """What the fewest seeds that could detect the observed difference would cost."""
     have = len(diff["seeds"])
-    options = [(k, c["needed"]) for k, c in diff["lengths"].items() if c["needed"] is not None]
-    if not options:
+    cells = [(k, c["needed"]) for k, c in diff["lengths"].items() if c["needed"] is not None]
+    if not cells:
         return f"{label}: the mean difference is 0 at every length; there is nothing to detect."
-    length, needed = min(options, key=lambda o: (o[1]["samples_factor"], o[1]["seeds"]))
+    options = [(k, n) for k, n in cells if n["seeds"] is not None]
+    if not options:
+        return (
+            f"{label}: no plan of up to {MAX_SEEDS} seeds and {MAX_SAMPLES_FACTOR}× the RULER "
+            "samples per task detects the observed mean with 80% power at any length."
+        )
+    length, needed = min(
+        options, key=lambda o: (o[1]["seeds"] * (1 + o[1]["samples_factor"]), o[1]["seeds"])
+    )
     more = max(0, needed["seeds"] - have)
     what = f"{needed['seeds']} seeds"
     if needed["samples_factor"] > 1:

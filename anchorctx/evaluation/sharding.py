@@ -46,12 +46,14 @@ from anchorctx.evaluation.results import (
     identity,
     load_done,
     load_result,
+    log_time,
     repair_torn_tail,
     result_matches,
     result_path,
     samples_path,
     start_samples,
     suite_stem,
+    time_log_path,
 )
 from anchorctx.evaluation.ruler.constants import task_spec
 from anchorctx.evaluation.ruler.runner import data_paths, plan_samples, selected_tasks
@@ -163,6 +165,7 @@ def prepare(cfg: ExperimentConfig, checkpoint: str | Path, suite: str, force: bo
         for path in _shard_files(ckpt, suite, cfg):
             path.unlink()
         result_path(ckpt, suite, cfg).unlink(missing_ok=True)
+        time_log_path(samples).unlink(missing_ok=True)
     return True
 
 
@@ -218,22 +221,29 @@ def run_shard(
     loading = time.perf_counter()
     model, tokenizer = cached_model(ckpt, cfg, ident["checkpoint_hash"])
     generating = time.perf_counter()
-    spec.runner(
-        model,
-        tokenizer,
-        cfg,
-        done=view,
-        on_sample=lambda rec: append_jsonl(out, rec),
-        progress=progress,
-    )
+    written = 0
+
+    def on_sample(record: dict[str, Any]) -> None:
+        nonlocal written
+        append_jsonl(out, record)
+        written += 1
+
+    spec.runner(model, tokenizer, cfg, done=view, on_sample=on_sample, progress=progress)
     # Inputs rewritten meanwhile: fail. The file keeps the old identity, so a rerun starts over.
     check_unchanged(cfg, suite, ident)
+    seconds = {
+        "setup_s": loading - start,
+        "load_s": generating - loading,
+        "generate_s": time.perf_counter() - generating,
+    }
+    log_time(
+        samples_path(ckpt, suite, cfg),
+        ident,
+        f"shard {index} of {count}",
+        seconds | {"records": written},
+    )
     if timing is not None:
-        timing.update(
-            setup_s=loading - start,
-            load_s=generating - loading,
-            generate_s=time.perf_counter() - generating,
-        )
+        timing.update(seconds)
     return out
 
 

@@ -123,11 +123,12 @@ def liger_installed() -> bool:
     return importlib.util.find_spec("liger_kernel") is not None
 
 
-# The narrowest model on which the fused kernels were measured to save time (the 4-layer
-# Llama-2-7B-wide rows, hidden 4096; docs/PERFORMANCE.md sections 2 and 8). On gpu-small's
-# 147M model (hidden 1024, 2K rows) the one-GPU pretraining step with them took 0.74 s against
-# 0.386 s without them (docs/REPRODUCTION.md run 12, on a shared host; not yet timed apart), so
-# below this width auto leaves the kernels to the config.
+# The narrowest model on which the fused kernels were measured to save time in a real step
+# (the 4-layer Llama-2-7B-wide rows, hidden 4096; docs/PERFORMANCE.md sections 2 and 8). On
+# gpu-small's 147M model (hidden 1024, 32 rows of 2K) the pretraining step is bound by the host:
+# its fastest steps are 0.33-0.38 s with either kernel, and on a quiet host the median was
+# 0.453 s without them against 0.634 s with them (docs/PERFORMANCE.md section 8, "gpu-small's
+# own pretraining step"). So below this width auto leaves the kernels to the config.
 FUSED_KERNELS_MIN_HIDDEN = 4096
 
 

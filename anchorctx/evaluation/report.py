@@ -41,7 +41,12 @@ from anchorctx.evaluation.paired import (
     ruler_sample_identity,
     ruler_sample_scores,
 )
-from anchorctx.evaluation.seed_pairs import seed_cost, seed_differences, seed_differences_markdown
+from anchorctx.evaluation.seed_pairs import (
+    seed_cost,
+    seed_differences,
+    seed_differences_markdown,
+    with_costs,
+)
 from anchorctx.io import atomic_write_bytes, atomic_write_json, atomic_write_text, read_json
 
 # The one score a general-ability suite is reported by: (task, metric) in its scores.
@@ -297,11 +302,13 @@ def write_experiment_report(
     }
     intervals = ruler_intervals(samples, arms, identity)
     # Arms trained under several seeds (runs <arm>-s<seed>): their differences over the seeds.
-    intervals["seed_differences"] = seed_differences(samples, arms, identity)
-    intervals["seed_costs"] = {
-        f"{d['arm']} − {d['minus']}": seed_cost(experiment_dir, d)
-        for d in intervals["seed_differences"]
-    }
+    diffs = seed_differences(samples, arms, identity)
+    costs = {f"{d['arm']} − {d['minus']}": seed_cost(experiment_dir, d) for d in diffs}
+    # The seeds needed, planned by what these runs' training and evaluation cost.
+    intervals["seed_differences"] = [
+        with_costs(d, costs[f"{d['arm']} − {d['minus']}"]) for d in diffs
+    ]
+    intervals["seed_costs"] = costs
     comparison_path = experiment_dir / COMPARISON_JSON
     comparison = read_json(comparison_path) if comparison_path.is_file() else None
     # Plots of the arm comparison, as long as they are still there.

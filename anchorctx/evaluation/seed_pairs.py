@@ -30,9 +30,10 @@ samples could have told from 0. The seeds needed to detect the observed mean dif
 t-test's power: with the normal quantiles instead, three seeds whose interval held 0 were
 reported as "2 seeds are enough" (docs/REPRODUCTION.md, run 14). Of the combinations up to
 :data:`MAX_SEEDS` seeds and :data:`MAX_SAMPLES_FACTOR` times the samples, the one with the
-fewest seed-evaluations ``S * (1 + k)`` is reported (a seed trains once and evaluates ``k``
-times the samples; training and evaluation weighted alike, as their measured times are in
-run 14), fewer seeds first on a tie. ``t`` quantiles are exact (:func:`t_quantile`).
+lowest added cost is reported, fewer seeds first on a tie (:func:`plan_cost`: the new seeds
+trained and evaluated on ``k`` times the samples, the seeds already run evaluated again on the
+larger set; each at an arm's measured training and evaluation times, :func:`with_costs`, or
+both 1 where no run measured them). ``t`` quantiles are exact (:func:`t_quantile`).
 """
 
 from __future__ import annotations
@@ -140,19 +141,34 @@ def seed_interval(per_seed: list[float], se_samples: float) -> dict[str, Any]:
     }
 
 
-def seeds_needed(mean: float, sd: float, se_samples: float) -> dict[str, int | None] | None:
+def plan_cost(seeds: int, k: int, have: int, train_s: float = 1.0, eval_s: float = 1.0) -> float:
+    """Seconds one arm adds for ``seeds`` seeds at ``k`` times the samples when ``have`` seeds
+    ran at the current sample size: the new seeds trained and evaluated on the larger set, and
+    the seeds already run evaluated again on it (evaluation time taken as linear in samples)."""
+    return max(0, seeds - have) * (train_s + k * eval_s) + min(seeds, have) * (k - 1) * eval_s
+
+
+def seeds_needed(
+    mean: float,
+    sd: float,
+    se_samples: float,
+    have: int = 0,
+    train_s: float = 1.0,
+    eval_s: float = 1.0,
+) -> dict[str, int | None] | None:
     """Seeds and a factor on the samples per task that detect ``mean`` with 80% power at a
-    two-sided 5% level, the cheapest by the module doc's rule; ``seeds`` None when no
-    combination within :data:`MAX_SEEDS` and :data:`MAX_SAMPLES_FACTOR` does. None when the
-    mean is 0 (nothing to detect)."""
+    two-sided 5% level, the cheapest by :func:`plan_cost` (``have`` seeds run already);
+    ``seeds`` None when no combination within :data:`MAX_SEEDS` and :data:`MAX_SAMPLES_FACTOR`
+    does. None when the mean is 0 (nothing to detect)."""
     if mean == 0:
         return None
-    best: tuple[int, int, int] | None = None  # (seed-evaluations, seeds, samples factor)
+    best: tuple[float, int, int] | None = None  # (cost, seeds, samples factor)
     for k in range(1, MAX_SAMPLES_FACTOR + 1):
         for seeds in range(2, MAX_SEEDS + 1):
             t = t95(seeds - 1) + t_quantile(POWER, seeds - 1)
             if abs(mean) >= t * math.sqrt(sd**2 / seeds + se_samples**2 / k):
-                best = min(best or (seeds * (1 + k), seeds, k), (seeds * (1 + k), seeds, k))
+                plan = (plan_cost(seeds, k, have, train_s, eval_s), seeds, k)
+                best = min(best or plan, plan)
                 break  # more seeds at this k only cost more
     if best is None:
         return {"seeds": None, "samples_factor": None}
@@ -207,7 +223,7 @@ def seed_differences(
             iv = seed_interval([p["mean"] for p in per_seed], pooled["se"])  # type: ignore[index]
             cells[length] = iv | {
                 "per_seed": {str(s): p["mean"] for s, p in zip(seeds, per_seed)},  # type: ignore[index]
-                "needed": seeds_needed(iv["mean"], iv["sd"], iv["se_samples"]),
+                "needed": seeds_needed(iv["mean"], iv["sd"], iv["se_samples"], len(seeds)),
             }
         if cells:
             out.append(
@@ -261,6 +277,24 @@ def seed_cost(experiment_dir: str | Path, diff: dict[str, Any]) -> dict[str, flo
     train = sum(t["train_s"] for t in times) / len(times)
     evaluate = sum(t["eval_s"] for t in times) / len(times)
     return {"train_s": train, "eval_s": evaluate, "per_seed_s": 2 * (train + evaluate)}
+
+
+def with_costs(diff: dict[str, Any], cost: dict[str, float] | None) -> dict[str, Any]:
+    """``diff`` with each length's seeds needed planned at the training and evaluation times
+    its runs measured (:func:`seed_cost`); unchanged without a cost."""
+    if not cost:
+        return diff
+    have = len(diff["seeds"])
+    lengths = {
+        length: cell
+        | {
+            "needed": seeds_needed(
+                cell["mean"], cell["sd"], cell["se_samples"], have, cost["train_s"], cost["eval_s"]
+            )
+        }
+        for length, cell in diff["lengths"].items()
+    }
+    return diff | {"lengths": lengths}
 
 
 # --------------------------------------------------------------------------- markdown
@@ -335,7 +369,7 @@ def seed_differences_markdown(
 
 
 def _cost_sentence(label: str, diff: dict[str, Any], cost: dict[str, float] | None) -> str:
-    """What the fewest seeds that could detect the observed difference would cost."""
+    """What the cheapest plan that could detect the observed difference would cost."""
     have = len(diff["seeds"])
     cells = [(k, c["needed"]) for k, c in diff["lengths"].items() if c["needed"] is not None]
     if not cells:
@@ -346,25 +380,25 @@ def _cost_sentence(label: str, diff: dict[str, Any], cost: dict[str, float] | No
             f"{label}: no plan of up to {MAX_SEEDS} seeds and {MAX_SAMPLES_FACTOR}× the RULER "
             "samples per task detects the observed mean with 80% power at any length."
         )
+    times = (cost["train_s"], cost["eval_s"]) if cost else (1.0, 1.0)
     length, needed = min(
-        options, key=lambda o: (o[1]["seeds"] * (1 + o[1]["samples_factor"]), o[1]["seeds"])
+        options,
+        key=lambda o: (
+            plan_cost(o[1]["seeds"], o[1]["samples_factor"], have, *times),
+            o[1]["seeds"],
+        ),
     )
     more = max(0, needed["seeds"] - have)
     what = f"{needed['seeds']} seeds"
     if needed["samples_factor"] > 1:
         what += f" and {needed['samples_factor']}× the RULER samples per task"
-    text = f"{label}: the fewest to detect the observed mean with 80% power is at " + (
+    text = f"{label}: the cheapest plan that detects the observed mean with 80% power is at " + (
         f"{length_label(length)}: {what} ({more} more seeds of both arms"
     )
     if cost is None:
         return text + "; no run measured its time, see `anchorctx plan`)."
-    k = needed["samples_factor"]
-    # The new seeds of both arms, trained and evaluated on k times the samples, and the seeds
-    # already run evaluated again on the larger sample set (evaluation time taken as linear in
-    # the samples).
-    seconds = (
-        more * 2 * (cost["train_s"] + k * cost["eval_s"]) + have * 2 * (k - 1) * cost["eval_s"]
-    )
+    # Both arms: their new seeds, and the seeds run already evaluated again on a larger set.
+    seconds = 2 * plan_cost(needed["seeds"], needed["samples_factor"], have, *times)
     return text + (
         f", {seconds / 60:.0f} GPU-minutes: one seed of the pair cost "
         f"{cost['per_seed_s'] / 60:.1f} GPU-minutes here, {cost['train_s']:.0f} s training "

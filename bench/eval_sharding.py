@@ -7,7 +7,13 @@ commands the evaluation flow runs, without the Prefect orchestration around them
 counts everything a shard process does (start, model load, sample construction, generation);
 the merge that writes the result is timed apart. The records of both runs are compared.
 
+``--cache`` sets what the compile cache (Inductor's and Triton's on-disk caches) holds when each
+run starts: ``shared`` (one cache for the whole bench, as on a machine that evaluated before:
+the first run fills it) or ``cold`` (an empty one per run, as the first evaluation on a fresh
+machine, e.g. full-experiment's first arm).
+
     python bench/eval_sharding.py --gpus 2 --out eval_sharding.json
+    python bench/eval_sharding.py --gpus 2 --cache cold
 """
 
 from __future__ import annotations
@@ -38,7 +44,7 @@ def make_checkpoint(path: Path, tokenizer_dir: Path, args: argparse.Namespace) -
         intermediate_size=args.intermediate,
         num_hidden_layers=args.layers,
         num_attention_heads=args.heads,
-        num_key_value_heads=args.heads,
+        num_key_value_heads=args.kv_heads or args.heads,
         max_position_embeddings=max(args.lengths),
         rope_theta=1e7,
         bos_token_id=tok.bos_token_id,
@@ -72,7 +78,17 @@ def _run_shard(cmd: list[str], env: dict[str, str], out: dict) -> None:
         out["start_s"] = out["wall_s"] - out["setup_s"] - out["load_s"] - out["generate_s"]
 
 
-def run_sharded(cfg_json: Path, cfg, ckpt: Path, n: int, gpus: list[str]) -> dict:
+def compile_cache(work: Path, mode: str, k: int) -> dict[str, str]:
+    """The environment giving run ``k`` the ``--cache`` mode's compile cache."""
+    if mode == "shared":
+        return {}
+    cache = work / f"compile-cache-{k}"
+    return {"TORCHINDUCTOR_CACHE_DIR": str(cache), "TRITON_CACHE_DIR": str(cache / "triton")}
+
+
+def run_sharded(
+    cfg_json: Path, cfg, ckpt: Path, n: int, gpus: list[str], cache_env: dict[str, str]
+) -> dict:
     assert sharding.prepare(cfg, ckpt, "ruler", force=True)
     plan = sharding.plan_shards(cfg, "ruler", n)
     cost = sharding.units(cfg, "ruler")
@@ -98,7 +114,7 @@ def run_sharded(cfg_json: Path, cfg, ckpt: Path, n: int, gpus: list[str]) -> dic
             "--units",
             *owned,
         ]
-        env = {**os.environ, "CUDA_VISIBLE_DEVICES": gpus[i]}
+        env = {**os.environ, **cache_env, "CUDA_VISIBLE_DEVICES": gpus[i]}
         threads.append(threading.Thread(target=_run_shard, args=(cmd, env, shards[i])))
         threads[-1].start()
     for t in threads:
@@ -141,11 +157,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--hidden", type=int, default=4096)
     p.add_argument("--intermediate", type=int, default=11008)
     p.add_argument("--heads", type=int, default=32)
+    p.add_argument("--kv-heads", type=int, help="Default: --heads (no GQA).")
     p.add_argument("--lengths", type=int, nargs="+", default=[4096, 16384, 32768])
     p.add_argument("--tasks", nargs="+", default=["niah_single_1", "niah_multikey_2", "vt", "qa_1"])
     p.add_argument("--samples", type=int, default=16)
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--device", default="cuda")
+    p.add_argument(
+        "--deterministic",
+        action="store_true",
+        help="evaluation.deterministic_decode (FlexAttention decode, compiled), as gpu-small.",
+    )
+    p.add_argument("--cache", choices=["shared", "cold"], default="shared")
     p.add_argument("--work", type=Path, default=Path("eval_sharding_work"))
     p.add_argument("--out", type=Path)
     args = p.parse_args(argv)
@@ -170,6 +193,7 @@ def main(argv: list[str] | None = None) -> int:
                 "device": device,
                 "dtype": "bfloat16",
                 "batch_size": args.batch_size,
+                "deterministic_decode": args.deterministic,
                 "ruler": {
                     "tasks": args.tasks,
                     "lengths": args.lengths,
@@ -189,9 +213,10 @@ def main(argv: list[str] | None = None) -> int:
     for k, (n, cfg, ckpt) in enumerate(zip(counts, cfgs, ckpts)):
         cfg_json = work / f"config-{k}-{n}.json"
         cfg_json.write_text(cfg.model_dump_json())
-        runs.append(run_sharded(cfg_json, cfg, ckpt, n, gpus))
+        runs.append(run_sharded(cfg_json, cfg, ckpt, n, gpus, compile_cache(work, args.cache, k)))
         print(
-            f"{n} GPU(s): {runs[-1]['wall_s']:.1f} s (+ merge {runs[-1]['merge_s']:.1f} s); "
+            f"{n} GPU(s), {args.cache} compile cache: {runs[-1]['wall_s']:.1f} s "
+            f"(+ merge {runs[-1]['merge_s']:.1f} s); "
             f"{_phases(runs[-1])}",
             flush=True,
         )

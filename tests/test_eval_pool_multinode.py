@@ -15,6 +15,7 @@ from pathlib import Path
 import netns
 import pytest
 from distributed import free_port
+from shared_prefect import premigrated_database
 from test_eval_sharding import LENGTHS, _cfg, _sorted_records
 
 from anchorctx.evaluation import results
@@ -88,6 +89,7 @@ def test_shards_run_on_both_hosts_and_equal_one_process(tmp_path, demo_corpus):
             "PREFECT_SERVER_API_HOST": hosts[0][1],
             "PREFECT_SERVER_API_PORT": str(port),
         }
+        premigrated_database(tmp_path / "prefect" / "prefect.db")  # PREFECT_HOME's database
         procs = [
             _in(
                 hosts,
@@ -108,7 +110,7 @@ def test_shards_run_on_both_hosts_and_equal_one_process(tmp_path, demo_corpus):
             )
         ]
         try:
-            # While the server starts (~10 s of CPU: it migrates its new database), the pool's
+            # While the server starts (~4-10 s of CPU: it migrates its database if new), the pool's
             # config and checkpoint, then one process alone: the reference records and scores.
             # One length: two units, one a host.
             cfg, ckpt = _cfg(tmp_path, demo_corpus, "pool", lengths=LENGTHS[:1])

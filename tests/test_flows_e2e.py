@@ -22,6 +22,7 @@ from uuid import UUID
 import psutil
 import pytest
 import yaml
+from shared_prefect import premigrated_database
 
 from anchorctx.experiment import ExperimentConfig, load_config
 from anchorctx.flows.server import PrefectServer, start_server
@@ -160,6 +161,7 @@ def run_deployment_cli(served_env: dict[str, str], name: str, *params: str, cwd=
 
 
 def _start(tmp: Path) -> Served:
+    premigrated_database(tmp / "prefect-home" / "prefect.db")  # PREFECT_HOME's database
     server = start_server(tmp / "prefect-home")
     # The runner looks for new deployment runs every second (Prefect's default: every 10 s, an
     # idle wait of up to 10 s before each flow run these tests start).

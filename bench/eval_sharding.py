@@ -9,11 +9,15 @@ the merge that writes the result is timed apart. The records of both runs are co
 
 ``--cache`` sets what the compile cache (Inductor's and Triton's on-disk caches) holds when each
 run starts: ``shared`` (one cache for the whole bench, as on a machine that evaluated before:
-the first run fills it) or ``cold`` (an empty one per run, as the first evaluation on a fresh
-machine, e.g. full-experiment's first arm).
+the first run fills it), ``cold`` (an empty one per run, as the first evaluation on a fresh
+machine, e.g. full-experiment's first arm) or ``ahead`` (an empty one per run, filled by the
+compile-ahead passes of the run's own shard plan before the timed evaluation starts, as
+full-experiment does on the evaluation GPUs while its first arm trains; the passes load another
+checkpoint of the same architecture, as the flow loads the arms' base model, and are timed apart).
 
     python bench/eval_sharding.py --gpus 2 --out eval_sharding.json
     python bench/eval_sharding.py --gpus 2 --cache cold
+    python bench/eval_sharding.py --gpus 2 --cache ahead
 """
 
 from __future__ import annotations
@@ -33,7 +37,9 @@ from anchorctx.experiment import config_from_dict
 from anchorctx.io import atomic_write_json, read_jsonl
 
 
-def make_checkpoint(path: Path, tokenizer_dir: Path, args: argparse.Namespace) -> None:
+def make_checkpoint(
+    path: Path, tokenizer_dir: Path, args: argparse.Namespace, seed: int = 0
+) -> None:
     import torch
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
@@ -50,7 +56,7 @@ def make_checkpoint(path: Path, tokenizer_dir: Path, args: argparse.Namespace) -
         bos_token_id=tok.bos_token_id,
         eos_token_id=tok.eos_token_id,
     )
-    torch.manual_seed(0)
+    torch.manual_seed(seed)
     with torch.device(args.device):
         model = LlamaForCausalLM(cfg).to(torch.bfloat16)
     model.save_pretrained(path)
@@ -71,8 +77,9 @@ def _run_shard(cmd: list[str], env: dict[str, str], out: dict) -> None:
     proc = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, text=True)
     out.update(wall_s=time.perf_counter() - start, returncode=proc.returncode)
     for line in proc.stdout.splitlines():
-        if line.startswith('{"shard_timing"'):
-            out.update(json.loads(line)["shard_timing"])
+        for key in ("shard_timing", "compile_timing"):
+            if line.startswith(f'{{"{key}"'):
+                out.update(json.loads(line)[key])
     # Interpreter start and imports: what the shard's own phases do not cover.
     if "generate_s" in out:
         out["start_s"] = out["wall_s"] - out["setup_s"] - out["load_s"] - out["generate_s"]
@@ -81,47 +88,54 @@ def _run_shard(cmd: list[str], env: dict[str, str], out: dict) -> None:
 def compile_cache(work: Path, mode: str, k: int) -> dict[str, str]:
     """The environment giving run ``k`` the ``--cache`` mode's compile cache."""
     if mode == "shared":
-        return {}
+        return {}  # "cold" and "ahead": an empty cache per run
     cache = work / f"compile-cache-{k}"
     return {"TORCHINDUCTOR_CACHE_DIR": str(cache), "TRITON_CACHE_DIR": str(cache / "triton")}
 
 
-def run_sharded(
-    cfg_json: Path, cfg, ckpt: Path, n: int, gpus: list[str], cache_env: dict[str, str]
-) -> dict:
-    assert sharding.prepare(cfg, ckpt, "ruler", force=True)
-    plan = sharding.plan_shards(cfg, "ruler", n)
-    cost = sharding.units(cfg, "ruler")
+def _run_shards(
+    cfg_json: Path, ckpt: Path, plan: list[list[str]], gpus: list[str], env: dict, extra=()
+) -> tuple[float, list[dict]]:
+    """Every shard of ``plan`` in its own process, shard i on GPU i; wall s and each one's
+    times. ``extra``: more arguments (``--compile-only``)."""
     start = time.perf_counter()
-    shards: list[dict] = [
-        {"units": owned, "estimated_s": sum(cost[u] for u in owned)} for owned in plan
-    ]
+    shards: list[dict] = [{"units": owned} for owned in plan]
     threads = []
     for i, owned in enumerate(plan):
-        cmd = [
-            sys.executable,
-            "-m",
-            "anchorctx.evaluation.sharding",
-            "--config",
-            str(cfg_json),
-            "--checkpoint",
-            str(ckpt),
-            "--suite",
-            "ruler",
-            "--shard",
-            str(i),
-            str(len(plan)),
-            "--units",
-            *owned,
-        ]
-        env = {**os.environ, **cache_env, "CUDA_VISIBLE_DEVICES": gpus[i]}
-        threads.append(threading.Thread(target=_run_shard, args=(cmd, env, shards[i])))
+        cmd = [sys.executable, "-m", "anchorctx.evaluation.sharding", "--config", str(cfg_json)]
+        cmd += ["--checkpoint", str(ckpt), "--suite", "ruler", "--shard", str(i), str(len(plan))]
+        cmd += [*extra, "--units", *owned]
+        shard_env = {**os.environ, **env, "CUDA_VISIBLE_DEVICES": gpus[i]}
+        threads.append(threading.Thread(target=_run_shard, args=(cmd, shard_env, shards[i])))
         threads[-1].start()
     for t in threads:
         t.join()
-    wall = time.perf_counter() - start
     if any(s.get("returncode") for s in shards):
         sys.exit(f"shard processes failed: exit codes {[s.get('returncode') for s in shards]}")
+    return time.perf_counter() - start, shards
+
+
+def run_sharded(
+    cfg_json: Path,
+    cfg,
+    ckpt: Path,
+    n: int,
+    gpus: list[str],
+    cache_env: dict[str, str],
+    ahead: Path | None = None,
+) -> dict:
+    """The evaluation over ``n`` GPUs; ``ahead``: first the compile-ahead passes of its shard
+    plan with that checkpoint (timed apart, ``ahead_s``)."""
+    assert sharding.prepare(cfg, ckpt, "ruler", force=True)
+    plan = sharding.plan_shards(cfg, "ruler", n)
+    cost = sharding.units(cfg, "ruler")
+    passes: dict = {}
+    if ahead is not None:
+        ahead_s, times = _run_shards(cfg_json, ahead, plan, gpus, cache_env, ["--compile-only"])
+        passes = {"ahead_s": ahead_s, "ahead_times": times}
+    wall, shards = _run_shards(cfg_json, ckpt, plan, gpus, cache_env)
+    for s in shards:
+        s["estimated_s"] = sum(cost[u] for u in s["units"])
     start = time.perf_counter()
     out = sharding.finalize(cfg, ckpt, "ruler")
     merge = time.perf_counter() - start
@@ -132,6 +146,7 @@ def run_sharded(
         "shard_times": shards,
         "wall_s": wall,
         "merge_s": merge,
+        **passes,
         "scores": results.load_result(out)["scores"],
         "records": records,
     }
@@ -168,7 +183,7 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="evaluation.deterministic_decode (FlexAttention decode, compiled), as gpu-small.",
     )
-    p.add_argument("--cache", choices=["shared", "cold"], default="shared")
+    p.add_argument("--cache", choices=["shared", "cold", "ahead"], default="shared")
     p.add_argument("--work", type=Path, default=Path("eval_sharding_work"))
     p.add_argument("--out", type=Path)
     args = p.parse_args(argv)
@@ -208,14 +223,20 @@ def main(argv: list[str] | None = None) -> int:
     make_checkpoint(ckpts[0], corpus.tokenizer_dir, args)
     for other in ckpts[1:]:
         linked_copy(ckpts[0], other)
+    # The compile-ahead passes' model: the architecture, other weights (the flow's base model).
+    base = work / "base" if args.cache == "ahead" else None
+    if base is not None:
+        make_checkpoint(base, corpus.tokenizer_dir, args, seed=1)
     gpus = [str(i) for i in range(args.gpus)]
     runs = []
     for k, (n, cfg, ckpt) in enumerate(zip(counts, cfgs, ckpts)):
         cfg_json = work / f"config-{k}-{n}.json"
         cfg_json.write_text(cfg.model_dump_json())
-        runs.append(run_sharded(cfg_json, cfg, ckpt, n, gpus, compile_cache(work, args.cache, k)))
+        cache_env = compile_cache(work, args.cache, k)
+        runs.append(run_sharded(cfg_json, cfg, ckpt, n, gpus, cache_env, base))
+        before = f"compiled ahead in {runs[-1]['ahead_s']:.1f} s, then " if base else ""
         print(
-            f"{n} GPU(s), {args.cache} compile cache: {runs[-1]['wall_s']:.1f} s "
+            f"{n} GPU(s), {args.cache} compile cache: {before}{runs[-1]['wall_s']:.1f} s "
             f"(+ merge {runs[-1]['merge_s']:.1f} s); "
             f"{_phases(runs[-1])}",
             flush=True,

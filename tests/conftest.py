@@ -104,6 +104,9 @@ SLOW_FIRST = (
 # stops after the last of them; every such test must be listed (checked at collection).
 HARNESS_GROUP = "prefect-harness"
 TOGETHER = {
+    "tests/test_eval_sharding.py::test_compile_ahead_plans_the_shards_evaluation_will_run": (
+        HARNESS_GROUP
+    ),
     "tests/test_training_sp.py::test_sp2_and_dp2_equal_one_process": "sp-runs",
     "tests/test_training_sp.py::test_comparison_catches_one_dropped_token": "sp-runs",
     "tests/test_training_sp.py::test_ulysses_wrapper_survives_a_later_model_load": "sp-runs",

@@ -212,6 +212,22 @@ def test_chunked_prefill_and_buffer_reuse(model):
         assert got == [ref[i] for i in batch]
 
 
+@STEPS
+def test_prepare_then_generate_equals_generate(model, step):
+    """``prepare`` (the compile-ahead pass) allocates the batch's buffers and runs one step on
+    them; the ``generate`` that reuses them gives the tokens of a decoder that never prepared."""
+    rows = _prompts()
+    ref = _static(model, rows, len(rows), step=step)
+    decoder = GreedyDecoder(model, step=step)
+    rules = StopRules(stop_token_ids=(2,))
+    decoder.prepare([len(r) for r in rows], max_new_tokens=NEW, pad_id=PAD, stop=rules)
+    prepared = decoder._batch
+    assert prepared is not None and prepared.key == (len(rows), 128, NEW, (2,), PAD)
+    assert bool(prepared.slot.item() == 1)  # the step ran (eager on CPU): it moved the slot
+    got = decoder.generate(rows, max_new_tokens=NEW, pad_id=PAD, stop=rules)
+    assert decoder._batch is prepared and got == ref
+
+
 def test_stop_strings_cut_at_the_completing_token(model):
     rows = _prompts()[:3]
     free = _static(model, rows, 3, stop_ids=())
@@ -294,6 +310,58 @@ def test_cuda_graph_decode_equals_eager_and_hf(kind):
         end = next((k for k in range(1, NEW + 1) if target in letters(full[:k])), NEW)
         assert mine == full[:end]
     assert len(got[2]) <= 5
+
+
+@pytest.mark.gpu
+def test_prepare_captures_the_graph_generate_replays():
+    """On CUDA ``prepare`` compiles and captures the batch's step (what ``generate`` would do
+    at its first step) without decoding; ``generate`` then replays that graph, same tokens."""
+    model = _tiny("llama").cuda()
+    rows = _prompts()
+    ref = _static(model, rows, len(rows))
+    decoder = GreedyDecoder(model)
+    rules = StopRules(stop_token_ids=(2,))
+    decoder.prepare([len(r) for r in rows], max_new_tokens=NEW, pad_id=PAD, stop=rules)
+    captured = decoder._batch.graph
+    assert captured is not None
+    assert decoder.generate(rows, max_new_tokens=NEW, pad_id=PAD, stop=rules) == ref
+    assert decoder._batch.graph is captured
+
+
+@pytest.mark.gpu
+def test_a_batch_decodes_alike_whatever_the_process_decoded_before():
+    """On CUDA in bf16 (deterministic decoding: fused step, FlexAttention) every batch shape
+    gets a static graph of its own, also past torch's default limit of 8 recompilations, so a
+    batch's tokens do not depend on which batches the process decoded before (two shardings
+    of one evaluation give the same records)."""
+    import torch._dynamo
+    from torch._dynamo.utils import counters
+
+    model = _tiny("llama").cuda().to(torch.bfloat16)
+    g = torch.Generator().manual_seed(2)
+    # (rows, longest prompt): ten distinct (rows, slots) shapes, slots 128 or 256
+    shapes = [(b, n) for b, n in zip([1, 2, 3, 4, 5, 6, 7, 2, 3, 1], range(40, 240, 20))]
+    batches = [
+        [[1, *torch.randint(3, VOCAB, (n - 1 - r,), generator=g).tolist()] for r in range(b)]
+        for b, n in shapes
+    ]
+    rules = StopRules(stop_token_ids=(VOCAB + 5,))
+
+    def run(order):
+        torch._dynamo.reset()  # a new process' compile history
+        counters.clear()
+        decoder = GreedyDecoder(model, deterministic=True)
+        out = {
+            i: decoder.generate(batches[i], max_new_tokens=NEW, pad_id=PAD, stop=rules)
+            for i in order
+        }
+        return out, counters["stats"]["unique_graphs"]
+
+    forward, graphs = run(range(len(batches)))
+    backward, _ = run(reversed(range(len(batches))))
+    assert forward == backward
+    # The step's pre-attention half and FlexAttention compile once per (rows, slots) shape.
+    assert graphs >= 2 * len(shapes), graphs
 
 
 def test_auto_engine_falls_back_where_static_cannot_run():

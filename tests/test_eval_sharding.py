@@ -237,3 +237,133 @@ def test_evaluation_is_split_over_the_gpus_training_does_not_hold(
     with pytest.raises(Planned):
         sharded.evaluate_sharded(cfg, [str(ckpt)], ["ruler"], False, ["5", "6", "7"])
     assert planned == [1, 3]
+
+
+def test_compile_shard_replays_the_shards_batches_and_writes_nothing(
+    tmp_path, demo_corpus, monkeypatch, capsys
+):
+    """The compile-ahead pass of a shard asks the decoder for the batches the shard's own
+    process will decode, in the same order, and prefills, decodes and writes nothing."""
+    from anchorctx.models.decoding import GreedyDecoder
+
+    cfg, ckpt = _cfg(tmp_path, demo_corpus, "ahead")  # two units a shard: two batches
+    calls: list[tuple[str, tuple[int, ...], int]] = []
+    generate, prepare = GreedyDecoder.generate, GreedyDecoder.prepare
+
+    def record_generate(self, rows, **kw):
+        calls.append(("decoded", tuple(len(r) for r in rows), kw["max_new_tokens"]))
+        return generate(self, rows, **kw)
+
+    def record_prepare(self, lengths, **kw):
+        calls.append(("compiled", tuple(lengths), kw["max_new_tokens"]))
+        return prepare(self, lengths, **kw)
+
+    monkeypatch.setattr(GreedyDecoder, "generate", record_generate)
+    monkeypatch.setattr(GreedyDecoder, "prepare", record_prepare)
+    plan = sharding.plan_shards(cfg, "ruler", 2)
+    assert len(plan) == 2
+    for i, owned in enumerate(plan):
+        calls.clear()
+        argv = ["--config", str(_config_json(tmp_path, cfg)), "--checkpoint", str(ckpt)]
+        argv += ["--suite", "ruler", "--shard", str(i), "2", "--compile-only", "--units", *owned]
+        assert sharding.main(argv) == 0
+        assert capsys.readouterr().out.splitlines()[-1] == "compiled the decode steps of 4 samples"
+        compiled = [c[1:] for c in calls]
+        assert len(compiled) == 2 and {c[0] for c in calls} == {"compiled"}
+        # Nothing written: no samples, shard or time-log file.
+        assert not list(results.samples_path(ckpt, "ruler", cfg).parent.glob("ruler*"))
+        calls.clear()
+        sharding.prepare(cfg, ckpt, "ruler", force=False)
+        sharding.run_shard(cfg, ckpt, "ruler", owned, i, 2)
+        assert [c[1:] for c in calls] == compiled and {c[0] for c in calls} == {"decoded"}
+        sharding.prepare(cfg, ckpt, "ruler", force=True)  # the next shard starts from nothing
+        for path in results.samples_path(ckpt, "ruler", cfg).parent.glob("ruler*"):
+            path.unlink()
+    with pytest.raises(ValueError, match="'mmlu' does not decode"):
+        sharding.compile_shard(cfg, ckpt, "mmlu", [sharding.WHOLE])
+
+
+def _config_json(tmp_path: Path, cfg: ExperimentConfig) -> Path:
+    path = tmp_path / "config.json"
+    path.write_text(cfg.model_dump_json())
+    return path
+
+
+def test_first_arm_compiles_ahead_on_the_evaluation_gpus_while_it_trains(
+    tmp_path, demo_corpus, monkeypatch
+):
+    """full-experiment with overlap submits the compile-ahead pass of its first arm (with the
+    arms' base model, on the GPU pool) before that arm trains; not when the arm has trained
+    already, evaluates nothing that decodes, evaluates on CPU, or nothing trains."""
+    from anchorctx.flows import experiment
+    from anchorctx.tasks.sharding import TrainingGpus
+
+    base = tmp_path / "base"
+    save_checkpoint(base, demo_corpus.tokenizer_dir, seed=1, step=0)
+    cfg, _ = _cfg(tmp_path, demo_corpus, "ahead-flow", checkpoint=False)
+    raw = cfg.model_dump(mode="json")
+    raw["model"] = {"path": str(base), "dtype": "float32"}
+    raw["evaluation"]["device"] = "auto"
+    raw["variants"] = [
+        {"name": "full", "attention": "full"},
+        {"name": "anchor", "attention": "anchor"},
+    ]
+    cfg = config_from_dict(raw)
+    submitted = []
+    monkeypatch.setattr(
+        experiment.compile_ahead_task, "submit", lambda *a: submitted.append(a) or "future"
+    )
+    split = TrainingGpus(["0", "1", "2"], ["0"])
+
+    def ahead(stages=None, suites=None, split=split, cfg=cfg):
+        scope = experiment.Scope.of(cfg, None, stages, suites, False, None, None)
+        return experiment._compile_ahead(scope, split)
+
+    assert ahead() == "future"
+    ((arm, checkpoint, suites, gpus),) = submitted
+    assert arm.variant_name == "full" and checkpoint == str(base)
+    assert suites == ["ruler"] and gpus == ["0", "1", "2"]
+    assert ahead(split=None) is None  # no overlap: one GPU, or training on all of them
+    assert ahead(stages=["evaluate"]) is None  # nothing trains first
+    assert ahead(suites=["mmlu"]) is None  # nothing decodes
+    raw["evaluation"]["device"] = "cpu"
+    assert ahead(cfg=config_from_dict(raw)) is None
+    save_checkpoint(
+        arm.run_dir / "checkpoints" / "step-000002", demo_corpus.tokenizer_dir, seed=2, step=2
+    )
+    assert ahead() is None  # trained (or resuming): its training may end at once
+    assert len(submitted) == 1
+
+
+def test_compile_ahead_plans_the_shards_evaluation_will_run(
+    tmp_path, demo_corpus, monkeypatch, prefect_harness
+):
+    """One compile-only shard command per shard of each decoding suite, planned as the
+    evaluation plans it (over the GPUs training leaves), with the given checkpoint."""
+    from prefect import flow
+
+    from anchorctx.flows.sharded import compile_sharded
+    from anchorctx.tasks import sharding as tasks
+    from anchorctx.tasks.sharding import give_gpus, gpu_slots, take_gpus
+
+    cfg, ckpt = _cfg(tmp_path, demo_corpus, "ahead-plan")
+    commands = []
+    monkeypatch.setattr(tasks, "_run_on_gpu", lambda cmd, slots: commands.append(cmd) or "ok")
+    slots = gpu_slots(["3", "4", "5"])
+    held = take_gpus(slots, 1)
+
+    @flow
+    def run() -> list[str]:
+        return compile_sharded(cfg, str(ckpt), ["ruler", "mmlu"], ["3", "4", "5"])
+
+    try:
+        with prefect_harness():
+            assert run() == ["ok", "ok"]
+    finally:
+        give_gpus(slots, held)
+    plan = sharding.plan_shards(cfg, "ruler", 2)
+    got = sorted(commands, key=lambda c: c[c.index("--shard") + 1])
+    for i, (cmd, units) in enumerate(zip(got, plan)):
+        assert cmd[cmd.index("--checkpoint") + 1] == str(ckpt)
+        assert cmd[cmd.index("--shard") + 1 : cmd.index("--shard") + 3] == [str(i), "2"]
+        assert "--compile-only" in cmd and cmd[cmd.index("--units") + 1 :] == units

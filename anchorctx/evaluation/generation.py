@@ -12,7 +12,9 @@ adds BOS itself can never produce two.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import contextlib
+import contextvars
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import torch
@@ -29,6 +31,25 @@ from anchorctx.models.decoding import (
 )
 from anchorctx.models.loading import anchor_token_id, load_model, resolve_device
 from anchorctx.models.settings import ModelConfig
+
+# Set inside :func:`compile_only`.
+_COMPILE_ONLY = contextvars.ContextVar("anchorctx_compile_only", default=False)
+
+
+@contextlib.contextmanager
+def compile_only() -> Iterator[None]:
+    """Within it, :func:`generate_greedy` plans its batches exactly as it would and compiles
+    the static engine's decode step for each (:meth:`GreedyDecoder.prepare`), but prefills and
+    decodes nothing: every text is "". A process that runs an evaluation this way, with the
+    model it will evaluate or one of the same architecture, fills torch's on-disk compile
+    caches with the graphs that evaluation's processes would compile
+    (:func:`anchorctx.evaluation.sharding.compile_shard`). The Hugging Face engine compiles
+    nothing, so it is skipped."""
+    token = _COMPILE_ONLY.set(True)
+    try:
+        yield
+    finally:
+        _COMPILE_ONLY.reset(token)
 
 
 class CheckpointError(FileNotFoundError):
@@ -168,6 +189,13 @@ def _generate_static(
     config = _generation_config(tokenizer, max_new_tokens)
     out: list[str] = [""] * len(encoded)
     for batch in plan:
+        if _COMPILE_ONLY.get():
+            lengths = [len(encoded[i]) for i in batch]
+            decoder.prepare(
+                lengths, max_new_tokens=max_new_tokens, pad_id=config.pad_token_id, stop=rules
+            )
+            _deliver(batch, [""] * len(batch), out, on_batch, bar)
+            continue
         new = decoder.generate(
             [encoded[i] for i in batch],
             max_new_tokens=max_new_tokens,
@@ -221,7 +249,11 @@ def generate_greedy(
     elif len(encoded) != len(prompts):
         raise ValueError(f"{len(encoded)} encoded prompts for {len(prompts)} prompts")
     bar = tqdm(total=len(prompts), desc=desc, unit="sample", disable=not progress)
-    if prompts and _pick_engine(engine, model, encoded, max_new_tokens) == "static":
+    static = bool(prompts) and _pick_engine(engine, model, encoded, max_new_tokens) == "static"
+    if not static and _COMPILE_ONLY.get():
+        bar.close()
+        return [""] * len(prompts)
+    if static:
         texts = _generate_static(
             model,
             tokenizer,

@@ -125,11 +125,14 @@ class Suite:
     # The data files it reads, by config key, where the section's own path fields do not say
     # (lm-eval suites: the files of their units only, not a whole dataset directory).
     inputs: Callable[[ExperimentConfig], dict[str, Path]] | None = None
+    # Its runner decodes through generate_greedy alone, so a compile-only pass
+    # (generation.compile_only) costs it no prefill or decoding: it can be compiled ahead.
+    decodes: bool = False
 
 
 SUITES: dict[str, Suite] = {
-    "ruler": Suite(ruler.run_suite, "ruler", ignore=("sample_store",)),
-    "longbench": Suite(longbench.run_suite, "longbench", required=("data_dir",)),
+    "ruler": Suite(ruler.run_suite, "ruler", ignore=("sample_store",), decodes=True),
+    "longbench": Suite(longbench.run_suite, "longbench", required=("data_dir",), decodes=True),
     "mmlu": Suite(
         harness.run_suite_mmlu,
         "harness",

@@ -21,6 +21,8 @@ and writes ``<suite>.json``; re-running it is the usual cached no-op.
         --shard 0 2 --units niah_single_1/4096 qa_1/131072      # one shard (one GPU)
     python -m anchorctx.evaluation.sharding --config CFG.json --checkpoint DIR --suite ruler \
         --finalize                                               # merge and write the result
+    python -m anchorctx.evaluation.sharding --config CFG.json --checkpoint BASE --suite ruler \
+        --shard 0 2 --units niah_single_1/4096 --compile-only    # compile ahead (compile_shard)
 """
 
 from __future__ import annotations
@@ -247,6 +249,53 @@ def run_shard(
     return out
 
 
+def compile_shard(
+    cfg: ExperimentConfig,
+    checkpoint: str | Path,
+    suite: str,
+    owned: list[str],
+    *,
+    timing: dict[str, float] | None = None,
+) -> int:
+    """Run the shard of ``owned`` units compile-only (:func:`~anchorctx.evaluation.generation.
+    compile_only`): the same samples and batches as :func:`run_shard` from nothing, so its
+    process compiles the graphs that shard's process will, into torch's on-disk caches;
+    nothing is generated or written. ``checkpoint``: the evaluated model or any of its
+    architecture and dtype (the arms' base model, before they are trained: the compiled
+    graphs depend on shapes, not weights; same depth, so the memory-sized batches are the
+    same). Returns the number of samples planned; ``timing`` receives the phases' seconds."""
+    start = time.perf_counter()
+    spec = get_suite(suite)
+    if not spec.decodes:
+        raise ValueError(f"suite {suite!r} does not decode through the static engine alone")
+    ckpt = check_checkpoint(checkpoint)
+    check_inputs(cfg, suite)
+    view = _OwnedOnly({}, suite, set(owned)) if owned != [WHOLE] else {}
+    loading = time.perf_counter()
+    # Imported here, inside the load phase as in run_shard (where the model's loading imports
+    # torch and transformers): the flow processes that plan shards never import them.
+    from anchorctx.evaluation.generation import compile_only
+
+    # The key only scopes the process' model cache: this process evaluates nothing.
+    model, tokenizer = cached_model(ckpt, cfg, "compile-only")
+    compiling = time.perf_counter()
+    planned = 0
+
+    def on_sample(record: dict[str, Any]) -> None:
+        nonlocal planned
+        planned += 1
+
+    with compile_only():
+        spec.runner(model, tokenizer, cfg, done=view, on_sample=on_sample, progress=False)
+    if timing is not None:
+        timing.update(
+            setup_s=loading - start,
+            load_s=compiling - loading,
+            compile_s=time.perf_counter() - compiling,
+        )
+    return planned
+
+
 def merge_shards(cfg: ExperimentConfig, checkpoint: str | Path, suite: str) -> int:
     """Fold the shard files into the samples file (records sorted by key); returns the count."""
     ckpt = check_checkpoint(checkpoint)
@@ -355,6 +404,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--units", nargs="*", default=[WHOLE])
     p.add_argument("--finalize", action="store_true")
     p.add_argument(
+        "--compile-only",
+        action="store_true",
+        help="With --shard: compile the shard's decode steps into torch's on-disk caches "
+        "(prefill and decoding skipped, nothing written); --checkpoint may be any model of "
+        "the evaluated one's architecture.",
+    )
+    p.add_argument(
         "--finalize-when-complete",
         action="store_true",
         help="With --shard: the shard that completes the evaluation also merges it.",
@@ -368,8 +424,13 @@ def main(argv: list[str] | None = None) -> int:
             # line: the log then says what was recomputed and why.
             print(f"merge: {missing_report(cfg, args.checkpoint, args.suite)}")
         print(finalize(cfg, args.checkpoint, args.suite))
-    elif args.shard:
+    elif args.shard and args.compile_only:
         timing: dict[str, float] = {}
+        planned = compile_shard(cfg, args.checkpoint, args.suite, args.units, timing=timing)
+        print(json.dumps({"compile_timing": {k: round(v, 3) for k, v in timing.items()}}))
+        print(f"compiled the decode steps of {planned} samples")
+    elif args.shard:
+        timing = {}
         out = run_shard(cfg, args.checkpoint, args.suite, args.units, *args.shard, timing=timing)
         # Where a shard's time goes (the bench reads it); the last line stays the shard file.
         print(json.dumps({"shard_timing": {k: round(v, 3) for k, v in timing.items()}}))

@@ -7,6 +7,8 @@
       ├─ pretrain            only with a ``pretrain`` section: the arms' base model, trained
       │                      from scratch by the same train flow (cached like any run)
       ├─ prepare-data        once per distinct data config + tokenizer (tagged arms get their own)
+      ├─ compile-ahead       multi-GPU overlap only: the first arm's decode steps compiled on
+      │                      the evaluation GPUs while it trains (a task, not a flow)
       ├─ train               per arm: a child process group (torchrun for several GPUs)
       ├─ evaluate            per arm: every checkpoint × suite as mapped, content-cached tasks
       └─ report              variants side by side; tables, plot and summary as artifacts
@@ -39,9 +41,10 @@ from prefect.futures import PrefectFuture, as_completed
 from prefect.runtime import flow_run
 from prefect.task_runners import ThreadPoolTaskRunner
 
+from anchorctx.evaluation.results import get_suite
 from anchorctx.evaluation.tracking import log_evaluation, log_report
 from anchorctx.experiment import ExperimentConfig
-from anchorctx.flows.sharded import evaluate_sharded, wait_all
+from anchorctx.flows.sharded import compile_sharded, evaluate_sharded, wait_all
 from anchorctx.tasks.api import api_errors
 from anchorctx.tasks.artifacts import (
     Progress,
@@ -517,6 +520,7 @@ def _train_and_evaluate(scope: Scope, datasets: dict[str, str]) -> None:
     a task beside the next arm's training on the GPUs training does not hold."""
     evaluations: list[PrefectFuture] = []
     with _overlap(scope) as split:
+        ahead = _compile_ahead(scope, split)
         for arm in scope.arms:
             if scope.runs("train"):
                 _train_arm(scope, arm, datasets[data_key(arm)], split)
@@ -528,7 +532,41 @@ def _train_and_evaluate(scope: Scope, datasets: dict[str, str]) -> None:
                 evaluations.append(evaluate_arm_task.submit(arm, suites, force, split.gpus))
             else:
                 evaluate_flow(arm, suites=suites, force=force)
+    if ahead is not None:
+        ahead.wait()
+        if ahead.state.is_failed():  # it only saves time: the evaluations compiled it anyway
+            get_run_logger().warning("compile ahead failed: %s", ahead.state.message)
     wait_all(evaluations, "arm evaluations")
+
+
+def _compile_ahead(scope: Scope, split: TrainingGpus | None) -> PrefectFuture | None:
+    """Compile the first arm's decode steps on the evaluation GPUs while it trains, or None.
+
+    Why: each evaluation shard is a new process. Later arms find the fused decode step and
+    FlexAttention compiled in torch's on-disk caches, but the first arm's shards compile into
+    empty ones: 20-25 s more generation each (docs/PERFORMANCE.md). Its evaluation GPUs are
+    idle while it trains, so the same shards run there first, compile-only, with the arm's
+    base model (the architecture it will have). Only when the arm is about to train (no
+    checkpoint yet) from a model on disk, and evaluates a suite that decodes."""
+    if split is None or not split.gpus or not scope.runs("train"):
+        return None
+    arm = scope.arms[0]
+    suites = [s for s in scope.suites_of(arm) if get_suite(s).decodes]
+    if not (scope.runs("evaluate") and suites) or arm.model.path is None:
+        return None
+    if arm.evaluation.device == "cpu" or arm.evaluation.work_pool:
+        return None
+    if list_checkpoint_paths(arm.run_dir):  # trained or resuming: its training may be short
+        return None
+    return compile_ahead_task.submit(arm, str(arm.model.path), suites, split.gpus)
+
+
+@prefect_task(name="compile-ahead", cache_policy=NO_CACHE, persist_result=False)
+def compile_ahead_task(
+    cfg: ExperimentConfig, checkpoint: str, suites: list[str], gpus: list[str]
+) -> list[str]:
+    """:func:`anchorctx.flows.sharded.compile_sharded` as a task beside the first arm's training."""
+    return compile_sharded(cfg, checkpoint, suites, gpus)
 
 
 def _train_arm(

@@ -16,11 +16,12 @@ from pathlib import Path
 
 from prefect.task_runners import ThreadPoolTaskRunner
 
-from anchorctx.evaluation.results import result_path
+from anchorctx.evaluation.results import get_suite, result_path
 from anchorctx.evaluation.sharding import is_done, plan_shards, prepare
 from anchorctx.experiment import ExperimentConfig
 from anchorctx.io import atomic_write_text
 from anchorctx.tasks.sharding import (
+    compile_shard_task,
     evaluate_shard_task,
     evaluation_gpus,
     finalize_task,
@@ -93,3 +94,37 @@ def evaluate_sharded(
             ]
             wait_all(merges, "evaluation merges")
     return [str(result_path(c, s, cfg)) for c, s in pairs]
+
+
+def compile_sharded(
+    cfg: ExperimentConfig, checkpoint: str, suites: Sequence[str], gpus: Sequence[str]
+) -> list[str]:
+    """Compile ahead, over ``gpus``, what an evaluation of ``suites`` planned now would compile:
+    one compile-only pass (:func:`anchorctx.evaluation.sharding.compile_shard`) per shard of
+    each suite that decodes, with ``checkpoint`` (a model of the evaluated architecture). The
+    shards are planned as :func:`evaluate_sharded` plans them (as many as GPUs evaluation has
+    now), so the passes compile the batch shapes the shards will decode, spread over the GPUs
+    as the shards will be. Returns each pass' last output line."""
+    slots = gpu_slots(list(gpus))
+    count = evaluation_gpus(slots)
+    config_json = str(config_file(cfg))
+    with ThreadPoolTaskRunner(max_workers=len(gpus)) as runner:
+        passes = [
+            runner.submit(
+                compile_shard_task,
+                {
+                    "config_json": config_json,
+                    "checkpoint": checkpoint,
+                    "suite": s,
+                    "index": i,
+                    "count": len(plan),
+                    "units": units,
+                    "slots": slots,
+                },
+            )
+            for s in suites
+            if get_suite(s).decodes
+            for plan in [plan_shards(cfg, s, count)]
+            for i, units in enumerate(plan)
+        ]
+        return wait_all(passes, "compile-ahead passes")

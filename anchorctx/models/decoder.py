@@ -248,12 +248,38 @@ def _fused_post_attention(
     return h + F.linear(_ACTIVATIONS[shape.act](gate) * up, w.wdown, w.bdown)
 
 
+# Compiled graphs a decode-step function may keep in one process: one per batch shape
+# (dynamic=False below). torch's default (8) would fall back to eager after 8 shapes; a RULER
+# run over 13 tasks x 6 lengths decodes ~150 shapes in one process.
+RECOMPILE_LIMIT = 1024
+
+
+def static_shapes(fn):
+    """Decorator for callers of the decode step's compiled functions: room for one static
+    graph per batch shape (:data:`RECOMPILE_LIMIT`). The patch is made per call, so importing
+    this module does not import torch's compiler."""
+
+    @functools.wraps(fn)
+    def call(*args, **kwargs):
+        with torch._dynamo.config.patch(
+            recompile_limit=RECOMPILE_LIMIT, accumulated_recompile_limit=4 * RECOMPILE_LIMIT
+        ):
+            return fn(*args, **kwargs)
+
+    return call
+
+
 @functools.cache
 def _compiled(fn):
     # One compiled function per process (not per decoder): dynamo guards on the weights'
     # metadata, not on which layer's container holds them, so every layer and decoder shares
     # one cache entry; fullgraph: a graph break would silently unfuse the step.
-    return torch.compile(fn, fullgraph=True)
+    # dynamic=False: one static graph per batch shape. With torch's automatic dynamic shapes a
+    # process compiles its second shape as dynamic, so which kernel decodes a batch would
+    # depend on the batches the process decoded before: two shardings of one evaluation then
+    # gave different greedy tokens on 11-28 of 232 records with deterministic decoding, and
+    # the dynamic graphs decoded 2.8x slower (docs/PERFORMANCE.md, "Static decode graphs").
+    return torch.compile(fn, fullgraph=True, dynamic=False)
 
 
 def _prefill_attention(
@@ -402,6 +428,7 @@ class StaticDecoder:
             h = h + layer.mlp(layer.post_attention_layernorm(h))
         return h
 
+    @static_shapes
     def _fused_forward(
         self,
         cache: KVCache,

@@ -179,9 +179,10 @@ def _flex_decode(q, k, v, visible, kv_blocks, kv_index, scale):
 
 @functools.cache
 def _compiled_flex_decode():
-    # Compiled once per process; a new batch shape recompiles (automatic dynamic shapes after
-    # the first). Uncompiled, flex_attention materializes the scores (fine on CPU, in tests).
-    return torch.compile(_flex_decode, fullgraph=True)
+    # Compiled once per process; a new batch shape compiles a static graph of its own (as the
+    # fused step, anchorctx.models.decoder._compiled, says why). Uncompiled, flex_attention
+    # materializes the scores (fine on CPU, in tests).
+    return torch.compile(_flex_decode, fullgraph=True, dynamic=False)
 
 
 def _eager_flex_decode(*args):
@@ -391,6 +392,7 @@ class GreedyDecoder:
         visible = b.mask[:, 0, 0]  # [B, S]
         return lambda q, k, v: flex(q, k, v, visible, b.kv_blocks, b.kv_index, scale)
 
+    @static.static_shapes
     def _step(self, b: _Batch) -> None:
         """One token for every row; only in-place device work, so it can be graph-captured."""
         b.mask.index_fill_(3, b.slot, True)  # the slot written now becomes visible
@@ -435,6 +437,49 @@ class GreedyDecoder:
             self._batch = _Batch.allocate(self.decoder, batch, slots, new_tokens, stop_ids, pad_id)
         return self._batch
 
+    def _batch_for(
+        self, lengths: Sequence[int], max_new_tokens: int, pad_id: int, stop: StopRules
+    ) -> tuple[_Batch, int]:
+        """The buffers for prompts of ``lengths`` (reused when the last batch had the same
+        shape) and W, the prompts' common end slot."""
+        if min(lengths) < 1 or max_new_tokens < 1:
+            raise ValueError("every prompt needs a token and max_new_tokens must be >= 1")
+        width = max(lengths)  # W: the common end slot of the prompts
+        reason = unsupported_reason(self.model, width + max_new_tokens)
+        if reason is not None:
+            raise UnsupportedModelError(f"static decoding: {reason}")
+        # The last new token is never fed back, so it needs no slot.
+        slots = _round_up(width + max_new_tokens - 1, SLOT_ROUND)
+        stop_ids = sorted(set(stop.stop_token_ids))
+        return self._buffers(len(lengths), slots, max_new_tokens, stop_ids, pad_id), width
+
+    def prepare(
+        self,
+        lengths: Sequence[int],
+        *,
+        max_new_tokens: int,
+        pad_id: int,
+        stop: StopRules = StopRules(),
+    ) -> None:
+        """Compile (and capture) the decode step ``generate`` would run for prompts of these
+        token ``lengths``, without prefilling or decoding them.
+
+        Why: the fused step and FlexAttention compile one static graph per batch shape (a few
+        seconds each), and torch keeps what it compiled in its on-disk caches (Inductor's FX
+        graph cache, Triton's kernels). A process that calls ``prepare`` for the batch shapes a
+        later evaluation will decode leaves that evaluation's graphs in the cache, and the
+        evaluation then loads instead of compiling them. The step runs once on the zeroed
+        buffers; ``generate`` overwrites everything it wrote.
+        """
+        b, _ = self._batch_for(lengths, max_new_tokens, pad_id, stop)
+        if max_new_tokens < 2:  # generate's first token comes from the prefill: no step runs
+            return
+        with torch.inference_mode():
+            if b.graph is None and self.use_graph:
+                self._capture(b)
+            elif not self.use_graph:
+                self._step(b)
+
     def generate(
         self,
         rows: Sequence[Sequence[int]],
@@ -451,16 +496,7 @@ class GreedyDecoder:
         if stop.stop_strings and decode is None:
             raise ValueError("StopRules.stop_strings needs a decode function")
         lengths = [len(r) for r in rows]
-        if min(lengths) < 1 or max_new_tokens < 1:
-            raise ValueError("every prompt needs a token and max_new_tokens must be >= 1")
-        width = max(lengths)  # W: the common end slot of the prompts
-        reason = unsupported_reason(self.model, width + max_new_tokens)
-        if reason is not None:
-            raise UnsupportedModelError(f"static decoding: {reason}")
-        # The last new token is never fed back, so it needs no slot.
-        slots = _round_up(width + max_new_tokens - 1, SLOT_ROUND)
-        stop_ids = sorted(set(stop.stop_token_ids))
-        b = self._buffers(len(rows), slots, max_new_tokens, stop_ids, pad_id)
+        b, width = self._batch_for(lengths, max_new_tokens, pad_id, stop)
         with torch.inference_mode():
             b.mask.zero_()
             for r, n in enumerate(lengths):
@@ -493,7 +529,8 @@ class GreedyDecoder:
                     if bool(b.done.all()):
                         break
             out = b.out[:, :produced].tolist()
-        return [self._truncate(row, set(stop_ids), string_stop.get(r)) for r, row in enumerate(out)]
+        ends = set(stop.stop_token_ids)
+        return [self._truncate(row, ends, string_stop.get(r)) for r, row in enumerate(out)]
 
     @staticmethod
     def _check_strings(b: _Batch, produced: int, strings, decode, found: dict[int, int]) -> None:

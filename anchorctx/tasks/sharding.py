@@ -142,9 +142,11 @@ def shard_command(
     shard: tuple[int, int] | None,
     units: Sequence[str] = (),
     merge: bool = False,
+    compile_only: bool = False,
 ) -> list[str]:
     """``merge``: the shard that completes the evaluation also merges it (saves a process and
-    a model load per evaluation; the merge task then finds the result done)."""
+    a model load per evaluation; the merge task then finds the result done). ``compile_only``:
+    the shard's compile-ahead pass instead (``sharding.compile_shard``)."""
     cmd = [
         sys.executable,
         "-m",
@@ -159,6 +161,7 @@ def shard_command(
     if shard is None:
         return [*cmd, "--finalize"]
     merging = ["--finalize-when-complete"] if merge else []
+    merging += ["--compile-only"] if compile_only else []
     return [*cmd, "--shard", str(shard[0]), str(shard[1]), *merging, "--units", *units]
 
 
@@ -186,6 +189,11 @@ def _shard_run_name() -> str:
     return f"evaluate-{p['suite']}-{Path(p['checkpoint']).name}-{which}"
 
 
+def _compile_run_name() -> str:
+    p = task_run.parameters
+    return f"compile-ahead-{p['suite']}-{p['index']}-of-{p['count']}"
+
+
 @task(name="evaluate-shard", task_run_name=_shard_run_name)
 def evaluate_shard_task(
     config_json: str,
@@ -207,3 +215,21 @@ def evaluate_shard_task(
 def finalize_task(config_json: str, checkpoint: str, suite: str, slots: str) -> str:
     """Merge the shards of one evaluation and write its result; returns the result path."""
     return _run_on_gpu(shard_command(config_json, checkpoint, suite, shard=None), slots)
+
+
+@task(name="compile-ahead", task_run_name=_compile_run_name)
+def compile_shard_task(
+    config_json: str,
+    checkpoint: str,
+    suite: str,
+    index: int,
+    count: int,
+    units: list[str],
+    slots: str,
+) -> str:
+    """The compile-ahead pass of one shard (``sharding.compile_shard``) on a free GPU of the
+    pool; returns its last output line."""
+    cmd = shard_command(
+        config_json, checkpoint, suite, shard=(index, count), units=units, compile_only=True
+    )
+    return _run_on_gpu(cmd, slots)

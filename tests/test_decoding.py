@@ -223,7 +223,7 @@ def test_prepare_then_generate_equals_generate(model, step):
     decoder.prepare([len(r) for r in rows], max_new_tokens=NEW, pad_id=PAD, stop=rules)
     prepared = decoder._batch
     assert prepared is not None and prepared.key == (len(rows), 128, NEW, (2,), PAD)
-    assert bool(prepared.slot.item() == 1)  # the step ran (eager on CPU): it moved the slot
+    assert prepared.slot.item() == 1  # the step ran (eager on CPU): it moved the slot
     got = decoder.generate(rows, max_new_tokens=NEW, pad_id=PAD, stop=rules)
     assert decoder._batch is prepared and got == ref
 

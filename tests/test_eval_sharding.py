@@ -289,14 +289,13 @@ def _config_json(tmp_path: Path, cfg: ExperimentConfig) -> Path:
     return path
 
 
-def test_first_arm_compiles_ahead_on_the_evaluation_gpus_while_it_trains(
-    tmp_path, demo_corpus, monkeypatch
-):
-    """full-experiment with overlap submits the compile-ahead pass of its first arm (with the
-    arms' base model, on the GPU pool) before that arm trains; not when the arm has trained
-    already, evaluates nothing that decodes, evaluates on CPU, or nothing trains."""
+def test_first_arm_compiles_ahead_before_it_evaluates(tmp_path, demo_corpus, monkeypatch):
+    """full-experiment submits the compile-ahead pass of its first arm (with the arms' base
+    model) on GPUs idle anyway: with overlap, the evaluation GPUs while that arm trains;
+    without, every GPU while the data is packed, after the base model's evaluation. Not when
+    the arm has trained already, evaluates nothing that decodes, evaluates on CPU, or nothing
+    trains."""
     from anchorctx.flows import experiment
-    from anchorctx.tasks.sharding import TrainingGpus
 
     base = tmp_path / "base"
     save_checkpoint(base, demo_corpus.tokenizer_dir, seed=1, step=0)
@@ -304,35 +303,50 @@ def test_first_arm_compiles_ahead_on_the_evaluation_gpus_while_it_trains(
     raw = cfg.model_dump(mode="json")
     raw["model"] = {"path": str(base), "dtype": "float32"}
     raw["evaluation"]["device"] = "auto"
+    raw["training"]["nproc"] = 1
     raw["variants"] = [
         {"name": "full", "attention": "full"},
         {"name": "anchor", "attention": "anchor"},
     ]
     cfg = config_from_dict(raw)
     submitted = []
-    monkeypatch.setattr(
-        experiment.compile_ahead_task, "submit", lambda *a: submitted.append(a) or "future"
-    )
-    split = TrainingGpus(["0", "1", "2"], ["0"])
 
-    def ahead(stages=None, suites=None, split=split, cfg=cfg):
-        scope = experiment.Scope.of(cfg, None, stages, suites, False, None, None)
-        return experiment._compile_ahead(scope, split)
+    def submit(*args, wait_for=None):
+        submitted.append((*args, wait_for))
+        return "future"
 
-    assert ahead() == "future"
-    ((arm, checkpoint, suites, gpus),) = submitted
+    monkeypatch.setattr(experiment.compile_ahead_task, "submit", submit)
+
+    def scope(stages=None, suites=None, cfg=cfg):
+        return experiment.Scope.of(cfg, None, stages, suites, False, None, None)
+
+    def ahead(gpus=("0", "1", "2"), after=None, **kw):
+        target = experiment._to_compile(scope(**kw))
+        return target and experiment._compile_ahead(target, list(gpus), after)
+
+    assert ahead(after="base evaluation") == "future"
+    ((arm, checkpoint, suites, gpus, after),) = submitted
     assert arm.variant_name == "full" and checkpoint == str(base)
-    assert suites == ["ruler"] and gpus == ["0", "1", "2"]
-    assert ahead(split=None) is None  # no overlap: one GPU, or training on all of them
+    assert suites == ["ruler"] and gpus == ["0", "1", "2"] and after == ["base evaluation"]
+    assert ahead(gpus=()) is None  # no GPU
     assert ahead(stages=["evaluate"]) is None  # nothing trains first
     assert ahead(suites=["mmlu"]) is None  # nothing decodes
     raw["evaluation"]["device"] = "cpu"
     assert ahead(cfg=config_from_dict(raw)) is None
-    save_checkpoint(
-        arm.run_dir / "checkpoints" / "step-000002", demo_corpus.tokenizer_dir, seed=2, step=2
-    )
+    step = arm.run_dir / "checkpoints" / "step-000002"
+    save_checkpoint(step, demo_corpus.tokenizer_dir, seed=2, step=2)
     assert ahead() is None  # trained (or resuming): its training may end at once
     assert len(submitted) == 1
+    # Where: beside the first arm's training with overlap (arms on one GPU of three), else
+    # before it, while the data is packed (one GPU).
+    step.parent.parent.rename(tmp_path / "trained")  # untrained again
+    monkeypatch.setattr(experiment, "visible_gpus", lambda: ["0", "1", "2"])
+    assert experiment._overlaps(scope())
+    assert experiment._compile_before_training(scope(), None) is None
+    monkeypatch.setattr(experiment, "visible_gpus", lambda: ["0"])
+    assert not experiment._overlaps(scope())
+    assert experiment._compile_before_training(scope(), "base evaluation") == "future"
+    assert submitted[-1][3:] == (["0"], ["base evaluation"])
 
 
 def test_compile_ahead_plans_the_shards_evaluation_will_run(

@@ -7,8 +7,9 @@
       ├─ pretrain            only with a ``pretrain`` section: the arms' base model, trained
       │                      from scratch by the same train flow (cached like any run)
       ├─ prepare-data        once per distinct data config + tokenizer (tagged arms get their own)
-      ├─ compile-ahead       multi-GPU overlap only: the first arm's decode steps compiled on
-      │                      the evaluation GPUs while it trains (a task, not a flow)
+      ├─ compile-ahead       on GPUs: the first arm's decode steps compiled while the arms'
+      │                      data is packed, or with overlap on the evaluation GPUs while it
+      │                      trains (a task, not a flow)
       ├─ train               per arm: a child process group (torchrun for several GPUs)
       ├─ evaluate            per arm: every checkpoint × suite as mapped, content-cached tasks
       └─ report              variants side by side; tables, plot and summary as artifacts
@@ -74,7 +75,12 @@ from anchorctx.tasks.evaluation import (
 )
 from anchorctx.tasks.reporting import report_tables, summary_tables
 from anchorctx.tasks.reuse import submission, tag_flow_run_cached, was_cached
-from anchorctx.tasks.sharding import TrainingGpus, hold_training_gpus, visible_gpus
+from anchorctx.tasks.sharding import (
+    TrainingGpus,
+    hold_training_gpus,
+    overlap_training_gpus,
+    visible_gpus,
+)
 from anchorctx.tasks.training import checkpoints_exist, list_checkpoint_paths, train_task
 
 # Evaluation tasks running at once in one flow run. One by default: on a single GPU (or two CPU
@@ -476,11 +482,16 @@ def _run_experiment(scope: Scope) -> dict[str, Any]:
     base_eval = _pretrain(scope)
     if scope.runs("data", "train"):
         _check_base_model(scope.cfg)  # the arms' tokenizer and weights are the pretrained model's
+    # Without overlap, the GPUs are idle while the arms' data is packed: compile there (after
+    # the base model's evaluation, which would compete for the memory); with overlap the
+    # evaluation GPUs are idle while the first arm trains (_train_and_evaluate).
+    ahead = _compile_before_training(scope, base_eval)
     try:
         datasets = _prepare_datasets(scope)
     finally:
         if base_eval is not None:  # before the arms train: they would share the GPU with it
             wait_all([base_eval], "base model evaluations")
+        _settle(ahead)  # the same
     _train_and_evaluate(scope, datasets)
     out: dict[str, Any] = {"experiment_dir": str(scope.cfg.experiment_dir)}
     if scope.runs("report"):
@@ -520,7 +531,9 @@ def _train_and_evaluate(scope: Scope, datasets: dict[str, str]) -> None:
     a task beside the next arm's training on the GPUs training does not hold."""
     evaluations: list[PrefectFuture] = []
     with _overlap(scope) as split:
-        ahead = _compile_ahead(scope, split)
+        ahead = None
+        if split is not None and (target := _to_compile(scope)) is not None:
+            ahead = _compile_ahead(target, split.gpus)  # beside the first arm's training
         for arm in scope.arms:
             if scope.runs("train"):
                 _train_arm(scope, arm, datasets[data_key(arm)], split)
@@ -532,40 +545,72 @@ def _train_and_evaluate(scope: Scope, datasets: dict[str, str]) -> None:
                 evaluations.append(evaluate_arm_task.submit(arm, suites, force, split.gpus))
             else:
                 evaluate_flow(arm, suites=suites, force=force)
-    if ahead is not None:
-        ahead.wait()
-        if ahead.state.is_failed():  # it only saves time: the evaluations compiled it anyway
-            get_run_logger().warning("compile ahead failed: %s", ahead.state.message)
+    _settle(ahead)
     wait_all(evaluations, "arm evaluations")
 
 
-def _compile_ahead(scope: Scope, split: TrainingGpus | None) -> PrefectFuture | None:
-    """Compile the first arm's decode steps on the evaluation GPUs while it trains, or None.
+def _to_compile(scope: Scope) -> tuple[ExperimentConfig, list[str]] | None:
+    """The first arm and its suites to compile ahead (:func:`_compile_ahead`), or None.
 
-    Why: each evaluation shard is a new process. Later arms find the fused decode step and
-    FlexAttention compiled in torch's on-disk caches, but the first arm's shards compile into
-    empty ones: 20-25 s more generation each (docs/PERFORMANCE.md). Its evaluation GPUs are
-    idle while it trains, so the same shards run there first, compile-only, with the arm's
-    base model (the architecture it will have). Only when the arm is about to train (no
-    checkpoint yet) from a model on disk, and evaluates a suite that decodes."""
-    if split is None or not split.gpus or not scope.runs("train"):
+    Why: the decode step compiles one graph per batch shape. The first arm's evaluation (its
+    shard processes, or the flow process on one GPU) would compile them all, ~30 s on
+    gpu-small's 8K evaluation (docs/PERFORMANCE.md, "Static decode graphs"); later arms load
+    them from torch's on-disk caches or this process' memory. So the same evaluation runs first
+    on GPUs that are idle anyway, compile-only, with the arm's base model (the architecture it
+    will have). Only when the arm is about to train (no checkpoint yet) from a model on disk,
+    evaluates on GPUs, and evaluates a suite that decodes."""
+    if not (scope.runs("train") and scope.runs("evaluate")):
         return None
     arm = scope.arms[0]
     suites = [s for s in scope.suites_of(arm) if get_suite(s).decodes]
-    if not (scope.runs("evaluate") and suites) or arm.model.path is None:
+    if not suites or arm.model.path is None:
         return None
     if arm.evaluation.device == "cpu" or arm.evaluation.work_pool:
         return None
     if list_checkpoint_paths(arm.run_dir):  # trained or resuming: its training may be short
         return None
-    return compile_ahead_task.submit(arm, str(arm.model.path), suites, split.gpus)
+    return arm, suites
+
+
+def _compile_ahead(
+    target: tuple[ExperimentConfig, list[str]], gpus: list[str], after: PrefectFuture | None = None
+) -> PrefectFuture | None:
+    """Submit the compile-ahead task of ``target`` (:func:`_to_compile`) on ``gpus``, to start
+    once ``after`` is done; None without GPUs."""
+    if not gpus:
+        return None
+    arm, suites = target
+    waits = [after] if after is not None else None
+    return compile_ahead_task.submit(arm, str(arm.model.path), suites, gpus, wait_for=waits)
+
+
+def _compile_before_training(scope: Scope, after: PrefectFuture | None) -> PrefectFuture | None:
+    """Without overlap, compile ahead on every GPU while the arms' data is packed (after
+    ``after``, the base model's evaluation, which would compete for their memory); with
+    overlap, :func:`_train_and_evaluate` does it on the evaluation GPUs beside the first arm's
+    training instead. The cheap checks first: listing the GPUs may import torch."""
+    target = _to_compile(scope)
+    if target is None or _overlaps(scope):
+        return None
+    return _compile_ahead(target, visible_gpus(), after)
+
+
+def _settle(ahead: PrefectFuture | None) -> None:
+    """Wait for a compile-ahead task; its failure is a warning: it only saves time (the
+    evaluations compile whatever it did not)."""
+    if ahead is None:
+        return
+    ahead.wait()
+    if not ahead.state.is_completed():
+        get_run_logger().warning("compile ahead did not finish: %s", ahead.state.message)
 
 
 @prefect_task(name="compile-ahead", cache_policy=NO_CACHE, persist_result=False)
 def compile_ahead_task(
     cfg: ExperimentConfig, checkpoint: str, suites: list[str], gpus: list[str]
 ) -> list[str]:
-    """:func:`anchorctx.flows.sharded.compile_sharded` as a task beside the first arm's training."""
+    """:func:`anchorctx.flows.sharded.compile_sharded` as a task beside the first arm's
+    training or the arms' data packing."""
     return compile_sharded(cfg, checkpoint, suites, gpus)
 
 
@@ -577,11 +622,22 @@ def _train_arm(
     return train_flow(arm, force=force, timeout_s=scope.train_timeout_s, dataset=dataset, gpus=gpus)
 
 
+def _may_overlap(scope: Scope) -> bool:
+    return {"train", "evaluate"} <= scope.stages and len(scope.arms) > 1
+
+
+def _overlaps(scope: Scope) -> bool:
+    """Whether :func:`_overlap` will hold training GPUs apart (and evaluate beside them)."""
+    if not _may_overlap(scope):
+        return False
+    return overlap_training_gpus(scope.cfg, scope.arms, visible_gpus()) is not None
+
+
 @contextlib.contextmanager
 def _overlap(scope: Scope) -> Iterator[TrainingGpus | None]:
     """Training's share of the GPU slot pool while the arms train (evaluation.overlap), or
     None: each arm is trained, then evaluated. The GPUs go back to the pool on exit."""
-    if not ({"train", "evaluate"} <= scope.stages and len(scope.arms) > 1):
+    if not _may_overlap(scope):
         yield None
         return
     with hold_training_gpus(scope.cfg, scope.arms) as split:

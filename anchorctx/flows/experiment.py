@@ -491,7 +491,7 @@ def _run_experiment(scope: Scope) -> dict[str, Any]:
     finally:
         if base_eval is not None:  # before the arms train: they would share the GPU with it
             wait_all([base_eval], "base model evaluations")
-        _settle(ahead)  # the same
+        _settle(ahead)  # before the arms train too: its passes hold GPUs and memory
     _train_and_evaluate(scope, datasets)
     out: dict[str, Any] = {"experiment_dir": str(scope.cfg.experiment_dir)}
     if scope.runs("report"):

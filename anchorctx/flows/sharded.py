@@ -21,7 +21,6 @@ from anchorctx.evaluation.sharding import is_done, plan_shards, prepare
 from anchorctx.experiment import ExperimentConfig
 from anchorctx.io import atomic_write_text
 from anchorctx.tasks.sharding import (
-    compile_shard_task,
     evaluate_shard_task,
     evaluation_gpus,
     finalize_task,
@@ -65,21 +64,9 @@ def evaluate_sharded(
         count = evaluation_gpus(slots)
         with ThreadPoolTaskRunner(max_workers=len(gpus)) as runner:
             shards = [
-                runner.submit(
-                    evaluate_shard_task,
-                    {
-                        "config_json": config_json,
-                        "checkpoint": c,
-                        "suite": s,
-                        "index": i,
-                        "count": len(plan),
-                        "units": units,
-                        "slots": slots,
-                    },
-                )
+                runner.submit(evaluate_shard_task, params)
                 for c, s in todo
-                for plan in [plan_shards(cfg, s, count)]
-                for i, units in enumerate(plan)
+                for params in _shard_params(config_json, c, s, plan_shards(cfg, s, count), slots)
             ]
             wait_all(shards, "evaluation shards")
             # The shard that completed a pair merged it already; a merge task is left only
@@ -96,6 +83,26 @@ def evaluate_sharded(
     return [str(result_path(c, s, cfg)) for c, s in pairs]
 
 
+def _shard_params(
+    config_json: str, checkpoint: str, suite: str, plan: list[list[str]], slots: str, **how
+) -> list[dict]:
+    """:func:`~anchorctx.tasks.sharding.evaluate_shard_task`'s parameters for each shard of
+    ``plan`` (``how``: its other options)."""
+    return [
+        {
+            "config_json": config_json,
+            "checkpoint": checkpoint,
+            "suite": suite,
+            "index": i,
+            "count": len(plan),
+            "units": units,
+            "slots": slots,
+            **how,
+        }
+        for i, units in enumerate(plan)
+    ]
+
+
 def compile_sharded(
     cfg: ExperimentConfig, checkpoint: str, suites: Sequence[str], gpus: Sequence[str]
 ) -> list[str]:
@@ -110,21 +117,11 @@ def compile_sharded(
     config_json = str(config_file(cfg))
     with ThreadPoolTaskRunner(max_workers=len(gpus)) as runner:
         passes = [
-            runner.submit(
-                compile_shard_task,
-                {
-                    "config_json": config_json,
-                    "checkpoint": checkpoint,
-                    "suite": s,
-                    "index": i,
-                    "count": len(plan),
-                    "units": units,
-                    "slots": slots,
-                },
-            )
+            runner.submit(evaluate_shard_task, params)
             for s in suites
             if get_suite(s).decodes
-            for plan in [plan_shards(cfg, s, count)]
-            for i, units in enumerate(plan)
+            for params in _shard_params(
+                config_json, checkpoint, s, plan_shards(cfg, s, count), slots, compile_only=True
+            )
         ]
         return wait_all(passes, "compile-ahead passes")

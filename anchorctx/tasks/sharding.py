@@ -186,12 +186,9 @@ def _run_on_gpu(cmd: list[str], slots: str) -> str:
 def _shard_run_name() -> str:
     p = task_run.parameters
     which = f"{p['index']}-of-{p['count']}" if p.get("index") is not None else "merge"
+    if p.get("compile_only"):
+        return f"compile-ahead-{p['suite']}-{which}"
     return f"evaluate-{p['suite']}-{Path(p['checkpoint']).name}-{which}"
-
-
-def _compile_run_name() -> str:
-    p = task_run.parameters
-    return f"compile-ahead-{p['suite']}-{p['index']}-of-{p['count']}"
 
 
 @task(name="evaluate-shard", task_run_name=_shard_run_name)
@@ -203,10 +200,19 @@ def evaluate_shard_task(
     count: int,
     units: list[str],
     slots: str,
+    compile_only: bool = False,
 ) -> str:
-    """One shard of one (checkpoint, suite) evaluation; returns its records file."""
+    """One shard of one (checkpoint, suite) evaluation; returns its records file. With
+    ``compile_only``, its compile-ahead pass instead (``sharding.compile_shard``; any
+    checkpoint of the evaluated architecture): returns its last output line."""
     cmd = shard_command(
-        config_json, checkpoint, suite, shard=(index, count), units=units, merge=True
+        config_json,
+        checkpoint,
+        suite,
+        shard=(index, count),
+        units=units,
+        merge=not compile_only,
+        compile_only=compile_only,
     )
     return _run_on_gpu(cmd, slots)
 
@@ -215,21 +221,3 @@ def evaluate_shard_task(
 def finalize_task(config_json: str, checkpoint: str, suite: str, slots: str) -> str:
     """Merge the shards of one evaluation and write its result; returns the result path."""
     return _run_on_gpu(shard_command(config_json, checkpoint, suite, shard=None), slots)
-
-
-@task(name="compile-ahead", task_run_name=_compile_run_name)
-def compile_shard_task(
-    config_json: str,
-    checkpoint: str,
-    suite: str,
-    index: int,
-    count: int,
-    units: list[str],
-    slots: str,
-) -> str:
-    """The compile-ahead pass of one shard (``sharding.compile_shard``) on a free GPU of the
-    pool; returns its last output line."""
-    cmd = shard_command(
-        config_json, checkpoint, suite, shard=(index, count), units=units, compile_only=True
-    )
-    return _run_on_gpu(cmd, slots)

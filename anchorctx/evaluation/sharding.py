@@ -192,6 +192,15 @@ class _OwnedOnly(Mapping):
         return len(self._done)
 
 
+def _owned_view(
+    done: dict[str, dict[str, Any]], suite: str, owned: list[str]
+) -> Mapping[str, dict[str, Any]]:
+    """``done`` as a shard owning ``owned`` units hands it to the suite's runner."""
+    if owned == [WHOLE] or (suite != "ruler" and not is_lm_eval(suite)):
+        return done
+    return _OwnedOnly(done, suite, set(owned))
+
+
 def run_shard(
     cfg: ExperimentConfig,
     checkpoint: str | Path,
@@ -215,11 +224,7 @@ def run_shard(
     repair_torn_tail(out)  # a shard killed mid-append: the next record gets a line of its own
     if not out.is_file() or (read_jsonl(out)[:1] or [{}])[0].get(HEADER_KEY) != ident:
         start_samples(out, ident)
-    done = _records(cfg, ckpt, suite)
-    if owned == [WHOLE] or (suite != "ruler" and not is_lm_eval(suite)):
-        view: Mapping[str, dict[str, Any]] = done
-    else:
-        view = _OwnedOnly(done, suite, set(owned))
+    view = _owned_view(_records(cfg, ckpt, suite), suite, owned)
     loading = time.perf_counter()
     model, tokenizer = cached_model(ckpt, cfg, ident["checkpoint_hash"])
     generating = time.perf_counter()
@@ -270,7 +275,7 @@ def compile_shard(
         raise ValueError(f"suite {suite!r} does not decode through the static engine alone")
     ckpt = check_checkpoint(checkpoint)
     check_inputs(cfg, suite)
-    view = _OwnedOnly({}, suite, set(owned)) if owned != [WHOLE] else {}
+    view = _owned_view({}, suite, owned)  # from nothing, as the shard's first run
     loading = time.perf_counter()
     # Imported here, inside the load phase as in run_shard (where the model's loading imports
     # torch and transformers): the flow processes that plan shards never import them.

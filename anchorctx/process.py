@@ -14,6 +14,9 @@ can orphan such a tree, and each is handled here:
 - SIGKILL of the orchestrating process cannot be caught: the child asks the kernel for SIGTERM
   when its parent dies (``PR_SET_PDEATHSIG``; torchrun forwards it to its ranks).
 - Prefect's ``timeout_seconds`` does not kill children, so the deadline is enforced here.
+
+A child that serves requests instead (an evaluation worker, :mod:`anchorctx.evaluation.worker`)
+starts through :func:`start_server`: a new session as well, ended with :func:`kill_group`.
 """
 
 from __future__ import annotations
@@ -162,6 +165,24 @@ def run_process_group(
     if returncode != 0 and check:
         raise ProcessFailed(cmd, returncode, tail)
     return returncode
+
+
+def start_server(cmd: Sequence[str], *, env: dict[str, str] | None = None) -> subprocess.Popen:
+    """Start ``cmd`` in a new session, its stdin and its output (stderr merged) text pipes, for
+    a child that serves requests until its stdin closes. It may be started from any thread,
+    so no ``PR_SET_PDEATHSIG`` (that follows the forking thread, which may end first): such a
+    child watches its parent itself. The caller ends it with :func:`kill_group`."""
+    return subprocess.Popen(
+        list(cmd),
+        env={**os.environ, **(env or {}), "PYTHONUNBUFFERED": "1"},
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        bufsize=1,
+        errors="replace",
+        start_new_session=True,
+    )
 
 
 def _drain(lines, tail, on_line, on_tick, deadline, next_tick, tick_s) -> None:

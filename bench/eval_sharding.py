@@ -15,9 +15,16 @@ compile-ahead passes of the run's own shard plan before the timed evaluation sta
 full-experiment does on the evaluation GPUs while its first arm trains; the passes load another
 checkpoint of the same architecture, as the flow loads the arms' base model, and are timed apart).
 
+``--workers persistent`` runs the shards in one evaluation worker per GPU
+(:mod:`anchorctx.evaluation.worker`, what the flows do), started once (timed apart) and kept for
+every run, on one compile cache (``--cache`` sets it as above, ``ahead`` runs the passes in the
+workers). The runs are then 1st the N-GPU and 1-GPU evaluations as a first arm sees them, and
+again as a later arm (``--repeat`` implied): N, 1, N, 1. The scaling is the later arm's.
+
     python bench/eval_sharding.py --gpus 2 --out eval_sharding.json
     python bench/eval_sharding.py --gpus 2 --cache cold
     python bench/eval_sharding.py --gpus 2 --cache ahead
+    python bench/eval_sharding.py --gpus 2 --cache ahead --workers persistent
 """
 
 from __future__ import annotations
@@ -33,8 +40,10 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from anchorctx.evaluation import results, sharding
+from anchorctx.evaluation.worker import EvalWorker
 from anchorctx.experiment import config_from_dict
 from anchorctx.io import atomic_write_json, read_jsonl
+from anchorctx.process import ProcessFailed
 
 
 def make_checkpoint(
@@ -71,18 +80,42 @@ def linked_copy(src: Path, dst: Path) -> None:
         os.link(f, dst / f.name)
 
 
-def _run_shard(cmd: list[str], env: dict[str, str], out: dict) -> None:
-    """One shard process: its wall time and the phase times it reports."""
+def _run_shard(args: list[str], env: dict[str, str], out: dict, worker=None) -> None:
+    """One shard, in a process of its own or in ``worker``: its wall time and the phase times
+    it reports."""
     start = time.perf_counter()
-    proc = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, text=True)
-    out.update(wall_s=time.perf_counter() - start, returncode=proc.returncode)
-    for line in proc.stdout.splitlines():
+    if worker is None:
+        cmd = [sys.executable, "-m", "anchorctx.evaluation.sharding", *args]
+        proc = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, text=True)
+        returncode, lines = proc.returncode, proc.stdout.splitlines()
+    else:
+        try:
+            returncode, lines = 0, worker.run(args)
+        except ProcessFailed as err:
+            print(err, file=sys.stderr)
+            returncode, lines = err.returncode, err.tail
+    out.update(wall_s=time.perf_counter() - start, returncode=returncode)
+    for line in lines:
         for key in ("shard_timing", "compile_timing"):
             if line.startswith(f'{{"{key}"'):
                 out.update(json.loads(line)[key])
-    # Interpreter start and imports: what the shard's own phases do not cover.
+    # Interpreter start and imports (in a worker: the request's own overhead): what the
+    # shard's own phases do not cover.
     if "generate_s" in out:
         out["start_s"] = out["wall_s"] - out["setup_s"] - out["load_s"] - out["generate_s"]
+
+
+def _start_workers(workers: list) -> dict:
+    """Start every worker (a request that only prints the command's help); the seconds until
+    all answered: interpreter start and the sharding module's imports, not torch's (the first
+    shard request imports it)."""
+    start = time.perf_counter()
+    threads = [threading.Thread(target=w.run, args=(["--help"],)) for w in workers]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return {"workers_start_s": time.perf_counter() - start}
 
 
 def compile_cache(work: Path, mode: str, k: int) -> dict[str, str]:
@@ -94,19 +127,27 @@ def compile_cache(work: Path, mode: str, k: int) -> dict[str, str]:
 
 
 def _run_shards(
-    cfg_json: Path, ckpt: Path, plan: list[list[str]], gpus: list[str], env: dict, extra=()
+    cfg_json: Path,
+    ckpt: Path,
+    plan: list[list[str]],
+    gpus: list[str],
+    env: dict,
+    extra=(),
+    workers: list | None = None,
 ) -> tuple[float, list[dict]]:
-    """Every shard of ``plan`` in its own process, shard i on GPU i; wall s and each one's
-    times. ``extra``: more arguments (``--compile-only``)."""
+    """Every shard of ``plan`` in its own process (or in ``workers[i]``), shard i on GPU i;
+    wall s and each one's times. ``extra``: more arguments (``--compile-only``)."""
     start = time.perf_counter()
     shards: list[dict] = [{"units": owned} for owned in plan]
     threads = []
     for i, owned in enumerate(plan):
-        cmd = [sys.executable, "-m", "anchorctx.evaluation.sharding", "--config", str(cfg_json)]
-        cmd += ["--checkpoint", str(ckpt), "--suite", "ruler", "--shard", str(i), str(len(plan))]
-        cmd += [*extra, "--units", *owned]
+        args = ["--config", str(cfg_json), "--checkpoint", str(ckpt), "--suite", "ruler"]
+        args += ["--shard", str(i), str(len(plan)), *extra, "--units", *owned]
         shard_env = {**os.environ, **env, "CUDA_VISIBLE_DEVICES": gpus[i]}
-        threads.append(threading.Thread(target=_run_shard, args=(cmd, shard_env, shards[i])))
+        worker = workers[i] if workers else None
+        threads.append(
+            threading.Thread(target=_run_shard, args=(args, shard_env, shards[i], worker))
+        )
         threads[-1].start()
     for t in threads:
         t.join()
@@ -123,17 +164,20 @@ def run_sharded(
     gpus: list[str],
     cache_env: dict[str, str],
     ahead: Path | None = None,
+    workers: list | None = None,
 ) -> dict:
-    """The evaluation over ``n`` GPUs; ``ahead``: first the compile-ahead passes of its shard
-    plan with that checkpoint (timed apart, ``ahead_s``)."""
+    """The evaluation over ``n`` GPUs (in ``workers``, if given); ``ahead``: first the
+    compile-ahead passes of its shard plan with that checkpoint (timed apart, ``ahead_s``)."""
     assert sharding.prepare(cfg, ckpt, "ruler", force=True)
     plan = sharding.plan_shards(cfg, "ruler", n)
     cost = sharding.units(cfg, "ruler")
     passes: dict = {}
     if ahead is not None:
-        ahead_s, times = _run_shards(cfg_json, ahead, plan, gpus, cache_env, ["--compile-only"])
+        ahead_s, times = _run_shards(
+            cfg_json, ahead, plan, gpus, cache_env, ["--compile-only"], workers
+        )
         passes = {"ahead_s": ahead_s, "ahead_times": times}
-    wall, shards = _run_shards(cfg_json, ckpt, plan, gpus, cache_env)
+    wall, shards = _run_shards(cfg_json, ckpt, plan, gpus, cache_env, workers=workers)
     for s in shards:
         s["estimated_s"] = sum(cost[u] for u in s["units"])
     start = time.perf_counter()
@@ -184,6 +228,13 @@ def main(argv: list[str] | None = None) -> int:
         help="evaluation.deterministic_decode (FlexAttention decode, compiled), as gpu-small.",
     )
     p.add_argument("--cache", choices=["shared", "cold", "ahead"], default="shared")
+    p.add_argument(
+        "--workers",
+        choices=["process", "persistent"],
+        default="process",
+        help="process: a process per shard; persistent: one evaluation worker per GPU for "
+        "every run (runs N, 1, N, 1 GPUs).",
+    )
     p.add_argument("--work", type=Path, default=Path("eval_sharding_work"))
     p.add_argument("--out", type=Path)
     args = p.parse_args(argv)
@@ -196,7 +247,11 @@ def main(argv: list[str] | None = None) -> int:
     fixtures = work / "eval_data"
     device = "cuda" if args.device == "cuda" else "cpu"
     cfgs, ckpts = [], []
-    counts = [1, args.gpus, 1] if args.repeat else [1, args.gpus]
+    persistent = args.workers == "persistent"
+    if persistent:  # first-arm runs, then later-arm runs, on the same workers
+        counts = [args.gpus, 1, args.gpus, 1]
+    else:
+        counts = [1, args.gpus, 1] if args.repeat else [1, args.gpus]
     for k, n in enumerate(counts):
         raw = {
             "name": f"shard{n}",
@@ -214,6 +269,10 @@ def main(argv: list[str] | None = None) -> int:
                     "lengths": args.lengths,
                     "num_samples": args.samples,
                     "squad_path": str(fixtures / "squad.json"),
+                    # The demo's essays and sentence splitter: without them RULER's essay-haystack
+                    # NIAH tasks do not run (reported as not run, no records).
+                    "essay_path": str(fixtures / "essays.json"),
+                    "nltk_data": str(fixtures / "nltk_data"),
                 },
             },
         }
@@ -228,13 +287,19 @@ def main(argv: list[str] | None = None) -> int:
     if base is not None:
         make_checkpoint(base, corpus.tokenizer_dir, args, seed=1)
     gpus = [str(i) for i in range(args.gpus)]
+    workers, started = None, {}
+    if persistent:  # one cache for the workers' life: the first run's
+        workers = [EvalWorker(g, compile_cache(work, args.cache, 0)) for g in gpus]
+        started = _start_workers(workers)
+        print(f"workers started in {started['workers_start_s']:.1f} s", flush=True)
     runs = []
     for k, (n, cfg, ckpt) in enumerate(zip(counts, cfgs, ckpts)):
         cfg_json = work / f"config-{k}-{n}.json"
         cfg_json.write_text(cfg.model_dump_json())
-        cache_env = compile_cache(work, args.cache, k)
-        runs.append(run_sharded(cfg_json, cfg, ckpt, n, gpus, cache_env, base))
-        before = f"compiled ahead in {runs[-1]['ahead_s']:.1f} s, then " if base else ""
+        cache_env = compile_cache(work, args.cache, 0 if persistent else k)
+        ahead = base if not persistent or k == 0 else None  # workers: compiled once, ahead
+        runs.append(run_sharded(cfg_json, cfg, ckpt, n, gpus, cache_env, ahead, workers) | started)
+        before = f"compiled ahead in {runs[-1]['ahead_s']:.1f} s, then " if ahead else ""
         print(
             f"{n} GPU(s), {args.cache} compile cache: {before}{runs[-1]['wall_s']:.1f} s "
             f"(+ merge {runs[-1]['merge_s']:.1f} s); "
@@ -250,9 +315,17 @@ def main(argv: list[str] | None = None) -> int:
                     "runs": [{k: v for k, v in r.items() if k != "records"} for r in runs],
                 },
             )
-    one, many = runs[:2]
+    if workers:
+        for w in workers:
+            w.close()
+    # The scaling: with workers, the later arm's runs (on warm workers); else the first two.
+    one, many = (runs[3], runs[2]) if persistent else (runs[0], runs[1])
+    first = runs[0]["records"]
     same = sum(a == b for a, b in zip(one["records"], many["records"]))
-    if args.repeat:
+    if persistent:
+        every = all(r["records"] == first for r in runs)
+        print(f"records of all {len(runs)} runs identical to the first's: {every}")
+    if args.repeat and not persistent:
         again = sum(a == b for a, b in zip(one["records"], runs[2]["records"]))
         print(f"1 GPU run twice: {again}/{len(one['records'])} records identical")
     speedup = one["wall_s"] / many["wall_s"]

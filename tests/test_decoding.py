@@ -187,6 +187,34 @@ def test_fused_step_shares_weights_and_compiles(model):
         GreedyDecoder(model, step="gpt-fast")
 
 
+def test_deterministic_decoding_compiles_without_timed_kernel_choices(model, monkeypatch):
+    """Deterministic decoding compiles its step with Inductor's ``deterministic`` option (no
+    kernel picked by timing it on the device, so two processes compiling one graph get the
+    same kernels); the default decoding keeps Inductor's tuned choices."""
+    from anchorctx.models import decoder, decoding
+
+    calls = []
+    monkeypatch.setattr(torch, "compile", lambda fn, **kw: calls.append((fn, kw)) or fn)
+    decoder._compiled.cache_clear()
+    decoding._compiled_flex_decode.cache_clear()
+    try:
+        decoder.StaticDecoder(model, step="fused", compile=True, deterministic=True)
+        decoder.StaticDecoder(model, step="fused", compile=True)
+        decoding._compiled_flex_decode()
+    finally:
+        decoder._compiled.cache_clear()
+        decoding._compiled_flex_decode.cache_clear()
+    options = [(fn.__name__, kw["options"]) for fn, kw in calls]
+    assert options == [
+        ("_fused_pre_attention", {"deterministic": True}),
+        ("_fused_post_attention", {"deterministic": True}),
+        ("_fused_pre_attention", None),
+        ("_fused_post_attention", None),
+        ("_flex_decode", {"deterministic": True}),
+    ]
+    assert all(kw["dynamic"] is False and kw["fullgraph"] for _, kw in calls)
+
+
 def test_first_token_suppression_matches_hf(model):
     rows = _prompts()
     free = _hf(model, rows, batch_size=1, stop_ids=(VOCAB + 5,))

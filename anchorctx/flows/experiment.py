@@ -77,6 +77,8 @@ from anchorctx.tasks.reporting import report_tables, summary_tables
 from anchorctx.tasks.reuse import submission, tag_flow_run_cached, was_cached
 from anchorctx.tasks.sharding import (
     TrainingGpus,
+    close_workers,
+    evaluation_workers,
     hold_training_gpus,
     overlap_training_gpus,
     visible_gpus,
@@ -398,7 +400,8 @@ def full_experiment(
     stop_prefetch = threading.Event()
     prefetch = _prefetch_samples(scope, stop_prefetch)
     try:
-        return _run_experiment(scope)
+        with evaluation_workers():  # one per GPU, kept from arm to arm (tasks/sharding.py)
+            return _run_experiment(scope)
     finally:
         stop_prefetch.set()  # a failed or cancelled run does not wait for samples it won't use
         if prefetch is not None:
@@ -618,6 +621,8 @@ def _train_arm(
     scope: Scope, arm: ExperimentConfig, dataset: str, split: TrainingGpus | None
 ) -> list[str]:
     gpus = split.held if split is not None else None
+    if split is None:  # training takes every GPU: the evaluation workers free their memory
+        close_workers()
     force = scope.forces("train")
     return train_flow(arm, force=force, timeout_s=scope.train_timeout_s, dataset=dataset, gpus=gpus)
 

@@ -1,9 +1,10 @@
-"""Evaluation over every GPU of the host: (checkpoint × suite × unit) shards, one process per GPU.
+"""Evaluation over every GPU of the host: (checkpoint × suite × unit) shards, one worker per GPU.
 
 Called from a flow. Pairs with an up-to-date result are skipped (the cached re-run); the rest
 are split by :func:`anchorctx.evaluation.sharding.plan_shards` into as many shards as GPUs
 evaluation has (those training holds, full-experiment's overlap, excluded), all shards of all
-pairs run on a thread pool as wide as the GPU pool (each in a child process on one GPU); the
+pairs run on a thread pool as wide as the GPU pool (each in the evaluation worker of one GPU,
+kept for later calls within :func:`~anchorctx.tasks.sharding.evaluation_workers`); the
 shard that completes a pair merges it and writes its result. The records, hence the
 scores, are the same whatever the number of GPUs (see :mod:`anchorctx.evaluation.sharding`).
 """
@@ -23,6 +24,7 @@ from anchorctx.io import atomic_write_text
 from anchorctx.tasks.sharding import (
     evaluate_shard_task,
     evaluation_gpus,
+    evaluation_workers,
     finalize_task,
     gpu_slots,
 )
@@ -62,7 +64,7 @@ def evaluate_sharded(
         config_json = str(config_file(cfg))
         slots = gpu_slots(list(gpus))
         count = evaluation_gpus(slots)
-        with ThreadPoolTaskRunner(max_workers=len(gpus)) as runner:
+        with evaluation_workers(), ThreadPoolTaskRunner(max_workers=len(gpus)) as runner:
             shards = [
                 runner.submit(evaluate_shard_task, params)
                 for c, s in todo
@@ -115,7 +117,7 @@ def compile_sharded(
     slots = gpu_slots(list(gpus))
     count = evaluation_gpus(slots)
     config_json = str(config_file(cfg))
-    with ThreadPoolTaskRunner(max_workers=len(gpus)) as runner:
+    with evaluation_workers(), ThreadPoolTaskRunner(max_workers=len(gpus)) as runner:
         passes = [
             runner.submit(evaluate_shard_task, params)
             for s in suites

@@ -270,7 +270,7 @@ def static_shapes(fn):
 
 
 @functools.cache
-def _compiled(fn):
+def _compiled(fn, deterministic: bool = False):
     # One compiled function per process (not per decoder): dynamo guards on the weights'
     # metadata, not on which layer's container holds them, so every layer and decoder shares
     # one cache entry; fullgraph: a graph break would silently unfuse the step.
@@ -279,7 +279,20 @@ def _compiled(fn):
     # depend on the batches the process decoded before: two shardings of one evaluation then
     # gave different greedy tokens on 11-28 of 232 records with deterministic decoding, and
     # the dynamic graphs decoded 2.8x slower (docs/PERFORMANCE.md, "Static decode graphs").
-    return torch.compile(fn, fullgraph=True, dynamic=False)
+    return torch.compile(fn, fullgraph=True, dynamic=False, options=inductor_options(deterministic))
+
+
+def inductor_options(deterministic: bool) -> dict[str, bool] | None:
+    """Inductor's options for a decode graph: ``deterministic`` turns off the kernel choices
+    Inductor makes by timing candidates on the device (reduction configs, matmul padding). Two
+    processes compiling one graph could otherwise pick different kernels, so the same batch
+    decoded in two evaluation workers (each compiles the shapes it meets first) gave different
+    greedy tokens on 4 of 232 records (docs/PERFORMANCE.md, "Evaluation workers")."""
+    if not deterministic:
+        return None
+    import torch._inductor.config as inductor
+
+    return {"deterministic": True} if hasattr(inductor, "deterministic") else None
 
 
 def _prefill_attention(
@@ -314,10 +327,18 @@ class StaticDecoder:
 
     ``step``: the decode step's layers, one of ``DECODE_STEPS``. ``compile``: run the fused
     step's two per-layer halves through ``torch.compile`` (default: on CUDA); uncompiled they
-    are the same arithmetic in eager PyTorch (CPU, tests).
+    are the same arithmetic in eager PyTorch (CPU, tests). ``deterministic``: compiled with
+    Inductor's kernel choices made without timing (:func:`inductor_options`).
     """
 
-    def __init__(self, model, *, step: str = "hf", compile: bool | None = None):
+    def __init__(
+        self,
+        model,
+        *,
+        step: str = "hf",
+        compile: bool | None = None,
+        deterministic: bool = False,
+    ):
         if step not in DECODE_STEPS:
             raise ValueError(f"decode step {step!r}: expected one of {', '.join(DECODE_STEPS)}")
         reason = unsupported_reason(model)
@@ -341,8 +362,9 @@ class StaticDecoder:
             self.layers = [FusedLayer.of(layer) for layer in self.modules]
             if compile is None:
                 compile = self.weight.device.type == "cuda"
-            self._pre = _compiled(_fused_pre_attention) if compile else _fused_pre_attention
-            self._post = _compiled(_fused_post_attention) if compile else _fused_post_attention
+            pre, post = _fused_pre_attention, _fused_post_attention
+            self._pre = _compiled(pre, deterministic) if compile else pre
+            self._post = _compiled(post, deterministic) if compile else post
 
     def allocate(self, batch: int, slots: int) -> KVCache:
         return KVCache.allocate(self.shape, batch, slots, self.weight.dtype, self.weight.device)

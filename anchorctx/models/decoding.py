@@ -182,7 +182,9 @@ def _compiled_flex_decode():
     # Compiled once per process; a new batch shape compiles a static graph of its own (as the
     # fused step, anchorctx.models.decoder._compiled, says why). Uncompiled, flex_attention
     # materializes the scores (fine on CPU, in tests).
-    return torch.compile(_flex_decode, fullgraph=True, dynamic=False)
+    # Only the deterministic modes decode with flex: Inductor's choices made without timing.
+    options = static.inductor_options(deterministic=True)
+    return torch.compile(_flex_decode, fullgraph=True, dynamic=False, options=options)
 
 
 def _eager_flex_decode(*args):
@@ -324,7 +326,7 @@ class GreedyDecoder:
 
     def _build(self) -> StaticDecoder:
         try:
-            return StaticDecoder(self.model, step=self.step)
+            return StaticDecoder(self.model, step=self.step, deterministic=self.deterministic)
         except ValueError as e:
             raise UnsupportedModelError(str(e)) from None
 

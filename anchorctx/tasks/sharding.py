@@ -1,7 +1,11 @@
-"""Evaluation shards as Prefect tasks: each one a child process pinned to one free GPU.
+"""Evaluation shards as Prefect tasks: each one runs in the evaluation worker of one free GPU.
 
-GPU slots are a per-flow-process pool of device ids: a task takes one, runs its shard with
-``CUDA_VISIBLE_DEVICES`` set to it (so the child sees one GPU as ``cuda:0``) and gives it back.
+GPU slots are a per-flow-process pool of device ids: a task takes one, runs its shard in that
+GPU's worker (:class:`anchorctx.evaluation.worker.EvalWorker`, a child process with
+``CUDA_VISIBLE_DEVICES`` set to it, so it sees one GPU as ``cuda:0``) and gives the slot back.
+A worker lives from its GPU's first shard to the end of the flow (:func:`evaluation_workers`),
+so its imports and compiled decode steps serve every later shard, compile-ahead passes
+included; training takes its GPU only after ending it (:func:`take_gpus`, :func:`close_workers`).
 The flow runs these tasks on a thread pool as wide as the pool, so every GPU stays busy.
 full-experiment holds its training GPUs out of the same pool while training (so evaluation
 shards run on the others) and returns them when training ends.
@@ -22,13 +26,14 @@ from typing import TYPE_CHECKING
 from prefect import get_run_logger, task
 from prefect.runtime import task_run
 
-from anchorctx.process import run_process_group
+from anchorctx.evaluation.worker import EvalWorker
 
 if TYPE_CHECKING:
     from anchorctx.experiment import ExperimentConfig
 
 _POOLS: dict[str, queue.Queue[str]] = {}
 _HELD: dict[str, int] = {}  # per pool: device ids training holds out of it (take_gpus)
+_WORKERS: dict[str, EvalWorker] = {}  # per device id: its evaluation worker (one a GPU)
 _LOCK = threading.Lock()
 
 
@@ -58,11 +63,13 @@ def gpu_slots(gpus: Sequence[str]) -> str:
 
 def take_gpus(slots: str, count: int) -> list[str]:
     """Hold ``count`` device ids of the pool (waiting for them to be free) until
-    :func:`give_gpus`; shards meanwhile run on the rest."""
+    :func:`give_gpus`; shards meanwhile run on the rest. Their evaluation workers end: training
+    gets the whole memory."""
     pool = _POOLS[slots]
     taken = [pool.get() for _ in range(count)]
     with _LOCK:
         _HELD[slots] = _HELD.get(slots, 0) + count
+    close_workers(taken)
     return taken
 
 
@@ -134,7 +141,7 @@ def hold_training_gpus(
         give_gpus(slots, held)
 
 
-def shard_command(
+def shard_args(
     config_json: str | Path,
     checkpoint: str,
     suite: str,
@@ -144,40 +151,71 @@ def shard_command(
     merge: bool = False,
     compile_only: bool = False,
 ) -> list[str]:
-    """``merge``: the shard that completes the evaluation also merges it (saves a process and
-    a model load per evaluation; the merge task then finds the result done). ``compile_only``:
-    the shard's compile-ahead pass instead (``sharding.compile_shard``)."""
-    cmd = [
-        sys.executable,
-        "-m",
-        "anchorctx.evaluation.sharding",
-        "--config",
-        str(config_json),
-        "--checkpoint",
-        checkpoint,
-        "--suite",
-        suite,
-    ]
+    """The arguments of ``python -m anchorctx.evaluation.sharding`` for one shard (``shard``:
+    index and count) or the merge (None). ``merge``: the shard that completes the evaluation
+    also merges it (saves a model load per evaluation; the merge task then finds the result
+    done). ``compile_only``: the shard's compile-ahead pass instead (``sharding.compile_shard``)."""
+    args = ["--config", str(config_json), "--checkpoint", checkpoint, "--suite", suite]
     if shard is None:
-        return [*cmd, "--finalize"]
+        return [*args, "--finalize"]
     merging = ["--finalize-when-complete"] if merge else []
     merging += ["--compile-only"] if compile_only else []
-    return [*cmd, "--shard", str(shard[0]), str(shard[1]), *merging, "--units", *units]
+    return [*args, "--shard", str(shard[0]), str(shard[1]), *merging, "--units", *units]
 
 
-def _run_on_gpu(cmd: list[str], slots: str) -> str:
-    """Run ``cmd`` on a free GPU of the pool; its last output line (a path) is the result."""
+def shard_command(config_json: str | Path, checkpoint: str, suite: str, **how) -> list[str]:
+    """:func:`shard_args` as a command of its own process (a work pool's worker runs it)."""
+    args = shard_args(config_json, checkpoint, suite, **how)
+    return [sys.executable, "-m", "anchorctx.evaluation.sharding", *args]
+
+
+def _worker(gpu: str) -> EvalWorker:
+    with _LOCK:
+        if gpu not in _WORKERS:
+            _WORKERS[gpu] = EvalWorker(gpu)
+        return _WORKERS[gpu]
+
+
+def close_workers(gpus: Sequence[str] | None = None) -> None:
+    """End the evaluation workers of ``gpus`` (default: all), freeing their GPU memory for
+    training; a later shard on such a GPU starts a new one."""
+    with _LOCK:
+        workers = [w for g, w in _WORKERS.items() if gpus is None or g in gpus]
+    for worker in workers:
+        worker.close()
+
+
+_SCOPES = [0]  # open evaluation_workers blocks in this process
+
+
+@contextmanager
+def evaluation_workers() -> Iterator[None]:
+    """The lifetime of this process' evaluation workers: they end when the outermost such
+    block exits (a flow that evaluates: full-experiment, evaluate), failed or cancelled too."""
+    with _LOCK:
+        _SCOPES[0] += 1
+    try:
+        yield
+    finally:
+        with _LOCK:
+            _SCOPES[0] -= 1
+            last = _SCOPES[0] == 0
+        if last:
+            close_workers()
+
+
+def _run_on_gpu(args: list[str], slots: str) -> str:
+    """Run the sharding command ``args`` in the evaluation worker of a free GPU of the pool;
+    its last output line (a path) is the result."""
     logger = get_run_logger()
     pool = _POOLS[slots]
     gpu = pool.get()
-    lines: list[str] = []
 
     def on_line(line: str) -> None:
-        lines.append(line)
         logger.info("[gpu %s] %s", gpu, line)
 
     try:
-        run_process_group(cmd, on_line=on_line, env={"CUDA_VISIBLE_DEVICES": gpu})
+        lines = _worker(gpu).run(args, on_line)
     finally:
         pool.put(gpu)
     return lines[-1].strip() if lines else ""
@@ -205,7 +243,7 @@ def evaluate_shard_task(
     """One shard of one (checkpoint, suite) evaluation; returns its records file. With
     ``compile_only``, its compile-ahead pass instead (``sharding.compile_shard``; any
     checkpoint of the evaluated architecture): returns its last output line."""
-    cmd = shard_command(
+    args = shard_args(
         config_json,
         checkpoint,
         suite,
@@ -214,10 +252,10 @@ def evaluate_shard_task(
         merge=not compile_only,
         compile_only=compile_only,
     )
-    return _run_on_gpu(cmd, slots)
+    return _run_on_gpu(args, slots)
 
 
 @task(name="evaluate-merge", task_run_name=_shard_run_name)
 def finalize_task(config_json: str, checkpoint: str, suite: str, slots: str) -> str:
     """Merge the shards of one evaluation and write its result; returns the result path."""
-    return _run_on_gpu(shard_command(config_json, checkpoint, suite, shard=None), slots)
+    return _run_on_gpu(shard_args(config_json, checkpoint, suite, shard=None), slots)

@@ -1,0 +1,189 @@
+"""A persistent evaluation process per GPU: shards and compile-ahead passes run in it in turn.
+
+Why: a shard in a process of its own pays the interpreter's start, the imports (torch and
+transformers), CUDA's initialisation and, for every batch shape, dynamo's tracing of the decode
+step and the load of its kernels from torch's on-disk cache: 17-27 s at gpu-small's evaluation
+shape, as long as the shard's generation (docs/PERFORMANCE.md, "Static decode graphs"). A worker
+pays them once. Its compiled graphs stay in memory from request to request and from checkpoint
+to checkpoint: they depend on the shapes, not on the weights
+(:func:`anchorctx.models.decoder._compiled`). So a compile-ahead pass run in a worker serves the
+shards that worker runs next, without the disk cache.
+
+Each request is one run of the sharding command line (:func:`anchorctx.evaluation.sharding.main`,
+the same arguments as ``python -m anchorctx.evaluation.sharding``), so a shard in a worker does
+exactly what a shard process does. The worker keeps that module's per-process model cache
+(:func:`~anchorctx.evaluation.results.cached_model`), one model at a time: the next suite of the
+same checkpoint does not load it again.
+
+Protocol, text lines on the worker's stdin and stdout (its stderr goes to its stdout)::
+
+    request  {"id": "<hex>", "argv": ["--config", "CFG.json", ...]}
+    output   whatever the request prints, line by line
+    reply    <RS>anchorctx-worker <id> <status>    status: as the command's exit status would be
+
+- A request that raises ends the worker after its reply: a failed CUDA call can leave the
+  process unusable, so it is not reused. The next request starts a new worker and its log says
+  so (:class:`EvalWorker`).
+- The worker exits when its stdin closes or its parent dies. The parent is checked every second,
+  so a flow process killed with SIGKILL leaves no worker behind.
+
+    python -m anchorctx.evaluation.worker        # serve requests on stdin (started by EvalWorker)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import secrets
+import subprocess
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Callable, Mapping, Sequence
+
+from anchorctx.process import ProcessFailed, kill_group, start_server
+
+# The reply line's prefix. RS (record separator) cannot start a line a library prints by chance.
+REPLY = "\x1eanchorctx-worker"
+MODULE = "anchorctx.evaluation.worker"
+
+
+def _reply(request_id: str, status: int) -> None:
+    sys.stderr.flush()
+    print(f"{REPLY} {request_id} {status}", flush=True)
+
+
+def _status(code: object) -> int:
+    """A ``SystemExit`` code as an exit status (argparse exits 2; ``sys.exit("msg")`` 1)."""
+    if code is None:
+        return 0
+    return code if isinstance(code, int) else 1
+
+
+def _watch_parent(parent: int, every_s: float = 1.0) -> None:
+    """Exit at once when the process that started this one is gone (re-parented)."""
+    while True:
+        time.sleep(every_s)
+        if os.getppid() != parent:
+            os._exit(1)
+
+
+def serve() -> int:
+    """Serve requests from stdin until it closes; the worker's exit status."""
+    from anchorctx.evaluation import sharding
+
+    threading.Thread(target=_watch_parent, args=(os.getppid(),), daemon=True).start()
+    for line in sys.stdin:
+        if not line.strip():
+            continue
+        request = json.loads(line)
+        try:
+            status = _status(sharding.main(list(request["argv"])))
+        except SystemExit as err:  # argparse and sys.exit: a refusal, the process is sound
+            status = _status(err.code)
+        except BaseException:  # reported in the reply; the worker then ends
+            traceback.print_exc()
+            _reply(request["id"], 1)
+            return 1
+        _reply(request["id"], status)
+    return 0
+
+
+class EvalWorker:
+    """The client of one worker process, on one GPU (``CUDA_VISIBLE_DEVICES``), started on its
+    first request. Requests run one at a time; :meth:`close` ends the process.
+
+    The process runs in a session of its own, as every child anchorctx starts
+    (:func:`anchorctx.process.run_process_group`): a cancelled flow kills it through
+    :meth:`close`, and a killed flow through the worker's own watch of its parent.
+    """
+
+    def __init__(self, gpu: str, env: Mapping[str, str] | None = None) -> None:
+        self.gpu = gpu
+        self._env = dict(env or {})
+        self._proc: subprocess.Popen | None = None
+        self._lock = threading.Lock()
+        self.started = 0  # processes started so far (1 while the first one serves)
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc is not None else None
+
+    def _start(self, on_line: Callable[[str], None]) -> subprocess.Popen:
+        again = "the last one ended; " if self.started else ""
+        on_line(f"evaluation worker on GPU {self.gpu}: {again}starting one")
+        env = {**self._env, "CUDA_VISIBLE_DEVICES": self.gpu}
+        self._proc = start_server([sys.executable, "-m", MODULE], env=env)
+        self.started += 1
+        return self._proc
+
+    def run(self, argv: Sequence[str], on_line: Callable[[str], None] | None = None) -> list[str]:
+        """Run the sharding command ``argv`` in the worker; its output lines (also handed to
+        ``on_line`` as they come). A non-zero status raises ``ProcessFailed`` with the tail of
+        the output, as a shard process would; so does the worker's death mid-request."""
+        emit = on_line or (lambda _: None)
+        with self._lock:
+            proc = self._proc
+            if proc is None or proc.poll() is not None:
+                proc = self._start(emit)
+            request_id = secrets.token_hex(8)
+            cmd = [sys.executable, "-m", MODULE, *argv]  # how ProcessFailed names the request
+            try:
+                assert proc.stdin is not None and proc.stdout is not None
+                proc.stdin.write(json.dumps({"id": request_id, "argv": list(argv)}) + "\n")
+                proc.stdin.flush()
+                lines, status = self._read_reply(proc, request_id, emit)
+            except BaseException:
+                self._kill()  # cancelled or broken mid-request: the worker's state is unknown
+                raise
+            if status is None:  # the worker died: its output ended without a reply
+                code = proc.wait()
+                self._proc = None
+                raise ProcessFailed(cmd, code if code else 1, lines)
+            if status != 0:
+                raise ProcessFailed(cmd, status, lines)
+            return lines
+
+    @staticmethod
+    def _read_reply(
+        proc: subprocess.Popen, request_id: str, emit: Callable[[str], None]
+    ) -> tuple[list[str], int | None]:
+        """The request's output lines and its status; None when the output ended first."""
+        lines: list[str] = []
+        for raw in iter(proc.stdout.readline, ""):
+            line = raw.rstrip("\n")
+            if line.startswith(f"{REPLY} {request_id} "):
+                return lines, int(line.rsplit(" ", 1)[1])
+            lines.append(line)
+            emit(line)
+        return lines, None
+
+    def _kill(self) -> None:
+        if self._proc is not None:
+            kill_group(self._proc, grace_s=5.0)
+            self._proc = None
+
+    def close(self) -> None:
+        """End the worker; its GPU memory is freed and the next request starts a new one. An
+        idle worker ends at the close of its stdin; one running a request is killed with its
+        process group, and the request raises ``ProcessFailed`` (a cancelled flow)."""
+        proc = self._proc
+        if proc is None:
+            return
+        if not self._lock.acquire(blocking=False):
+            kill_group(proc, grace_s=5.0)
+            return
+        try:
+            if proc.stdin is not None:
+                with contextlib.suppress(OSError, subprocess.TimeoutExpired):
+                    proc.stdin.close()  # the worker's loop ends at EOF
+                    proc.wait(timeout=10)
+            self._kill()
+        finally:
+            self._lock.release()
+
+
+if __name__ == "__main__":
+    raise SystemExit(serve())

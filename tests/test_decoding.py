@@ -256,6 +256,30 @@ def test_prepare_then_generate_equals_generate(model, step):
     assert decoder._batch is prepared and got == ref
 
 
+def test_prepare_runs_each_lengths_prefill_attention_as_generate_passes_it(model, monkeypatch):
+    """``prepare`` runs the prefill's attention once per prompt length, with the shapes and
+    strides ``generate``'s prefill passes it (a kernel that plans per input layout, cuDNN's,
+    then finds its plan built), and only that call: one per length, not per layer."""
+    from anchorctx.models import decoder as static
+
+    calls: list[tuple] = []
+    real = static._prefill_attention
+
+    def spy(q, k, v, mask, scale):
+        calls.append((q.shape, q.stride(), k.shape, k.stride(), v.stride(), mask is None, scale))
+        return real(q, k, v, mask, scale)
+
+    monkeypatch.setattr(static, "_prefill_attention", spy)
+    rows = [*_prompts(), _prompts()[0]]  # one length twice
+    lengths = [len(r) for r in rows]
+    rules = StopRules(stop_token_ids=(2,))
+    GreedyDecoder(model).generate(rows, max_new_tokens=NEW, pad_id=PAD, stop=rules)
+    passed = set(calls)
+    calls.clear()
+    GreedyDecoder(model).prepare(lengths, max_new_tokens=NEW, pad_id=PAD, stop=rules)
+    assert len(calls) == len(set(lengths)) and set(calls) == passed
+
+
 def test_stop_strings_cut_at_the_completing_token(model):
     rows = _prompts()[:3]
     free = _static(model, rows, 3, stop_ids=())

@@ -383,6 +383,28 @@ class StaticDecoder:
             h = self._prefill_chunk(cache, row, first_slot, ids, s, min(n, s + chunk))
         return h[:, -1]
 
+    def warm_prefill(self, cache: KVCache, row: int, first_slot: int, n: int, chunk: int) -> None:
+        """Run the attention call of an ``n``-token prompt's first prefill chunk once, on
+        tensors laid out as :meth:`prefill` passes them (q in the projection's heads-transposed
+        layout, k/v viewing ``cache``'s row), and nothing else of the forward.
+
+        Why: on an H100, torch 2.11 runs the prefill's SDPA call on cuDNN's kernel, which builds
+        a graph per input shape (and strides) on its first call, ~68 ms, then reuses it. RULER's
+        prompts have nearly all distinct lengths, so a process's first evaluation pays that per
+        prompt (docs/PERFORMANCE.md, "Evaluation workers"). A compile-only pass calls this per
+        prompt length, and the process that evaluates next finds the graphs built."""
+        c = min(n, chunk)
+        s = self.shape
+        zeros = torch.zeros(
+            1, c, s.heads, s.head_dim, dtype=self.weight.dtype, device=self.weight.device
+        )
+        q = zeros.transpose(
+            1, 2
+        )  # [1, H_q, C, D]: the projection's [1, C, H_q, D] view, as in prefill
+        k = cache.k[0][row][None, :, first_slot : first_slot + c]  # [1, H_kv, C, D]
+        v = cache.v[0][row][None, :, first_slot : first_slot + c]
+        _prefill_attention(q, k, v, None, s.scaling)
+
     def _prefill_chunk(
         self, cache: KVCache, row: int, first_slot: int, ids: torch.Tensor, s: int, e: int
     ) -> torch.Tensor:

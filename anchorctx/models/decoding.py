@@ -471,12 +471,20 @@ class GreedyDecoder:
         graph cache, Triton's kernels). A process that calls ``prepare`` for the batch shapes a
         later evaluation will decode leaves that evaluation's graphs in the cache, and the
         evaluation then loads instead of compiling them. The step runs once on the zeroed
-        buffers; ``generate`` overwrites everything it wrote.
+        buffers; ``generate`` overwrites everything it wrote. Each prompt length's prefill
+        attention runs once too (:meth:`StaticDecoder.warm_prefill`): a kernel that builds a
+        plan per shape (cuDNN's, on Hopper) builds it now, in this process, for an evaluation
+        that runs in it next (an evaluation worker's).
         """
-        b, _ = self._batch_for(lengths, max_new_tokens, pad_id, stop)
-        if max_new_tokens < 2:  # generate's first token comes from the prefill: no step runs
-            return
+        b, width = self._batch_for(lengths, max_new_tokens, pad_id, stop)
         with torch.inference_mode():
+            warmed = set()
+            for r, n in enumerate(lengths):  # each prompt length's prefill attention, once
+                if n not in warmed:
+                    self.decoder.warm_prefill(b.cache, r, width - n, n, self._chunk(n))
+                    warmed.add(n)
+            if max_new_tokens < 2:  # generate's first token comes from the prefill: no step
+                return
             if b.graph is None and self.use_graph:
                 self._capture(b)
             elif not self.use_graph:

@@ -264,8 +264,10 @@ def compile_shard(
 ) -> int:
     """Run the shard of ``owned`` units compile-only (:func:`~anchorctx.evaluation.generation.
     compile_only`): the same samples and batches as :func:`run_shard` from nothing, so its
-    process compiles the graphs that shard's process will, into torch's on-disk caches;
-    nothing is generated or written. ``checkpoint``: the evaluated model or any of its
+    process compiles the graphs that shard will decode with (kept in memory when it runs in an
+    evaluation worker, which then runs that shard, and in torch's on-disk caches for any other
+    process) and builds the samples and the prefill attention's kernel plans; nothing is
+    generated or written. ``checkpoint``: the evaluated model or any of its
     architecture and dtype (the arms' base model, before they are trained: the compiled
     graphs depend on shapes, not weights; same depth, so the memory-sized batches are the
     same). Returns the number of samples planned; ``timing`` receives the phases' seconds."""

@@ -555,10 +555,11 @@ def _train_and_evaluate(scope: Scope, datasets: dict[str, str]) -> None:
 def _to_compile(scope: Scope) -> tuple[ExperimentConfig, list[str]] | None:
     """The first arm and its suites to compile ahead (:func:`_compile_ahead`), or None.
 
-    Why: the decode step compiles one graph per batch shape. The first arm's evaluation (its
-    shard processes, or the flow process on one GPU) would compile them all, ~30 s on
-    gpu-small's 8K evaluation (docs/PERFORMANCE.md, "Static decode graphs"); later arms load
-    them from torch's on-disk caches or this process' memory. So the same evaluation runs first
+    Why: the decode step compiles one graph per batch shape. The first arm's evaluation (in
+    the GPUs' evaluation workers, or the flow process on one GPU) would compile them all,
+    ~30 s on gpu-small's 8K evaluation (docs/PERFORMANCE.md, "Static decode graphs"); later
+    arms find them in the workers' or this process' memory, or torch's on-disk caches. So the
+    same evaluation runs first
     on GPUs that are idle anyway, compile-only, with the arm's base model (the architecture it
     will have). Only when the arm is about to train (no checkpoint yet) from a model on disk,
     evaluates on GPUs, and evaluates a suite that decodes."""

@@ -392,7 +392,9 @@ class StaticDecoder:
         a graph per input shape (and strides) on its first call, ~68 ms, then reuses it. RULER's
         prompts have nearly all distinct lengths, so a process's first evaluation pays that per
         prompt (docs/PERFORMANCE.md, "Evaluation workers"). A compile-only pass calls this per
-        prompt length, and the process that evaluates next finds the graphs built."""
+        prompt length. PyTorch keeps cuDNN's attention graphs per thread, so what it builds
+        serves the evaluations of the same thread: an evaluation worker's, which serves its
+        requests in its main thread."""
         c = min(n, chunk)
         s = self.shape
         zeros = torch.zeros(

@@ -132,8 +132,11 @@ class EvalWorker:
             cmd = [sys.executable, "-m", MODULE, *argv]  # how ProcessFailed names the request
             try:
                 assert proc.stdin is not None and proc.stdout is not None
-                proc.stdin.write(json.dumps({"id": request_id, "argv": list(argv)}) + "\n")
-                proc.stdin.flush()
+                try:
+                    proc.stdin.write(json.dumps({"id": request_id, "argv": list(argv)}) + "\n")
+                    proc.stdin.flush()
+                except BrokenPipeError:  # it died since the last request: its output says why
+                    pass
                 lines, status = self._read_reply(proc, request_id, emit)
             except BaseException:
                 self._kill()  # cancelled or broken mid-request: the worker's state is unknown

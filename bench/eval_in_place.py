@@ -21,7 +21,7 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
-from eval_sharding import linked_copy, make_checkpoint
+from eval_sharding import linked_copy, make_checkpoint, ruler_evaluation
 
 from anchorctx.evaluation import generation, results
 from anchorctx.experiment import config_from_dict
@@ -66,22 +66,7 @@ def main(argv: list[str] | None = None) -> int:
         "name": "in-place",
         "run_root": str(work / "runs"),
         "model": {"tiny": {}, "tokenizer": str(corpus.tokenizer_dir), "dtype": "bfloat16"},
-        "evaluation": {
-            "suites": ["ruler"],
-            "demo_fixtures": str(fixtures),
-            "device": args.device,
-            "dtype": "bfloat16",
-            "batch_size": args.batch_size,
-            "deterministic_decode": True,
-            "ruler": {
-                "tasks": args.tasks,
-                "lengths": args.lengths,
-                "num_samples": args.samples,
-                "squad_path": str(fixtures / "squad.json"),
-                "essay_path": str(fixtures / "essays.json"),
-                "nltk_data": str(fixtures / "nltk_data"),
-            },
-        },
+        "evaluation": ruler_evaluation(fixtures, args, args.device, deterministic=True),
     }
     cfg = config_from_dict(raw)
     ensure_eval_fixtures(cfg)

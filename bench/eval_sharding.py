@@ -105,6 +105,28 @@ def _run_shard(args: list[str], env: dict[str, str], out: dict, worker=None) -> 
         out["start_s"] = out["wall_s"] - out["setup_s"] - out["load_s"] - out["generate_s"]
 
 
+def ruler_evaluation(fixtures: Path, args: argparse.Namespace, device: str, deterministic: bool):
+    """The config's ``evaluation`` section: RULER alone, on the demo fixtures in ``fixtures``."""
+    return {
+        "suites": ["ruler"],
+        "demo_fixtures": str(fixtures),
+        "device": device,
+        "dtype": "bfloat16",
+        "batch_size": args.batch_size,
+        "deterministic_decode": deterministic,
+        "ruler": {
+            "tasks": args.tasks,
+            "lengths": args.lengths,
+            "num_samples": args.samples,
+            "squad_path": str(fixtures / "squad.json"),
+            # The demo's essays and sentence splitter: without them RULER's essay-haystack NIAH
+            # tasks do not run (reported as not run, no records).
+            "essay_path": str(fixtures / "essays.json"),
+            "nltk_data": str(fixtures / "nltk_data"),
+        },
+    }
+
+
 def _start_workers(workers: list) -> dict:
     """Start every worker (a request that only prints the command's help); the seconds until
     all answered: interpreter start and the sharding module's imports, not torch's (the first
@@ -257,24 +279,7 @@ def main(argv: list[str] | None = None) -> int:
             "name": f"shard{n}",
             "run_root": str(work / f"runs-{k}-{n}"),
             "model": {"tiny": {}, "tokenizer": str(corpus.tokenizer_dir), "dtype": "bfloat16"},
-            "evaluation": {
-                "suites": ["ruler"],
-                "demo_fixtures": str(fixtures),
-                "device": device,
-                "dtype": "bfloat16",
-                "batch_size": args.batch_size,
-                "deterministic_decode": args.deterministic,
-                "ruler": {
-                    "tasks": args.tasks,
-                    "lengths": args.lengths,
-                    "num_samples": args.samples,
-                    "squad_path": str(fixtures / "squad.json"),
-                    # The demo's essays and sentence splitter: without them RULER's essay-haystack
-                    # NIAH tasks do not run (reported as not run, no records).
-                    "essay_path": str(fixtures / "essays.json"),
-                    "nltk_data": str(fixtures / "nltk_data"),
-                },
-            },
+            "evaluation": ruler_evaluation(fixtures, args, device, args.deterministic),
         }
         cfgs.append(config_from_dict(raw))
         ckpts.append(cfgs[-1].run_dir / "checkpoints" / "step-000001")

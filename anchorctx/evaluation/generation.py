@@ -46,10 +46,11 @@ def compile_only() -> Iterator[None]:
     """Within it, :func:`generate_greedy` plans its batches exactly as it would and compiles
     the static engine's decode step for each (:meth:`GreedyDecoder.prepare`), but prefills and
     decodes nothing: every text is "". A process that runs an evaluation this way, with the
-    model it will evaluate or one of the same architecture, fills torch's on-disk compile
-    caches with the graphs that evaluation's processes would compile
-    (:func:`anchorctx.evaluation.sharding.compile_shard`). The Hugging Face engine compiles
-    nothing, so it is skipped."""
+    model it will evaluate or one of the same architecture, holds the graphs that evaluation
+    would compile (and the prefill attention's kernel plans) for its own later evaluations (an
+    evaluation worker's), and leaves the graphs in torch's on-disk compile caches for other
+    processes (:func:`anchorctx.evaluation.sharding.compile_shard`). The Hugging Face engine
+    compiles nothing, so it is skipped."""
     token = _COMPILE_ONLY.set(True)
     try:
         yield

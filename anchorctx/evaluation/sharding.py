@@ -413,9 +413,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--compile-only",
         action="store_true",
-        help="With --shard: compile the shard's decode steps into torch's on-disk caches "
-        "(prefill and decoding skipped, nothing written); --checkpoint may be any model of "
-        "the evaluated one's architecture.",
+        help="With --shard: compile the shard's decode steps (kept by this process, and in "
+        "torch's on-disk caches) and build its prefill attention plans; prefill and decoding "
+        "are skipped, nothing is written. --checkpoint may be any model of the evaluated one's "
+        "architecture.",
     )
     p.add_argument(
         "--finalize-when-complete",

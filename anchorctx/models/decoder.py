@@ -118,6 +118,13 @@ class KVCache:
     k: list[torch.Tensor]
     v: list[torch.Tensor]
 
+    def row_slots(
+        self, layer: int, row: int, start: int, end: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Layer ``layer``'s keys and values of one row at slots [start, end), as views
+        [1, H_kv, end - start, D] of the buffers (what the prefill's attention reads)."""
+        return self.k[layer][row][None, :, start:end], self.v[layer][row][None, :, start:end]
+
     @classmethod
     def allocate(cls, shape: Shape, batch: int, slots: int, dtype, device) -> KVCache:
         size = (batch, shape.kv_heads, slots, shape.head_dim)  # [B, H_kv, S, D]
@@ -397,15 +404,11 @@ class StaticDecoder:
         requests in its main thread."""
         c = min(n, chunk)
         s = self.shape
-        zeros = torch.zeros(
-            1, c, s.heads, s.head_dim, dtype=self.weight.dtype, device=self.weight.device
-        )
-        q = zeros.transpose(
-            1, 2
-        )  # [1, H_q, C, D]: the projection's [1, C, H_q, D] view, as in prefill
-        k = cache.k[0][row][None, :, first_slot : first_slot + c]  # [1, H_kv, C, D]
-        v = cache.v[0][row][None, :, first_slot : first_slot + c]
-        _prefill_attention(q, k, v, None, s.scaling)
+        weight = self.weight
+        # q [1, H_q, C, D] as prefill has it: the projection's [1, C, H_q, D] view, transposed.
+        q = torch.zeros(1, c, s.heads, s.head_dim, dtype=weight.dtype, device=weight.device)
+        k, v = cache.row_slots(0, row, first_slot, first_slot + c)  # each [1, H_kv, C, D]
+        _prefill_attention(q.transpose(1, 2), k, v, None, s.scaling)
 
     def _prefill_chunk(
         self, cache: KVCache, row: int, first_slot: int, ids: torch.Tensor, s: int, e: int
@@ -422,10 +425,9 @@ class StaticDecoder:
 
         def write(i: int, k: torch.Tensor, v: torch.Tensor):
             """k/v [1, H_kv, C, D] into the row's slots; the row's keys so far [1, H_kv, e, D]."""
-            k_row, v_row = cache.k[i][row], cache.v[i][row]  # [H_kv, S, D]
-            k_row[:, lo:hi] = k[0]
-            v_row[:, lo:hi] = v[0]
-            return k_row[None, :, first_slot:hi], v_row[None, :, first_slot:hi]
+            cache.k[i][row][:, lo:hi] = k[0]  # the row's [H_kv, S, D] buffer
+            cache.v[i][row][:, lo:hi] = v[0]
+            return cache.row_slots(i, row, first_slot, hi)
 
         def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
             return _prefill_attention(q, k, v, mask, self.shape.scaling)

@@ -25,6 +25,13 @@ again as a later arm (``--repeat`` implied): N, 1, N, 1. The scaling is the late
     python bench/eval_sharding.py --gpus 2 --cache cold
     python bench/eval_sharding.py --gpus 2 --cache ahead
     python bench/eval_sharding.py --gpus 2 --cache ahead --workers persistent
+    python bench/eval_sharding.py --gpus 1 --cache ahead --workers persistent --release
+
+Shards get the checkpoint's hash from this process, as the flow passes it
+(``--checkpoint-hash``); ``--hash-in-shards`` has each shard hash the checkpoint itself, as
+before. ``--release`` (with persistent workers) has the workers release their GPU memory before
+each timed run, as they do when training takes their GPU between two arms, and reports what a
+released worker still holds.
 """
 
 from __future__ import annotations
@@ -187,9 +194,13 @@ def run_sharded(
     cache_env: dict[str, str],
     ahead: Path | None = None,
     workers: list | None = None,
+    release: bool = False,
+    hash_in_shards: bool = False,
 ) -> dict:
     """The evaluation over ``n`` GPUs (in ``workers``, if given); ``ahead``: first the
-    compile-ahead passes of its shard plan with that checkpoint (timed apart, ``ahead_s``)."""
+    compile-ahead passes of its shard plan with that checkpoint (timed apart, ``ahead_s``);
+    ``release``: the workers release their memory before the timed run; ``hash_in_shards``:
+    the shards hash the checkpoint themselves."""
     assert sharding.prepare(cfg, ckpt, "ruler", force=True)
     plan = sharding.plan_shards(cfg, "ruler", n)
     cost = sharding.units(cfg, "ruler")
@@ -199,7 +210,12 @@ def run_sharded(
             cfg_json, ahead, plan, gpus, cache_env, ["--compile-only"], workers
         )
         passes = {"ahead_s": ahead_s, "ahead_times": times}
-    wall, shards = _run_shards(cfg_json, ckpt, plan, gpus, cache_env, workers=workers)
+    if release and workers:  # as before an arm's training; the timed run comes after it
+        passes["released"] = [line for w in workers for line in w.release()]
+        print("\n".join(passes["released"]), flush=True)
+    # prepare() hashed the checkpoint here; the flow passes the hash on the same way.
+    token = [] if hash_in_shards else ["--checkpoint-hash", results.checkpoint_hash_token(ckpt)]
+    wall, shards = _run_shards(cfg_json, ckpt, plan, gpus, cache_env, token, workers)
     for s in shards:
         s["estimated_s"] = sum(cost[u] for u in s["units"])
     start = time.perf_counter()
@@ -257,9 +273,23 @@ def main(argv: list[str] | None = None) -> int:
         help="process: a process per shard; persistent: one evaluation worker per GPU for "
         "every run (runs N, 1, N, 1 GPUs).",
     )
+    p.add_argument(
+        "--release",
+        action="store_true",
+        help="With --workers persistent: the workers release their GPU memory before each timed "
+        "run, as before an arm's training (what a released worker holds is printed).",
+    )
+    p.add_argument(
+        "--hash-in-shards",
+        action="store_true",
+        help="Each shard hashes the checkpoint itself (the behaviour before the flow passed "
+        "its hash on).",
+    )
     p.add_argument("--work", type=Path, default=Path("eval_sharding_work"))
     p.add_argument("--out", type=Path)
     args = p.parse_args(argv)
+    if args.release and args.workers != "persistent":
+        p.error("--release needs --workers persistent")
 
     from anchorctx.demo.corpus import write_demo_corpus
     from anchorctx.demo.fixtures import ensure_eval_fixtures
@@ -303,7 +333,21 @@ def main(argv: list[str] | None = None) -> int:
         cfg_json.write_text(cfg.model_dump_json())
         cache_env = compile_cache(work, args.cache, 0 if persistent else k)
         ahead = base if not persistent or k == 0 else None  # workers: compiled once, ahead
-        runs.append(run_sharded(cfg_json, cfg, ckpt, n, gpus, cache_env, ahead, workers) | started)
+        runs.append(
+            run_sharded(
+                cfg_json,
+                cfg,
+                ckpt,
+                n,
+                gpus,
+                cache_env,
+                ahead,
+                workers,
+                release=args.release,
+                hash_in_shards=args.hash_in_shards,
+            )
+            | started
+        )
         before = f"compiled ahead in {runs[-1]['ahead_s']:.1f} s, then " if ahead else ""
         print(
             f"{n} GPU(s), {args.cache} compile cache: {before}{runs[-1]['wall_s']:.1f} s "

@@ -386,3 +386,28 @@ def test_compile_ahead_plans_the_shards_evaluation_will_run(
         assert cmd[cmd.index("--checkpoint") + 1] == str(ckpt)
         assert cmd[cmd.index("--shard") + 1 : cmd.index("--shard") + 3] == [str(i), "2"]
         assert "--compile-only" in cmd and cmd[cmd.index("--units") + 1 :] == units
+
+
+def test_a_shard_reuses_the_callers_checkpoint_hash_while_the_files_are_unchanged(
+    tmp_path, demo_corpus, monkeypatch
+):
+    """The flow hashes a checkpoint before its shards start and passes the hash with the files'
+    signature; a shard trusts it only while every file keeps its name, size, mtime and inode,
+    as this process' own memo does. Another process is stood for by an empty memo."""
+    _, ckpt = _cfg(tmp_path, demo_corpus, "hash-token")
+    token = results.checkpoint_hash_token(ckpt)
+    digest = results.checkpoint_hash(ckpt)
+    assert token.endswith(":" + digest)
+    read: list[Path] = []
+    real = results.hash_tree
+    monkeypatch.setattr(results, "hash_tree", lambda p: read.append(p) or real(p))
+    monkeypatch.setattr(results, "_HASH_MEMO", {})
+    assert results.trust_checkpoint_hash(ckpt, token)
+    assert results.checkpoint_hash(ckpt) == digest and read == []
+    # A file rewritten since: the token is refused and the files are read.
+    monkeypatch.setattr(results, "_HASH_MEMO", {})
+    config = ckpt / "config.json"
+    config.write_text(config.read_text() + " ")
+    assert not results.trust_checkpoint_hash(ckpt, token)
+    assert results.checkpoint_hash(ckpt) != digest and len(read) == 1
+    assert not results.trust_checkpoint_hash(tmp_path / "missing", token)

@@ -124,16 +124,42 @@ def test_a_worker_ends_when_the_process_that_started_it_dies(tmp_path):
     assert _wait_dead(pid, 10), f"worker {pid} outlived its parent"
 
 
-def test_workers_live_until_the_outermost_scope_ends_or_training_takes_their_gpu(monkeypatch):
+def test_release_keeps_the_worker(tmp_path):
+    """Before training takes its GPU a worker drops its model and frees its memory, but the
+    process stays (what it compiled serves the evaluation after the training); no worker: a
+    release does nothing."""
+    worker = EvalWorker("-1")
+    try:
+        assert worker.release() == []  # none started yet
+        worker.run(["--help"])
+        pid = worker.pid
+        assert worker.release() == ["evaluation worker: released (no CUDA memory held)"]
+        assert worker.pid == pid and _alive(pid)
+        assert any("--compile-only" in line for line in worker.run(["--help"]))
+        assert worker.pid == pid and worker.started == 1
+    finally:
+        worker.close()
+    assert _wait_dead(pid, 10)
+
+
+def test_workers_live_until_the_outermost_scope_ends_and_release_for_training(monkeypatch):
     """A flow keeps one worker per GPU across its evaluations (nested scopes: full-experiment
-    around each evaluation's own); training taking a GPU ends that GPU's worker first."""
+    around each evaluation's own); training taking a GPU has that GPU's worker release its
+    memory, and one whose release fails is ended."""
     from anchorctx.tasks import sharding as tasks
 
     closed: list[str] = []
+    released: list[str] = []
 
     class Worker:
         def __init__(self, gpu: str) -> None:
             self.gpu = gpu
+
+        def release(self) -> list[str]:
+            if self.gpu == "13":
+                raise ProcessFailed(["worker"], 1, ["CUDA error"])
+            released.append(self.gpu)
+            return [f"released {self.gpu}"]
 
         def close(self) -> None:
             closed.append(self.gpu)
@@ -146,6 +172,8 @@ def test_workers_live_until_the_outermost_scope_ends_or_training_takes_their_gpu
             assert [tasks._worker(g).gpu for g in ("11", "12", "13")] == ["11", "12", "13"]
         assert closed == []  # kept for the next arm
         held = tasks.take_gpus(slots, 2)
-        assert sorted(closed) == sorted(held)
+        assert released == held and closed == []
         tasks.give_gpus(slots, held)
-    assert sorted(closed) == sorted([*held, "11", "12", "13"])
+        tasks.release_workers()  # training on every GPU
+        assert sorted(released) == sorted([*held, "11", "12"]) and closed == ["13"]
+    assert sorted(closed) == ["11", "12", "13", "13"]

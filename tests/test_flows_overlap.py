@@ -107,7 +107,11 @@ def _outputs(cfg: ExperimentConfig) -> dict:
     for arm in cfg.arms():
         for ckpt in sorted((arm.run_dir / "checkpoints").iterdir()):
             got = results.load_result(results.result_path(ckpt, "ruler"))
-            records = read_jsonl(results.samples_path(ckpt, "ruler"))[1:]
+            # Sorted: the file's order follows the schedule (a sharded evaluation writes its
+            # units by cost), the records do not depend on it.
+            records = sorted(
+                read_jsonl(results.samples_path(ckpt, "ruler"))[1:], key=lambda r: r["key"]
+            )
             out[(arm.variant_name, ckpt.name)] = (got["scores"], got["counts"], records)
     return out
 
@@ -165,9 +169,9 @@ def test_overlapped_experiment_equals_sequential(
 def test_one_gpu_prefetches_ruler_samples_while_training(
     tmp_path, demo_corpus, monkeypatch, prefect_harness
 ):
-    """On one GPU the flow generates the arms' RULER samples in a thread while training runs:
-    the evaluation then generates none itself (every sample is generated once, outside
-    run_suite), and the records equal an evaluation that generated its own."""
+    """On one GPU the flow generates the arms' RULER samples in a thread while training runs,
+    into the experiment's sample store: the evaluation (in the GPU's worker process) reads them
+    there, and the records equal an evaluation that generated its own."""
     import inspect
 
     from anchorctx.evaluation.ruler import runner
@@ -175,11 +179,7 @@ def test_one_gpu_prefetches_ruler_samples_while_training(
 
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
     raw = _raw(tmp_path / "runs", demo_corpus, "auto")
-    # sample_store off: the reference below must generate its own samples (an empty in-memory
-    # cache stands for a fresh process; the store would serve it the flow's).
-    raw["evaluation"]["ruler"].update(
-        tasks=["niah_single_1", "fwe"], lengths=[512, 768], sample_store=False
-    )
+    raw["evaluation"]["ruler"].update(tasks=["niah_single_1", "fwe"], lengths=[512, 768])
     raw["variants"] = raw["variants"][1:]  # one arm (anchor) shows it; each arm costs CI time
     cfg = config_from_dict(raw)
     calls: list[tuple[str, int, bool]] = []
@@ -194,24 +194,29 @@ def test_one_gpu_prefetches_ruler_samples_while_training(
     runner.SAMPLES.clear()
     with prefect_harness():
         full_experiment(cfg, stages=["data", "train", "evaluate"])
+    # This process generated every cell, outside any evaluation: the prefetch.
     assert sorted(calls) == sorted(
         (t, n, False) for t in ("fwe", "niah_single_1") for n in (768, 512)
     )
+    assert len(list(runner.sample_store(cfg).glob("*.json"))) == 4
     prefetched = _outputs(cfg)
+    # The reference: this process, no store, an empty cache; it generates its own.
     runner.SAMPLES.clear()
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
     for arm in cfg.arms():
+        ref = arm.model_copy(deep=True)
+        ref.evaluation.ruler.sample_store = False
         for ckpt in (arm.run_dir / "checkpoints").iterdir():
-            results.evaluate_checkpoint(arm, ckpt, "ruler", force=True, progress=False)
+            results.evaluate_checkpoint(ref, ckpt, "ruler", force=True, progress=False)
     assert _outputs(cfg) == prefetched
     assert any(in_suite for *_, in_suite in calls[4:])  # the reference generated its own
     runner.SAMPLES.clear()
 
 
-def test_several_gpus_prefetch_into_the_sample_store_only(tmp_path, demo_corpus, monkeypatch):
-    """On one GPU the flow prefetches RULER samples for the evaluations in its own process. On
-    several, the evaluations are child processes: prefetching helps them only through the
-    experiment's sample store, so it runs with ``sample_store`` and not without."""
+def test_prefetch_goes_through_the_sample_store_only(tmp_path, demo_corpus, monkeypatch):
+    """The evaluations run in the GPUs' worker processes, on one GPU as on several: prefetching
+    in the flow process helps them only through the experiment's sample store, so it runs with
+    ``sample_store`` and not without."""
     import threading
 
     import anchorctx.flows.experiment as fx
@@ -232,9 +237,10 @@ def test_several_gpus_prefetch_into_the_sample_store_only(tmp_path, demo_corpus,
         # The tokenizer the samples are made with must exist (demo_corpus built it).
         return fx._prefetch_samples(scope, threading.Event())
 
-    assert prefetch(["0"], store=False) == 1  # in this process's memory
-    assert prefetch(["0", "1"], store=True) == 1  # through the store, for the child processes
-    assert prefetch(["0", "1"], store=False) is None  # nothing would reach the children
+    assert prefetch(["0"], store=True) == 1  # through the store, for the GPU's worker
+    assert prefetch(["0", "1"], store=True) == 1
+    assert prefetch(["0"], store=False) is None  # nothing would reach the workers
+    assert prefetch(["0", "1"], store=False) is None
     assert submitted == ["full", "full"]
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import copy
 
 import pytest
@@ -147,60 +146,3 @@ def test_load_eval_model_roundtrip(model, tokenizer, tmp_path):
     assert len(tok) == len(tokenizer)
     with pytest.raises(CheckpointError, match=r"no config\.json"):
         load_eval_model(tmp_path / "missing", device="cpu")
-
-
-def test_static_generation_on_cuda_runs_on_one_thread_whatever_thread_calls(
-    model, tokenizer, monkeypatch
-):
-    """cuDNN keeps its prefill attention graphs per thread: on CUDA the static engine runs on
-    one thread per process, whichever thread evaluates (Prefect's, a new pool per flow run),
-    with the caller's context (compile-only) and its exceptions raised in the caller. CPU here:
-    the CUDA check is patched; the tokens are those of an in-place run."""
-    import threading
-
-    from anchorctx.evaluation import generation
-
-    ref = generate_greedy(
-        model, tokenizer, PROMPTS, max_new_tokens=6, batch_size=2, progress=False, engine="static"
-    )
-    threads: list[tuple[str, bool]] = []
-    real = generation._generate_static
-
-    def spy(*args, **kwargs):
-        threads.append((threading.current_thread().name, generation._COMPILE_ONLY.get()))
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(generation, "_generate_static", spy)
-    monkeypatch.setattr(generation, "_on_cuda", lambda model: True)
-    got: list = []
-
-    def evaluate(compile_only: bool) -> None:
-        with generation.compile_only() if compile_only else contextlib.nullcontext():
-            got.append(
-                generate_greedy(
-                    model,
-                    tokenizer,
-                    PROMPTS,
-                    max_new_tokens=6,
-                    batch_size=2,
-                    progress=False,
-                    engine="static",
-                )
-            )
-
-    evaluate(False)
-    for compile_only in (False, True):  # from two other threads, as two flow runs' tasks
-        caller = threading.Thread(target=evaluate, args=(compile_only,))
-        caller.start()
-        caller.join()
-    assert got[:2] == [ref, ref] and got[2] == [""] * len(PROMPTS)
-    names = {name for name, _ in threads}
-    assert len(names) == 1 and names.pop().startswith("anchorctx-generation")
-    assert [flag for _, flag in threads] == [False, False, True]
-    # A call from the generation thread runs in place; exceptions reach the caller.
-    nested = generation.on_generation_thread(
-        generation.on_generation_thread, threading.current_thread
-    )
-    assert nested.name.startswith("anchorctx-generation")
-    with pytest.raises(ZeroDivisionError):
-        generation.on_generation_thread(lambda: 1 / 0)

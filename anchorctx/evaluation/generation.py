@@ -14,11 +14,8 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-import threading
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import TypeVar
 
 import torch
 from tqdm.auto import tqdm
@@ -34,8 +31,6 @@ from anchorctx.models.decoding import (
 )
 from anchorctx.models.loading import anchor_token_id, load_model, resolve_device
 from anchorctx.models.settings import ModelConfig
-
-_T = TypeVar("_T")
 
 # Set inside :func:`compile_only`.
 _COMPILE_ONLY = contextvars.ContextVar("anchorctx_compile_only", default=False)
@@ -214,37 +209,6 @@ def _generate_static(
     return out
 
 
-# cuDNN's attention graphs are per thread (PyTorch's MHA graph cache is thread-local), and the
-# prefill builds one per prompt length on its first call (~68 ms on an H100, docs/PERFORMANCE.md,
-# "Evaluation workers"). Prefect runs each flow run's tasks on a thread pool of its own, so a
-# process evaluating in place (one GPU) built them again for every arm. On CUDA, the static
-# engine runs on one thread per process instead.
-_THREAD_NAME = "anchorctx-generation"
-_THREAD: list[ThreadPoolExecutor] = []
-_THREAD_LOCK = threading.Lock()
-
-
-def _call(fn: Callable[..., _T], *args, **kwargs) -> _T:
-    return fn(*args, **kwargs)
-
-
-def on_generation_thread(fn: Callable[..., _T], *args, **kwargs) -> _T:
-    """``fn(*args, **kwargs)`` on this process' generation thread, the caller waiting for it
-    (its exceptions raised here); the caller's context variables go along
-    (:func:`compile_only`). A call from that thread runs in place."""
-    if threading.current_thread().name.startswith(_THREAD_NAME):
-        return fn(*args, **kwargs)
-    with _THREAD_LOCK:
-        if not _THREAD:
-            _THREAD.append(ThreadPoolExecutor(max_workers=1, thread_name_prefix=_THREAD_NAME))
-    context = contextvars.copy_context()
-    return _THREAD[0].submit(context.run, fn, *args, **kwargs).result()
-
-
-def _on_cuda(model: PreTrainedModel) -> bool:
-    return next(model.parameters()).device.type == "cuda"
-
-
 def _deliver(batch: list[int], texts: list[str], out: list, on_batch, bar) -> None:
     """Place a batch's texts at their prompts' indices, hand them to ``on_batch``, advance."""
     for i, text in zip(batch, texts):
@@ -291,9 +255,7 @@ def generate_greedy(
         bar.close()
         return [""] * len(prompts)
     if static:
-        run = on_generation_thread if _on_cuda(model) else _call
-        texts = run(
-            _generate_static,
+        texts = _generate_static(
             model,
             tokenizer,
             encoded,

@@ -33,6 +33,7 @@ least ``scores`` (``{task: {length_or_split: score}}``), ``counts`` and ``not_ru
 
 from __future__ import annotations
 
+import gc
 import hashlib
 import json
 import logging
@@ -258,6 +259,37 @@ def _memo_hash(path: Path) -> str:
 def checkpoint_hash(checkpoint: str | Path) -> str:
     """Content hash of a checkpoint directory (weights, config, tokenizer, anchorctx.json)."""
     return _memo_hash(check_checkpoint(checkpoint))
+
+
+def _signature_digest(signature: _Signature) -> str:
+    return hashlib.sha256(repr(signature).encode()).hexdigest()[:24]
+
+
+def checkpoint_hash_token(checkpoint: str | Path) -> str:
+    """:func:`checkpoint_hash` with the files' signature it was computed for
+    (``<signature digest>:<hash>``), for another process of this host to reuse through
+    :func:`trust_checkpoint_hash` while the files are unchanged. Why: each of a flow's
+    evaluation workers would otherwise read the whole checkpoint again to hash it (3.5 GB took
+    ~3 s of each shard's setup; a 7B model is 13.5 GB)."""
+    path = check_checkpoint(checkpoint).resolve()
+    value = _memo_hash(path)
+    return f"{_signature_digest(_signature(path))}:{value}"
+
+
+def trust_checkpoint_hash(checkpoint: str | Path, token: str) -> bool:
+    """Memoise the hash in ``token`` (:func:`checkpoint_hash_token`) if the checkpoint's files
+    still have the signature it names (names, sizes, mtimes, inodes: the trust this process'
+    own memo gives); whether they do. Otherwise the next :func:`checkpoint_hash` reads the
+    files."""
+    path = Path(checkpoint).resolve()
+    digest, _, value = token.partition(":")
+    if not path.is_dir() or not value:
+        return False
+    signature = _signature(path)
+    if _signature_digest(signature) != digest:
+        return False
+    _HASH_MEMO[(str(path), signature)] = value
+    return True
 
 
 def suite_config(cfg: ExperimentConfig, suite: str) -> dict[str, Any]:
@@ -543,7 +575,10 @@ def clear_model_cache() -> None:
     """Drop this thread's cached evaluation model (and its GPU memory)."""
     _LOCAL.key, _LOCAL.model = None, None
     torch = sys.modules.get("torch")
-    if torch is not None and torch.cuda.is_available():
+    if torch is not None and torch.cuda.is_initialized():
+        # A model's modules refer to each other in cycles: without a collection its tensors
+        # would outlive the reference just dropped, and empty_cache could not free them.
+        gc.collect()
         torch.cuda.empty_cache()
 
 

@@ -56,6 +56,7 @@ from anchorctx.evaluation.results import (
     start_samples,
     suite_stem,
     time_log_path,
+    trust_checkpoint_hash,
 )
 from anchorctx.evaluation.ruler.constants import task_spec
 from anchorctx.evaluation.ruler.runner import data_paths, plan_samples, selected_tasks
@@ -423,9 +424,18 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="With --shard: the shard that completes the evaluation also merges it.",
     )
+    p.add_argument(
+        "--checkpoint-hash",
+        metavar="TOKEN",
+        help="The checkpoint's content hash as the caller computed it, with its files' "
+        "signature (results.checkpoint_hash_token): used while the files keep that signature "
+        "(names, sizes, modification times, inodes), instead of reading them all again.",
+    )
     args = p.parse_args(argv)
 
     cfg = ExperimentConfig.model_validate_json(args.config.read_text())
+    if args.checkpoint_hash:
+        trust_checkpoint_hash(args.checkpoint, args.checkpoint_hash)
     if args.finalize:
         if not is_done(cfg, args.checkpoint, args.suite):
             # After every shard ran, a merge that still has records to generate is worth a

@@ -18,9 +18,16 @@ same checkpoint does not load it again.
 Protocol, text lines on the worker's stdin and stdout (its stderr goes to its stdout)::
 
     request  {"id": "<hex>", "argv": ["--config", "CFG.json", ...]}
+             {"id": "<hex>", "release": true}      (training is about to take the GPU)
     output   whatever the request prints, line by line
     reply    <RS>anchorctx-worker <id> <status>    status: as the command's exit status would be
 
+- A release drops the cached model and hands the GPU memory the worker's allocator holds back
+  to the device (:func:`release_memory`). What stays is what CUDA keeps per process (its
+  context and loaded kernels, ~0.5 GiB; docs/PERFORMANCE.md), and with it the compiled decode
+  graphs, cuDNN's attention graphs and the RULER samples in memory: the evaluation after the
+  training finds them. The training's memory plan keeps 6% of the GPU in reserve
+  (:data:`anchorctx.training.memory.RESERVED_FRACTION`), which covers it.
 - A request that raises ends the worker after its reply: a failed CUDA call can leave the
   process unusable, so it is not reused. The next request starts a new worker and its log says
   so (:class:`EvalWorker`).
@@ -70,17 +77,46 @@ def _watch_parent(parent: int, every_s: float = 1.0) -> None:
             os._exit(1)
 
 
-def serve() -> int:
-    """Serve requests from stdin until it closes; the worker's exit status."""
+def release_memory() -> str:
+    """Drop the cached evaluation model and return the GPU memory this process' allocator
+    holds to the device (training takes the GPU next); a line saying what is left."""
+    from anchorctx.evaluation.results import clear_model_cache
+
+    clear_model_cache()
+    torch = sys.modules.get("torch")
+    if torch is None or not torch.cuda.is_initialized():
+        return "evaluation worker: released (no CUDA memory held)"
+    # cuBLAS keeps a workspace per handle and stream outside the allocator's cache: freed apart.
+    clear_workspaces = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
+    if clear_workspaces is not None:
+        clear_workspaces()
+    torch.cuda.empty_cache()
+    free, total = torch.cuda.mem_get_info()
+    return (
+        f"evaluation worker: released; this process' allocator holds "
+        f"{torch.cuda.memory_reserved() / 2**20:.0f} MiB, the GPU has "
+        f"{free / 2**30:.1f} of {total / 2**30:.1f} GiB free"
+    )
+
+
+def _handle(request: dict) -> int:
     from anchorctx.evaluation import sharding
 
+    if request.get("release"):
+        print(release_memory(), flush=True)
+        return 0
+    return _status(sharding.main(list(request["argv"])))
+
+
+def serve() -> int:
+    """Serve requests from stdin until it closes; the worker's exit status."""
     threading.Thread(target=_watch_parent, args=(os.getppid(),), daemon=True).start()
     for line in sys.stdin:
         if not line.strip():
             continue
         request = json.loads(line)
         try:
-            status = _status(sharding.main(list(request["argv"])))
+            status = _handle(request)
         except SystemExit as err:  # argparse and sys.exit: a refusal, the process is sound
             status = _status(err.code)
         except BaseException:  # reported in the reply; the worker then ends
@@ -128,26 +164,43 @@ class EvalWorker:
             proc = self._proc
             if proc is None or proc.poll() is not None:
                 proc = self._start(emit)
-            request_id = secrets.token_hex(8)
-            cmd = [sys.executable, "-m", MODULE, *argv]  # how ProcessFailed names the request
+            return self._request(proc, {"argv": list(argv)}, [*argv], emit)
+
+    def release(self, on_line: Callable[[str], None] | None = None) -> list[str]:
+        """Have the worker free its GPU memory but its CUDA context (:func:`release_memory`),
+        waiting for a request it runs to end first; its output lines. No worker: nothing."""
+        with self._lock:
+            proc = self._proc
+            if proc is None or proc.poll() is not None:
+                return []
+            return self._request(
+                proc, {"release": True}, ["--release"], on_line or (lambda _: None)
+            )
+
+    def _request(
+        self, proc: subprocess.Popen, request: dict, args: list[str], emit: Callable[[str], None]
+    ) -> list[str]:
+        """Send ``request`` (``args``: how errors name it) and read its reply; the lock held."""
+        request_id = secrets.token_hex(8)
+        cmd = [sys.executable, "-m", MODULE, *args]  # how ProcessFailed names the request
+        try:
+            assert proc.stdin is not None and proc.stdout is not None
             try:
-                assert proc.stdin is not None and proc.stdout is not None
-                try:
-                    proc.stdin.write(json.dumps({"id": request_id, "argv": list(argv)}) + "\n")
-                    proc.stdin.flush()
-                except BrokenPipeError:  # it died since the last request: its output says why
-                    pass
-                lines, status = self._read_reply(proc, request_id, emit)
-            except BaseException:
-                self._kill()  # cancelled or broken mid-request: the worker's state is unknown
-                raise
-            if status is None:  # the worker died: its output ended without a reply
-                code = proc.wait()
-                self._proc = None
-                raise ProcessFailed(cmd, code if code else 1, lines)
-            if status != 0:
-                raise ProcessFailed(cmd, status, lines)
-            return lines
+                proc.stdin.write(json.dumps({"id": request_id, **request}) + "\n")
+                proc.stdin.flush()
+            except BrokenPipeError:  # it died since the last request: its output says why
+                pass
+            lines, status = self._read_reply(proc, request_id, emit)
+        except BaseException:
+            self._kill()  # cancelled or broken mid-request: the worker's state is unknown
+            raise
+        if status is None:  # the worker died: its output ended without a reply
+            code = proc.wait()
+            self._proc = None
+            raise ProcessFailed(cmd, code if code else 1, lines)
+        if status != 0:
+            raise ProcessFailed(cmd, status, lines)
+        return lines
 
     @staticmethod
     def _read_reply(

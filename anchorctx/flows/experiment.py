@@ -77,10 +77,10 @@ from anchorctx.tasks.reporting import report_tables, summary_tables
 from anchorctx.tasks.reuse import submission, tag_flow_run_cached, was_cached
 from anchorctx.tasks.sharding import (
     TrainingGpus,
-    close_workers,
     evaluation_workers,
     hold_training_gpus,
     overlap_training_gpus,
+    release_workers,
     visible_gpus,
 )
 from anchorctx.tasks.training import checkpoints_exist, list_checkpoint_paths, train_task
@@ -300,9 +300,11 @@ def _evaluate_all(
     gpus: list[str] | None = None,
 ) -> list[str]:
     """One evaluation task per (checkpoint, suite) pair, cached by content: a cache record is
-    reused only while its result file is intact (all recomputed with ``force``). On a host with
-    several GPUs the pairs are sharded over all of them (flows/sharded.py), on a work pool over
-    its workers (flows/pool.py): both reuse results through the library alone."""
+    reused only while its result file is intact (all recomputed with ``force``), for evaluation
+    on CPU. On GPUs the pairs are sharded over all of them and run in their evaluation workers
+    (flows/sharded.py; one GPU too: its worker keeps what it compiled from arm to arm, through
+    training), on a work pool over its workers (flows/pool.py): both reuse results through the
+    library alone."""
     if cfg.evaluation.work_pool:  # workers on any number of nodes (flows/pool.py)
         from anchorctx.flows.pool import evaluate_on_pool
 
@@ -311,7 +313,7 @@ def _evaluate_all(
         gpus = []
     elif gpus is None:
         gpus = visible_gpus()
-    if len(gpus) > 1:
+    if gpus:
         return evaluate_sharded(cfg, checkpoints, suites, force, gpus)
     pairs = [(c, s) for c in checkpoints for s in suites]
     futures = _submit_evaluations(cfg, pairs, force)
@@ -454,9 +456,9 @@ def _prefetch_samples(scope: Scope, stop: threading.Event) -> PrefectFuture | No
     """Start generating the arms' RULER samples in this process while the GPU trains (a
     future), or None: nothing to gain (no training before the evaluation, no RULER, evaluation
     on CPU, where the thread would only compete with training for the cores, or on a work
-    pool's nodes). On one GPU the evaluations run in this process and take the samples from its
-    memory; on several they run in child processes, which read them from the experiment's
-    sample store (``evaluation.ruler.sample_store``; without it there is nothing to share)."""
+    pool's nodes). The evaluations run in the GPUs' worker processes, which read the samples
+    from the experiment's sample store (``evaluation.ruler.sample_store``; without it there is
+    nothing to share)."""
     cfg, arms, ev = scope.cfg, scope.arms, scope.cfg.evaluation
     if not (scope.runs("pretrain", "train") and scope.runs("evaluate")):
         return None
@@ -464,7 +466,7 @@ def _prefetch_samples(scope: Scope, stop: threading.Event) -> PrefectFuture | No
         return None
     if not any("ruler" in a.evaluation.suites for a in arms):
         return None
-    if len(visible_gpus()) != 1 and not arms[0].evaluation.ruler.sample_store:
+    if not arms[0].evaluation.ruler.sample_store:
         return None
     # Before pretraining the arms' model (the base checkpoint) does not exist yet; its
     # tokenizer is the pretraining config's, so the samples are the same (the sample cache
@@ -556,13 +558,13 @@ def _to_compile(scope: Scope) -> tuple[ExperimentConfig, list[str]] | None:
     """The first arm and its suites to compile ahead (:func:`_compile_ahead`), or None.
 
     Why: the decode step compiles one graph per batch shape. The first arm's evaluation (in
-    the GPUs' evaluation workers, or the flow process on one GPU) would compile them all,
-    ~30 s on gpu-small's 8K evaluation (docs/PERFORMANCE.md, "Static decode graphs"); later
-    arms find them in the workers' or this process' memory, or torch's on-disk caches. So the
-    same evaluation runs first
-    on GPUs that are idle anyway, compile-only, with the arm's base model (the architecture it
-    will have). Only when the arm is about to train (no checkpoint yet) from a model on disk,
-    evaluates on GPUs, and evaluates a suite that decodes."""
+    the GPUs' evaluation workers) would compile them all, ~30 s on gpu-small's 8K evaluation
+    (docs/PERFORMANCE.md, "Static decode graphs"); later arms find them in the workers'
+    memory (kept through training) or torch's on-disk caches. So the same evaluation runs
+    first on GPUs that are idle anyway, compile-only, with the arm's base model (the
+    architecture it will have), in the same workers. Only when the arm is about to train (no
+    checkpoint yet) from a model on disk, evaluates on GPUs, and evaluates a suite that
+    decodes."""
     if not (scope.runs("train") and scope.runs("evaluate")):
         return None
     arm = scope.arms[0]
@@ -623,7 +625,7 @@ def _train_arm(
 ) -> list[str]:
     gpus = split.held if split is not None else None
     if split is None:  # training takes every GPU: the evaluation workers free their memory
-        close_workers()
+        release_workers()
     force = scope.forces("train")
     return train_flow(arm, force=force, timeout_s=scope.train_timeout_s, dataset=dataset, gpus=gpus)
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from prefect.task_runners import ThreadPoolTaskRunner
 
-from anchorctx.evaluation.results import get_suite, result_path
+from anchorctx.evaluation.results import checkpoint_hash_token, get_suite, result_path
 from anchorctx.evaluation.sharding import is_done, plan_shards, prepare
 from anchorctx.experiment import ExperimentConfig
 from anchorctx.io import atomic_write_text
@@ -64,11 +64,15 @@ def evaluate_sharded(
         config_json = str(config_file(cfg))
         slots = gpu_slots(list(gpus))
         count = evaluation_gpus(slots)
+        # prepare() hashed each checkpoint here: the shards take the hash instead of reading it.
+        hashes = {c: checkpoint_hash_token(c) for c in {c for c, _ in todo}}
         with evaluation_workers(), ThreadPoolTaskRunner(max_workers=len(gpus)) as runner:
             shards = [
                 runner.submit(evaluate_shard_task, params)
                 for c, s in todo
-                for params in _shard_params(config_json, c, s, plan_shards(cfg, s, count), slots)
+                for params in _shard_params(
+                    config_json, c, s, plan_shards(cfg, s, count), slots, checkpoint_hash=hashes[c]
+                )
             ]
             wait_all(shards, "evaluation shards")
             # The shard that completed a pair merged it already; a merge task is left only

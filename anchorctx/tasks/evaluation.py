@@ -34,14 +34,14 @@ def evaluate_task(cfg: ExperimentConfig, checkpoint: str, suite: str, force: boo
     return str(evaluate_checkpoint(cfg, checkpoint, suite, force=force, progress=False))
 
 
-# Never cached: it fills this process' in-memory sample cache, which a cache hit would not.
+# Never cached: the sample store decides what is generated (by content), not a task record.
 @task(name="prefetch-ruler-samples", cache_policy=NO_CACHE, persist_result=False)
 def prefetch_ruler_task(
     cfg: ExperimentConfig, tokenizer_cfg: ExperimentConfig, stop: threading.Event
 ) -> int:
     """Generate ``cfg``'s RULER samples, tokenised by ``tokenizer_cfg``'s tokenizer, into the
-    flow process' sample cache while the GPU trains (the evaluations later in this process
-    reuse them); returns how many. ``stop``, once set, ends it between cells."""
+    experiment's sample store while the GPU trains (the GPUs' evaluation workers read them
+    there); returns how many. ``stop``, once set, ends it between cells."""
     # Imported here: the RULER runner pulls in transformers, which light flows never need.
     from anchorctx.evaluation.ruler.runner import prefetch_samples
     from anchorctx.models.loading import load_tokenizer

@@ -5,7 +5,10 @@ GPU's worker (:class:`anchorctx.evaluation.worker.EvalWorker`, a child process w
 ``CUDA_VISIBLE_DEVICES`` set to it, so it sees one GPU as ``cuda:0``) and gives the slot back.
 A worker lives from its GPU's first shard to the end of the flow (:func:`evaluation_workers`),
 so its imports and compiled decode steps serve every later shard, compile-ahead passes
-included; training takes its GPU only after ending it (:func:`take_gpus`, :func:`close_workers`).
+included. Training on its GPU has it release its memory first but keep its CUDA context and
+what is compiled (:func:`take_gpus`, :func:`release_workers`), so the evaluation after the
+training starts warm; that holds on one GPU too, where the flow evaluates through this module
+as on several.
 The flow runs these tasks on a thread pool as wide as the pool, so every GPU stays busy.
 full-experiment holds its training GPUs out of the same pool while training (so evaluation
 shards run on the others) and returns them when training ends.
@@ -13,6 +16,7 @@ shards run on the others) and returns them when training ends.
 
 from __future__ import annotations
 
+import logging
 import os
 import queue
 import sys
@@ -24,9 +28,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from prefect import get_run_logger, task
+from prefect.exceptions import MissingContextError
 from prefect.runtime import task_run
 
 from anchorctx.evaluation.worker import EvalWorker
+from anchorctx.process import ProcessFailed
 
 if TYPE_CHECKING:
     from anchorctx.experiment import ExperimentConfig
@@ -63,13 +69,13 @@ def gpu_slots(gpus: Sequence[str]) -> str:
 
 def take_gpus(slots: str, count: int) -> list[str]:
     """Hold ``count`` device ids of the pool (waiting for them to be free) until
-    :func:`give_gpus`; shards meanwhile run on the rest. Their evaluation workers end: training
-    gets the whole memory."""
+    :func:`give_gpus`; shards meanwhile run on the rest. Their evaluation workers release their
+    memory for training (:func:`release_workers`)."""
     pool = _POOLS[slots]
     taken = [pool.get() for _ in range(count)]
     with _LOCK:
         _HELD[slots] = _HELD.get(slots, 0) + count
-    close_workers(taken)
+    release_workers(taken)
     return taken
 
 
@@ -151,12 +157,17 @@ def shard_args(
     units: Sequence[str] = (),
     merge: bool = False,
     compile_only: bool = False,
+    checkpoint_hash: str | None = None,
 ) -> list[str]:
     """The arguments of ``python -m anchorctx.evaluation.sharding`` for one shard (``shard``:
     index and count) or the merge (None). ``merge``: the shard that completes the evaluation
     also merges it (saves a model load per evaluation; the merge task then finds the result
-    done). ``compile_only``: the shard's compile-ahead pass instead (``sharding.compile_shard``)."""
+    done). ``compile_only``: the shard's compile-ahead pass instead (``sharding.compile_shard``).
+    ``checkpoint_hash``: the checkpoint's hash token (``results.checkpoint_hash_token``), so
+    the shard does not read the checkpoint again to hash it."""
     args = ["--config", str(config_json), "--checkpoint", checkpoint, "--suite", suite]
+    if checkpoint_hash:
+        args += ["--checkpoint-hash", checkpoint_hash]
     if shard is None:
         return [*args, "--finalize"]
     merging = ["--finalize-when-complete"] if merge else []
@@ -177,13 +188,38 @@ def _worker(gpu: str) -> EvalWorker:
         return _WORKERS[gpu]
 
 
-def close_workers(gpus: Sequence[str] | None = None) -> None:
-    """End the evaluation workers of ``gpus`` (default: all), freeing their GPU memory for
-    training; a later shard on such a GPU starts a new one."""
+def _logger() -> logging.Logger | logging.LoggerAdapter:
+    """The run's logger (shown in the UI), or this module's outside a flow or task run."""
+    try:
+        return get_run_logger()
+    except MissingContextError:
+        return logging.getLogger(__name__)
+
+
+def _workers_of(gpus: Sequence[str] | None) -> list[EvalWorker]:
     with _LOCK:
-        workers = [w for g, w in _WORKERS.items() if gpus is None or g in gpus]
-    for worker in workers:
+        return [w for g, w in _WORKERS.items() if gpus is None or g in gpus]
+
+
+def close_workers(gpus: Sequence[str] | None = None) -> None:
+    """End the evaluation workers of ``gpus`` (default: all), freeing all their GPU memory; a
+    later shard on such a GPU starts a new one."""
+    for worker in _workers_of(gpus):
         worker.close()
+
+
+def release_workers(gpus: Sequence[str] | None = None) -> None:
+    """Before training takes ``gpus`` (default: all): their evaluation workers drop their
+    models and free their GPU memory but their CUDA contexts (``EvalWorker.release``); one
+    that fails to is ended instead. The lines they print go to the run's log."""
+    logger = _logger()
+    for worker in _workers_of(gpus):
+        try:
+            for line in worker.release():
+                logger.info("[gpu %s] %s", worker.gpu, line)
+        except ProcessFailed as err:
+            logger.warning("[gpu %s] release failed, ending the worker: %s", worker.gpu, err)
+            worker.close()
 
 
 _SCOPES = [0]  # open evaluation_workers blocks in this process
@@ -240,10 +276,12 @@ def evaluate_shard_task(
     units: list[str],
     slots: str,
     compile_only: bool = False,
+    checkpoint_hash: str | None = None,
 ) -> str:
     """One shard of one (checkpoint, suite) evaluation; returns its records file. With
     ``compile_only``, its compile-ahead pass instead (``sharding.compile_shard``; any
-    checkpoint of the evaluated architecture): returns its last output line."""
+    checkpoint of the evaluated architecture): returns its last output line.
+    ``checkpoint_hash``: see :func:`shard_args`."""
     args = shard_args(
         config_json,
         checkpoint,
@@ -252,6 +290,7 @@ def evaluate_shard_task(
         units=units,
         merge=not compile_only,
         compile_only=compile_only,
+        checkpoint_hash=checkpoint_hash,
     )
     return _run_on_gpu(args, slots)
 

@@ -61,11 +61,13 @@ def test_requests_share_one_process_and_failures_say_what_failed(tmp_path):
         with pytest.raises(ProcessFailed) as raised:
             worker.run(argv)
         assert "FileNotFoundError" in str(raised.value) and str(missing) in str(raised.value)
-        assert _wait_dead(pid, 10)
+        # At once: the ending worker must not be handed the next request (it was, on a GPU
+        # host, which failed that request with no output).
         seen.clear()
         worker.run(["--help"], seen.append)
         assert seen[0] == "evaluation worker on GPU -1: the last one ended; starting one"
         assert worker.pid != pid and worker.started == 2
+        assert _wait_dead(pid, 10)
     finally:
         worker.close()
     assert worker.pid is None and _wait_dead(pid, 10)

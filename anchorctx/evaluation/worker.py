@@ -20,7 +20,8 @@ Protocol, text lines on the worker's stdin and stdout (its stderr goes to its st
     request  {"id": "<hex>", "argv": ["--config", "CFG.json", ...]}
              {"id": "<hex>", "release": true}      (training is about to take the GPU)
     output   whatever the request prints, line by line
-    reply    <RS>anchorctx-worker <id> <status>    status: as the command's exit status would be
+    reply    <RS>anchorctx-worker <id> <status> [end]
+             status: as the command's exit status would be; "end": the worker exits next
 
 - A release drops the cached model and hands the GPU memory the worker's allocator holds back
   to the device (:func:`release_memory`). What stays is what CUDA keeps per process (its
@@ -57,9 +58,9 @@ REPLY = "\x1eanchorctx-worker"
 MODULE = "anchorctx.evaluation.worker"
 
 
-def _reply(request_id: str, status: int) -> None:
+def _reply(request_id: str, status: int, end: bool = False) -> None:
     sys.stderr.flush()
-    print(f"{REPLY} {request_id} {status}", flush=True)
+    print(f"{REPLY} {request_id} {status}{' end' if end else ''}", flush=True)
 
 
 def _status(code: object) -> int:
@@ -121,7 +122,7 @@ def serve() -> int:
             status = _status(err.code)
         except BaseException:  # reported in the reply; the worker then ends
             traceback.print_exc()
-            _reply(request["id"], 1)
+            _reply(request["id"], 1, end=True)
             return 1
         _reply(request["id"], status)
     return 0
@@ -190,10 +191,14 @@ class EvalWorker:
                 proc.stdin.flush()
             except BrokenPipeError:  # it died since the last request: its output says why
                 pass
-            lines, status = self._read_reply(proc, request_id, emit)
+            lines, status, ends = self._read_reply(proc, request_id, emit)
         except BaseException:
             self._kill()  # cancelled or broken mid-request: the worker's state is unknown
             raise
+        if ends:  # it exits after this reply: the next request must start another
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=10)
+            self._kill()
         if status is None:  # the worker died: its output ended without a reply
             code = proc.wait()
             self._proc = None
@@ -205,16 +210,18 @@ class EvalWorker:
     @staticmethod
     def _read_reply(
         proc: subprocess.Popen, request_id: str, emit: Callable[[str], None]
-    ) -> tuple[list[str], int | None]:
-        """The request's output lines and its status; None when the output ended first."""
+    ) -> tuple[list[str], int | None, bool]:
+        """The request's output lines, its status (None when the output ended first) and
+        whether the worker exits after it."""
         lines: list[str] = []
         for raw in iter(proc.stdout.readline, ""):
             line = raw.rstrip("\n")
             if line.startswith(f"{REPLY} {request_id} "):
-                return lines, int(line.rsplit(" ", 1)[1])
+                status, *end = line[len(REPLY) :].split()[1:]
+                return lines, int(status), end == ["end"]
             lines.append(line)
             emit(line)
-        return lines, None
+        return lines, None, True
 
     def _kill(self) -> None:
         if self._proc is not None:

@@ -411,3 +411,24 @@ def test_a_shard_reuses_the_callers_checkpoint_hash_while_the_files_are_unchange
     assert not results.trust_checkpoint_hash(ckpt, token)
     assert results.checkpoint_hash(ckpt) != digest and len(read) == 1
     assert not results.trust_checkpoint_hash(tmp_path / "missing", token)
+
+
+def test_compile_ahead_takes_the_base_model_at_the_arms_length(tmp_path, demo_corpus):
+    """The pass compiles for the architecture the arm will have: a base model pretrained short
+    (position limit 1024) is taken at the limit the arm's training gives it (its RoPE base set
+    for data.seq_len), so RULER's longer lengths compile instead of being refused (gpu-small's
+    pass failed so on a GPU host). Without a RoPE base the arm keeps the base's limit, and the
+    pass refuses them as the evaluation would."""
+    from anchorctx.evaluation.ruler.runner import RulerLengthError
+
+    cfg, _ = _cfg(tmp_path, demo_corpus, "ahead-long", checkpoint=False)
+    base = tmp_path / "base"
+    save_checkpoint(base, demo_corpus.tokenizer_dir, seed=1, step=0, positions=1024)
+    long_arm = cfg.model_copy(deep=True)
+    long_arm.model.rope_theta = 40000.0
+    long_arm.data.seq_len = 2048
+    units = list(sharding.units(cfg, "ruler"))
+    assert sharding.compile_shard(long_arm, base, "ruler", units) == 8
+    results.clear_model_cache()
+    with pytest.raises(RulerLengthError, match="2048"):
+        sharding.compile_shard(cfg, base, "ruler", units)

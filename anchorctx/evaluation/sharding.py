@@ -255,6 +255,19 @@ def run_shard(
     return out
 
 
+def _as_trained(model: Any, cfg: ExperimentConfig) -> None:
+    """Give a base model the position limit the evaluated arm's training gives it
+    (:func:`~anchorctx.models.loading.position_limit`): the suites check their lengths against
+    it, and gpu-small's base model, pretrained at 2K (limit 4096), refused the arms' RULER at 8K
+    and 16K, so its compile-ahead pass failed on a GPU host. The compiled graphs depend on the
+    shapes only, so the limit changes nothing else."""
+    from anchorctx.models.loading import position_limit
+
+    limit = position_limit(cfg.model, cfg.data.seq_len)
+    if limit is not None and limit > getattr(model.config, "max_position_embeddings", 0):
+        model.config.max_position_embeddings = int(limit)
+
+
 def compile_shard(
     cfg: ExperimentConfig,
     checkpoint: str | Path,
@@ -286,6 +299,7 @@ def compile_shard(
 
     # The key only scopes the process' model cache: this process evaluates nothing.
     model, tokenizer = cached_model(ckpt, cfg, "compile-only")
+    _as_trained(model, cfg)
     compiling = time.perf_counter()
     planned = 0
 

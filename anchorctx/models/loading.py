@@ -202,11 +202,18 @@ def build_hf_config(
         _apply_anchor(hf, tokenizer, model_cfg)
     if model_cfg.rope_theta is not None:
         _set_rope_theta(hf, model_cfg.rope_theta)
-    limit = model_cfg.max_position_embeddings or (seq_len if model_cfg.rope_theta else None)
+    limit = position_limit(model_cfg, seq_len)
     if limit is not None and limit > getattr(hf, "max_position_embeddings", 0):
         hf.max_position_embeddings = int(limit)
     hf.use_cache = False
     return hf
+
+
+def position_limit(model_cfg: ModelConfig, seq_len: int | None) -> int | None:
+    """The position limit a model trained with ``model_cfg`` at ``seq_len`` gets (at least; a
+    larger one of the model's own stays): ``model.max_position_embeddings``, else the training
+    length when the RoPE base is set for it; None: the model's own."""
+    return model_cfg.max_position_embeddings or (seq_len if model_cfg.rope_theta else None)
 
 
 def _apply_anchor(

@@ -25,7 +25,7 @@ Protocol, text lines on the worker's stdin and stdout (its stderr goes to its st
 
 - A release drops the cached model and hands the GPU memory the worker's allocator holds back
   to the device (:func:`release_memory`). What stays is what CUDA keeps per process (its
-  context and loaded kernels, ~0.5 GiB; docs/PERFORMANCE.md), and with it the compiled decode
+  context and loaded kernels, ~0.8 GiB on an H100; docs/PERFORMANCE.md), and with it the compiled decode
   graphs, cuDNN's attention graphs and the RULER samples in memory: the evaluation after the
   training finds them. The training's memory plan keeps 6% of the GPU in reserve
   (:data:`anchorctx.training.memory.RESERVED_FRACTION`), which covers it.

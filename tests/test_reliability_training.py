@@ -411,8 +411,14 @@ def test_torchrun_stopped_by_a_signal_is_one_line(tmp_path):
         while sleeping() < 2:
             assert time.monotonic() < deadline and proc.poll() is None
             time.sleep(0.1)
+        tree = psutil.Process(proc.pid).children(recursive=True)
         kill_group(proc)  # what `anchorctx train` does on Ctrl-C or SIGTERM
-        _, err = proc.communicate(timeout=30)
+        try:
+            _, err = proc.communicate(timeout=30)
+        except subprocess.TimeoutExpired:  # say who still holds the pipes (a flake seen once)
+            alive = [p for p in tree if p.is_running()]
+            described = [(p.pid, p.name(), os.getsid(p.pid)) for p in alive]
+            pytest.fail(f"torchrun {proc.pid} (exit {proc.poll()}) left {described} running")
     finally:
         if proc.poll() is None:
             proc.kill()

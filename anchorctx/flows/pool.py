@@ -28,7 +28,7 @@ from urllib.parse import urlparse
 
 from prefect import flow, get_run_logger
 
-from anchorctx.evaluation.results import result_path
+from anchorctx.evaluation.results import checkpoint_hash_token, result_path
 from anchorctx.evaluation.sharding import is_done, plan_shards, prepare
 from anchorctx.experiment import ExperimentConfig
 from anchorctx.flows.sharded import config_file
@@ -72,14 +72,25 @@ def evaluate_shard_flow(
     count: int = 1,
     units: list[str] | None = None,
     merge: bool = False,
+    checkpoint_hash: str | None = None,
 ) -> str:
     """One shard of one evaluation (or, with ``index=None``, the merge), on this worker's GPU.
     ``merge``: the shard that completes the evaluation merges it in its own process, where the
-    model is loaded already."""
+    model is loaded already. ``checkpoint_hash``: the planner's hash token of the checkpoint,
+    used where this node sees the same files (a shared file system keeps their inodes and
+    times), so the shard does not read the whole checkpoint once more to hash it."""
     logger = get_run_logger()
     node = node_address()
     shard = None if index is None else (index, count)
-    cmd = shard_command(config_json, checkpoint, suite, shard=shard, units=units or [], merge=merge)
+    cmd = shard_command(
+        config_json,
+        checkpoint,
+        suite,
+        shard=shard,
+        units=units or [],
+        merge=merge,
+        checkpoint_hash=checkpoint_hash,
+    )
     logger.info("%s on %s", "merge" if shard is None else f"shard {index + 1}/{count}", node)
     lines: list[str] = []
 
@@ -149,6 +160,8 @@ def evaluate_on_pool(
         online = pool_workers(pool)
         count = cfg.evaluation.shards or online
         config_json = str(config_file(cfg))
+        # prepare() hashed each checkpoint here: the shards take the hash instead of reading it.
+        hashes = {c: checkpoint_hash_token(c) for c in {c for c, _ in todo}}
         shards = [
             {
                 "config_json": config_json,
@@ -158,6 +171,7 @@ def evaluate_on_pool(
                 "count": len(plan),
                 "units": units,
                 "merge": True,
+                "checkpoint_hash": hashes[c],
             }
             for c, s in todo
             for plan in [plan_shards(cfg, s, count)]

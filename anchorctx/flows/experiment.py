@@ -85,8 +85,9 @@ from anchorctx.tasks.sharding import (
 )
 from anchorctx.tasks.training import checkpoints_exist, list_checkpoint_paths, train_task
 
-# Evaluation tasks running at once in one flow run. One by default: on a single GPU (or two CPU
-# cores) parallel evaluations only compete for the device; raise it on multi-GPU hosts.
+# Evaluation tasks running at once in one flow run, for evaluation on CPU (on GPUs the shards run
+# in the GPUs' workers, as many at once as GPUs). One by default: on two CPU cores parallel
+# evaluations only compete for them.
 EVAL_WORKERS = int(os.environ.get("ANCHORCTX_EVAL_WORKERS", "1"))
 
 # Tracker runs (W&B, MLflow) are process-global state: opened from one thread at a time.

@@ -83,15 +83,16 @@ def release_memory() -> str:
     holds to the device (training takes the GPU next); a line saying what is left."""
     from anchorctx.evaluation.results import clear_model_cache
 
-    clear_model_cache()
     torch = sys.modules.get("torch")
     if torch is None or not torch.cuda.is_initialized():
+        clear_model_cache()
         return "evaluation worker: released (no CUDA memory held)"
-    # cuBLAS keeps a workspace per handle and stream outside the allocator's cache: freed apart.
+    # cuBLAS keeps a workspace per handle and stream, blocks the allocator's cache cannot free
+    # while they are held: dropped first, so the cache emptied below takes them too.
     clear_workspaces = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
     if clear_workspaces is not None:
         clear_workspaces()
-    torch.cuda.empty_cache()
+    clear_model_cache()  # the model, a collection, the allocator's cache
     free, total = torch.cuda.mem_get_info()
     return (
         f"evaluation worker: released; this process' allocator holds "
@@ -199,9 +200,8 @@ class EvalWorker:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(timeout=10)
             self._kill()
-        if status is None:  # the worker died: its output ended without a reply
+        if status is None:  # the worker died: its output ended without a reply (ended above)
             code = proc.wait()
-            self._proc = None
             raise ProcessFailed(cmd, code if code else 1, lines)
         if status != 0:
             raise ProcessFailed(cmd, status, lines)

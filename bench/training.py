@@ -142,6 +142,7 @@ MEMORY_FLAGS = (
     "offload_optimizer",
     "offload_checkpoints",
     "init_on_device",
+    "pin_offload",
 )
 
 
@@ -228,6 +229,55 @@ class PhaseTimes:
         return out
 
 
+# GPU kernels by what they compute, matched on the kernel's name (first match wins). cuBLAS on
+# Hopper names its GEMMs nvjet_* and sm90_xmma_*; cuDNN's attention is cudnn_generated_fort_*;
+# fwd_kernel and bwd_kernel are the project's Triton attention kernels
+# (anchorctx.attention.engines.triton_kernels); at::native's are torch's own elementwise ones.
+KERNEL_KINDS = (
+    ("copy host<->device", ("memcpy htod", "memcpy dtoh")),
+    ("copy on device", ("memcpy dtod", "memset")),
+    (
+        "attention",
+        ("flash", "fmha", "attn", "sdpa", "cudnn_generated_fort", "fwd_kernel", "bwd_kernel"),
+    ),
+    ("matmul", ("gemm", "nvjet", "xmma", "cutlass", "cublas")),
+    ("communication", ("nccl",)),
+    ("elementwise and reductions", ("at::native", "elementwise", "reduce", "vectorized")),
+    ("fused (triton)", ("triton", "_kernel")),
+)
+
+
+def kernel_kind(name: str) -> str:
+    low = name.lower()
+    for kind, marks in KERNEL_KINDS:
+        if any(m in low for m in marks):
+            return kind
+    return "other"
+
+
+def profiled_step(engine, data, par, scale, loss_fn) -> dict[str, float]:
+    """``--profile``: one more step under torch's profiler; seconds of GPU time by kernel kind
+    (kernels of different streams may overlap, so the kinds can sum past the step's wall time).
+    Prints the 15 costliest kernels."""
+    from torch.profiler import DeviceType, ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:  # host RAM: the offload fills it
+        train_step(engine, data, par.engine, scale, loss_fn)
+        torch.cuda.synchronize()
+    kernels = [e for e in prof.key_averages() if e.device_type == DeviceType.CUDA]
+    by_kind: dict[str, float] = {}
+    for e in kernels:
+        kind = kernel_kind(e.key)
+        by_kind[kind] = by_kind.get(kind, 0.0) + e.self_device_time_total / 1e6
+    for e in sorted(kernels, key=lambda e: -e.self_device_time_total)[:15]:
+        print(
+            f"  {e.self_device_time_total / 1e6:8.3f} s {e.count:7d}x  "
+            f"[{kernel_kind(e.key)}] {e.key[:110]}",
+            flush=True,
+        )
+    return {k: round(v, 3) for k, v in sorted(by_kind.items(), key=lambda kv: -kv[1])}
+
+
 def median_phases(steps: list[dict[str, float]]) -> dict[str, float]:
     return {k: round(statistics.median(s[k] for s in steps), 4) for k in steps[0]}
 
@@ -260,6 +310,11 @@ def measure(engine, par, variant: str, seq_len: int, rank: int, args, cfg) -> di
                 f"peak {M.peak_memory_gib(DEVICE):.1f} GiB",
                 flush=True,
             )
+    gpu_by_kind = None
+    if args.profile and DEVICE == "cuda":
+        gpu_by_kind = profiled_step(engine, data, par, scale, loss_fn)
+        if rank == 0:
+            print("  GPU time by kind: " + json.dumps(gpu_by_kind), flush=True)
     dt = statistics.median(times)
     text = engine.module.config.get_text_config()
     flops = M.step_flops(
@@ -291,6 +346,7 @@ def measure(engine, par, variant: str, seq_len: int, rank: int, args, cfg) -> di
         "memory": mem.model_dump(),
         "step_times_s": [round(t, 4) for t in times],
         "phases_s": median_phases(phase_times) if phase_times else None,
+        "gpu_seconds_by_kind": gpu_by_kind,
         "last_loss": round(stats.loss, 4),  # a real step: finite, ≈ ln(vocab) on random tokens
     }
 
@@ -471,7 +527,20 @@ def main() -> int:
         help="training.kernels: RMSNorm and SwiGLU as transformers' modules or "
         "Liger-Kernel's fused kernels.",
     )
-    p.add_argument("--zero-stage", type=int, default=3)
+    p.add_argument(
+        "--profile",
+        action="store_true",
+        help="After the timed steps, one more step under torch's profiler: GPU seconds by "
+        "kernel kind (matmul, attention, fused, copies host<->device, ...) and the costliest "
+        "kernels. Not in the step time.",
+    )
+    p.add_argument(
+        "--zero-stage",
+        type=int,
+        default=None,
+        help="training.zero_stage (default: the launcher's, anchorctx.training.plan."
+        "default_zero_stage: 3, or 2 on one GPU with an offloaded optimizer).",
+    )
     p.add_argument("--steps", type=int, default=3, help="Timed steps (median reported).")
     p.add_argument("--warmup", type=int, default=2, help="Untimed steps (compilation).")
     p.add_argument("--seed", type=int, default=0)

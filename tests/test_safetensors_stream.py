@@ -124,3 +124,38 @@ def test_a_failed_write_still_joins_every_gather(tmp_path, monkeypatch):
         ST.save_weights_streamed(model, tmp_path, max_shard_bytes=20_000)
     assert len(gathered) == len(list(model.parameters()))
     assert len(calls) == 2  # no shard is written after the failure
+
+
+class _Engine:
+    """What checkpoints._stage_weights asks of a DeepSpeed engine."""
+
+    def __init__(self, module, stage: int, offload: bool) -> None:
+        self.module, self._stage, self._offload = module, stage, offload
+
+    def zero_optimization_stage(self) -> int:
+        return self._stage
+
+    def zero_cpu_offload(self) -> bool:
+        return self._offload
+
+
+@pytest.mark.parametrize(
+    ("stage", "offload", "streamed"),
+    [(3, False, True), (2, True, True), (2, False, False), (0, False, False)],
+)
+def test_weights_stream_under_zero3_or_an_offloaded_optimizer(
+    tmp_path, monkeypatch, stage, offload, streamed
+):
+    """An offloaded optimizer fills the host (one GPU steps it under ZeRO-2 by default), so its
+    checkpoints stream one tensor at a time as ZeRO-3's do, instead of save_pretrained's
+    whole-shard buffers."""
+    from anchorctx.training import checkpoints
+
+    monkeypatch.setattr(checkpoints.dist, "get_rank", lambda: 0)
+    final = tmp_path / "checkpoints" / "step-000001"
+    final.parent.mkdir()
+    staged, failure = checkpoints._stage_weights(_Engine(_tiny(False), stage, offload), final)
+    assert failure is None
+    assert (staged is not None) == streamed
+    if streamed:
+        assert (staged / "model.safetensors").is_file()

@@ -8,7 +8,12 @@ import pytest
 
 from anchorctx.experiment import config_from_dict
 from anchorctx.training.launch import launch
-from anchorctx.training.plan import TrainingError, check_dataset, plan_parallelism
+from anchorctx.training.plan import (
+    TrainingError,
+    check_dataset,
+    default_zero_stage,
+    plan_parallelism,
+)
 
 
 def _cfg(tiny_config, **training):
@@ -69,6 +74,23 @@ def test_parallel_plan_on_cpu_defaults(tiny_config):
         0,
         "sdpa",
     )
+
+
+def test_zero_stage_default_is_2_for_one_gpu_with_an_offloaded_optimizer(tiny_config):
+    """One rank partitions nothing: ZeRO-2 steps an offloaded optimizer faster there (the
+    measured 256K row); several GPUs keep ZeRO-3, CPU runs none."""
+    from anchorctx.training.loop import resume_fingerprint
+
+    off = _cfg(tiny_config, memory={"offload_optimizer": True}, zero_stage=None)
+    plain = _cfg(tiny_config, zero_stage=None)
+    assert default_zero_stage(off, "cuda", 1) == 2
+    assert default_zero_stage(off, "cuda", 2) == 3
+    assert default_zero_stage(plain, "cuda", 1) == 3
+    assert default_zero_stage(off, "cpu", 1) == 0
+    # A run written under the old default resumes by naming its stage (the recorded parallel
+    # layout still refuses any other stage).
+    named = _cfg(tiny_config, memory={"offload_optimizer": True}, zero_stage=3)
+    assert resume_fingerprint(named) == resume_fingerprint(off)
 
 
 @pytest.fixture(scope="module")

@@ -10,6 +10,7 @@ from anchorctx.experiment import config_from_dict
 from anchorctx.io import read_jsonl
 from anchorctx.models.checkpoints import list_checkpoints
 from anchorctx.training.loop import train
+from anchorctx.training.plan import plan_parallelism
 
 
 @pytest.mark.gpu
@@ -34,3 +35,36 @@ def test_bf16_anchor_training_on_one_gpu(tiny_config, packed_demo, zero_stage):
     assert rows[-1]["mfu"] is None or 0 < rows[-1]["mfu"] < 1
     assert [p.name for p in list_checkpoints(cfg.run_dir)] == ["step-000002"]
     assert summary["steps"] == 2
+
+
+@pytest.mark.gpu
+def test_one_gpu_with_an_offloaded_optimizer_trains_under_zero2_and_streams_its_checkpoint(
+    tiny_config, packed_demo
+):
+    """The one-GPU default for an offloaded optimizer (plan.default_zero_stage): DeepSpeed's
+    CPU Adam steps it under ZeRO-2, and the checkpoint is streamed (the host may be full) and
+    loads in plain transformers."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    raw = tiny_config.model_dump(mode="json")
+    raw["name"] = "gpu-offload-z2"
+    raw["training"].update(
+        device="cuda",
+        engine="auto",
+        precision="bf16",
+        zero_stage=None,
+        activation_checkpointing=True,
+        nproc=1,
+        steps=2,
+        memory={"auto": False, "offload_optimizer": True},
+    )
+    cfg = config_from_dict(raw)
+    assert plan_parallelism(cfg).zero_stage == 2
+    train(cfg, data_dir=packed_demo)
+    rows = read_jsonl(cfg.run_dir / "metrics.jsonl")
+    assert [r["step"] for r in rows] == [1, 2]
+    assert all(math.isfinite(r["loss"]) for r in rows)
+    (ckpt,) = list_checkpoints(cfg.run_dir)
+    model = AutoModelForCausalLM.from_pretrained(ckpt, dtype=torch.bfloat16)
+    assert all(torch.isfinite(p).all() for p in model.parameters())

@@ -146,6 +146,7 @@ def test_memory_config_is_validated():
         "tiled_mlp": False,
         "tiled_loss": False,
         "offload_optimizer": False,
+        "pin_offload": False,
         "cpu_adam": "auto",
         "offload_checkpoints": False,
         "keep_activations": 0,

@@ -87,10 +87,12 @@ def should_save_resume(step: int, total: int, save: SaveConfig) -> bool:
 def _stage_weights(
     ds_engine: DeepSpeedEngine, final: Path
 ) -> tuple[Path | None, tuple[str, BaseException] | None]:
-    """Under ZeRO-3, the weights streamed one tensor at a time into a staging directory beside
-    ``final`` (every rank joins each gather, rank 0 writes), so the host never holds the whole
-    model (anchorctx.models.safetensors_stream says why). Returns (staging dir, failure)."""
-    if ds_engine.zero_optimization_stage() != 3:
+    """Under ZeRO-3, or with the optimizer in host memory, the weights streamed one tensor at a
+    time into a staging directory beside ``final`` (every rank joins each gather, rank 0
+    writes), so the host never holds the whole model (anchorctx.models.safetensors_stream says
+    why; an offloaded 7B optimizer leaves a one-H200 host 9 of its 125 GiB). Returns (staging
+    dir, failure)."""
+    if ds_engine.zero_optimization_stage() != 3 and not ds_engine.zero_cpu_offload():
         return None, None
     stage = None
     if dist.get_rank() == 0:

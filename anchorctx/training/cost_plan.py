@@ -190,7 +190,7 @@ def layout(cfg: ExperimentConfig, shape: Shape, gpus: int, nodes: int):
     """:func:`~anchorctx.training.plan.plan_parallelism`'s layout on ``gpus × nodes`` GPUs."""
     # Imported here: plan.py resolves devices through torch, which only a plan that gets this
     # far needs.
-    from anchorctx.training.plan import TrainingError, plan_parallelism
+    from anchorctx.training.plan import TrainingError, default_zero_stage, plan_parallelism
 
     world = gpus * nodes
     sp = choose_sp(cfg.training.sequence_parallel, shape, world)
@@ -214,7 +214,7 @@ def layout(cfg: ExperimentConfig, shape: Shape, gpus: int, nodes: int):
         par = plan_parallelism(planned, world)
     except TrainingError as err:
         raise PlanError(str(err)) from err
-    zero = t.zero_stage if t.zero_stage is not None else 3
+    zero = t.zero_stage if t.zero_stage is not None else default_zero_stage(cfg, "cuda", world)
     return dataclasses.replace(par, device="cuda", engine=t.engine, zero_stage=zero)
 
 

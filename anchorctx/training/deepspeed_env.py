@@ -148,13 +148,13 @@ def offload_entries(memory: MemoryConfig, par: Parallelism) -> tuple[dict, dict]
         raise TrainingError(
             "training.memory.offload_optimizer needs ZeRO (training.zero_stage 1, 2 or 3)"
         )
-    # Not pinned: pinned pages of a 7B model's fp32 state (~110 GB) can exhaust a host whose
-    # page-locked limit is below its RAM. The price: pageable copies. On a 4-layer 7B-wide model
-    # at 128K they were most of the 1.65 s offload added to a 1.94 s step (docs/PERFORMANCE.md
-    # section 8); pinned buffers sized to the host are not yet measured.
+    # Not pinned unless asked (training.memory.pin_offload): DeepSpeed then page-locks its host
+    # gradient buffers (tens of GB for a 7B model), which can exhaust a host whose fp32 state
+    # already fills most of its RAM. The price of pageable buffers: slower
+    # copies (docs/PERFORMANCE.md, "Host copies").
     # The optimizer engine.build_optimizer made steps the CPU partitions (training.memory.cpu_adam:
     # DeepSpeedCPUAdam, or torch's AdamW, which DeepSpeed would otherwise refuse here).
     return (
-        {"offload_optimizer": {"device": "cpu", "pin_memory": False}},
+        {"offload_optimizer": {"device": "cpu", "pin_memory": memory.pin_offload}},
         {"zero_force_ds_cpu_optimizer": False},
     )

@@ -87,6 +87,7 @@ def launch(
             cfg, processes_per_node(cfg, par.device), cfg.training.nnodes
         )
         print(note, flush=True)
+        par = plan_parallelism(cfg)  # the ZeRO stage's default follows the offload chosen
     nodes = None
     if cfg.training.nnodes > 1 and cfg.training.hostfile is None:
         nodes = resolve_nodes(

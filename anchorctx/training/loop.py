@@ -93,7 +93,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("anchorctx.training")
 # Settings that may change between a run and its resumption (extend a run, save more often).
-RESUMABLE_CHANGES = ("steps", "save", "log_every")
+# zero_stage: a run may name the stage it was written with (its default changed); the
+# recorded parallel layout still refuses any other.
+RESUMABLE_CHANGES = ("steps", "save", "log_every", "zero_stage")
 
 
 @dataclass

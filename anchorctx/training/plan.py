@@ -90,6 +90,18 @@ def resolve_engine(cfg: ExperimentConfig, device: str) -> str:
     return engine
 
 
+def default_zero_stage(cfg: ExperimentConfig, device: str, world: int) -> int:
+    """``training.zero_stage`` unset: none on CPU; on GPUs ZeRO-3 (weights partitioned over the
+    ranks), except one GPU stepping an offloaded optimizer. One rank partitions nothing, and
+    there ZeRO-2 gave the same peak while ZeRO-3's per-module hooks and its synchronous
+    gradient copies to the host cost 10% of the full-depth 7B step at 256K on an H200 (35.5
+    against 39.5 s, the same losses; docs/PERFORMANCE.md, "One GPU steps its offloaded
+    optimizer under ZeRO-2")."""
+    if device != "cuda":
+        return 0
+    return 2 if world == 1 and cfg.training.memory.offload_optimizer else 3
+
+
 def plan_parallelism(cfg: ExperimentConfig, world: int | None = None) -> Parallelism:
     """DP × SP layout, accumulation steps and ZeRO stage; ``world`` overrides the config's."""
     t = cfg.training
@@ -115,7 +127,7 @@ def plan_parallelism(cfg: ExperimentConfig, world: int | None = None) -> Paralle
             f"micro_batch_size × data-parallel size = {t.micro_batch_size} × {dp} = {per_step}; "
             f"choose a multiple of {per_step}"
         )
-    stage = t.zero_stage if t.zero_stage is not None else (3 if device == "cuda" else 0)
+    stage = t.zero_stage if t.zero_stage is not None else default_zero_stage(cfg, device, world)
     return Parallelism(
         world=world,
         sp=sp,

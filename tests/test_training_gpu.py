@@ -13,21 +13,26 @@ from anchorctx.training.loop import train
 from anchorctx.training.plan import plan_parallelism
 
 
-@pytest.mark.gpu
-@pytest.mark.parametrize("zero_stage", [0, 3])
-def test_bf16_anchor_training_on_one_gpu(tiny_config, packed_demo, zero_stage):
+def _one_gpu(tiny_config, name: str, **training):
+    """Two bf16 steps of the tiny model on one GPU, checkpointed activations."""
     raw = tiny_config.model_dump(mode="json")
-    raw["name"] = f"gpu-z{zero_stage}"
+    raw["name"] = name
     raw["training"].update(
         device="cuda",
         engine="auto",
         precision="bf16",
-        zero_stage=zero_stage,
         activation_checkpointing=True,
         nproc=1,
         steps=2,
+        **training,
     )
-    cfg = config_from_dict(raw)
+    return config_from_dict(raw)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("zero_stage", [0, 3])
+def test_bf16_anchor_training_on_one_gpu(tiny_config, packed_demo, zero_stage):
+    cfg = _one_gpu(tiny_config, f"gpu-z{zero_stage}", zero_stage=zero_stage)
     summary = train(cfg, data_dir=packed_demo)
     rows = read_jsonl(cfg.run_dir / "metrics.jsonl")
     assert [r["step"] for r in rows] == [1, 2]
@@ -47,19 +52,8 @@ def test_one_gpu_with_an_offloaded_optimizer_trains_under_zero2_and_streams_its_
     import torch
     from transformers import AutoModelForCausalLM
 
-    raw = tiny_config.model_dump(mode="json")
-    raw["name"] = "gpu-offload-z2"
-    raw["training"].update(
-        device="cuda",
-        engine="auto",
-        precision="bf16",
-        zero_stage=None,
-        activation_checkpointing=True,
-        nproc=1,
-        steps=2,
-        memory={"auto": False, "offload_optimizer": True},
-    )
-    cfg = config_from_dict(raw)
+    memory = {"auto": False, "offload_optimizer": True}
+    cfg = _one_gpu(tiny_config, "gpu-offload-z2", zero_stage=None, memory=memory)
     assert plan_parallelism(cfg).zero_stage == 2
     train(cfg, data_dir=packed_demo)
     rows = read_jsonl(cfg.run_dir / "metrics.jsonl")

@@ -255,10 +255,10 @@ def kernel_kind(name: str) -> str:
     return "other"
 
 
-def profiled_step(engine, data, par, scale, loss_fn) -> dict[str, float]:
+def profiled_step(engine, data, par, scale, loss_fn, rank: int) -> dict[str, float]:
     """``--profile``: one more step under torch's profiler; seconds of GPU time by kernel kind
     (kernels of different streams may overlap, so the kinds can sum past the step's wall time).
-    Prints the 15 costliest kernels."""
+    Rank 0 prints the 15 costliest kernels and the sums."""
     from torch.profiler import DeviceType, ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CUDA]) as prof:  # host RAM: the offload fills it
@@ -269,13 +269,16 @@ def profiled_step(engine, data, par, scale, loss_fn) -> dict[str, float]:
     for e in kernels:
         kind = kernel_kind(e.key)
         by_kind[kind] = by_kind.get(kind, 0.0) + e.self_device_time_total / 1e6
-    for e in sorted(kernels, key=lambda e: -e.self_device_time_total)[:15]:
-        print(
-            f"  {e.self_device_time_total / 1e6:8.3f} s {e.count:7d}x  "
-            f"[{kernel_kind(e.key)}] {e.key[:110]}",
-            flush=True,
-        )
-    return {k: round(v, 3) for k, v in sorted(by_kind.items(), key=lambda kv: -kv[1])}
+    out = {k: round(v, 3) for k, v in sorted(by_kind.items(), key=lambda kv: -kv[1])}
+    if rank == 0:
+        for e in sorted(kernels, key=lambda e: -e.self_device_time_total)[:15]:
+            print(
+                f"  {e.self_device_time_total / 1e6:8.3f} s {e.count:7d}x  "
+                f"[{kernel_kind(e.key)}] {e.key[:110]}",
+                flush=True,
+            )
+        print("  GPU time by kind: " + json.dumps(out), flush=True)
+    return out
 
 
 def median_phases(steps: list[dict[str, float]]) -> dict[str, float]:
@@ -312,9 +315,7 @@ def measure(engine, par, variant: str, seq_len: int, rank: int, args, cfg) -> di
             )
     gpu_by_kind = None
     if args.profile and DEVICE == "cuda":
-        gpu_by_kind = profiled_step(engine, data, par, scale, loss_fn)
-        if rank == 0:
-            print("  GPU time by kind: " + json.dumps(gpu_by_kind), flush=True)
+        gpu_by_kind = profiled_step(engine, data, par, scale, loss_fn, rank)
     dt = statistics.median(times)
     text = engine.module.config.get_text_config()
     flops = M.step_flops(

@@ -146,7 +146,8 @@ def candidates(
     fixed = explicit(cfg)
     t = cfg.training
     ac = t.activation_checkpointing
-    zero = t.zero_stage if t.zero_stage is not None else 3
+    # Every GPU default of plan.default_zero_stage is ZeRO, which an offloaded optimizer needs.
+    zero_ok = t.zero_stage is None or t.zero_stage >= 1
 
     def values(name: str, open_values: list[Any]) -> list[Any]:
         return [getattr(base, name)] if name in fixed else open_values
@@ -158,7 +159,7 @@ def candidates(
             "kernels",
             ["torch", "liger"] if liger and shape.hidden >= FUSED_KERNELS_MIN_HIDDEN else ["torch"],
         ),
-        "offload_optimizer": values("offload_optimizer", [False, True] if zero >= 1 else [False]),
+        "offload_optimizer": values("offload_optimizer", [False, True] if zero_ok else [False]),
         "offload_checkpoints": values(
             "offload_checkpoints", [False, True] if ac and offload_checkpoints else [False]
         ),

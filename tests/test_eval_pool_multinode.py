@@ -68,6 +68,14 @@ def _in(hosts, node: int, cmd: list[str], env: dict, log: Path) -> subprocess.Po
         )
 
 
+def _worker_story(log: Path) -> str:
+    """A worker's log without its routine polls (those that found nothing): when it synced,
+    what each poll that found runs saw, what it submitted or skipped."""
+    routine = ("Querying for flow runs", "Discovered 0 ", "Starting run of")
+    lines = [x for x in log.read_text().splitlines() if not any(r in x for r in routine)]
+    return f"== {log.name}\n" + "\n".join(lines[-40:])
+
+
 def test_shards_run_on_both_hosts_and_equal_one_process(tmp_path, demo_corpus):
     if reason := netns.unavailable():
         pytest.skip(reason)
@@ -89,6 +97,9 @@ def test_shards_run_on_both_hosts_and_equal_one_process(tmp_path, demo_corpus):
             "PREFECT_SERVER_API_HOST": hosts[0][1],
             "PREFECT_SERVER_API_PORT": str(port),
         }
+        # The workers log each poll of the pool (DEBUG, one line a second), so that a shard left
+        # to one host shows in the assertion below whether the other polled and what it saw.
+        worker_env = {**env, "PREFECT_LOGGING_LOGGERS_PREFECT_WORKERS_LEVEL": "DEBUG"}
         premigrated_database(tmp_path / "prefect" / "prefect.db")  # PREFECT_HOME's database
         procs = [
             _in(
@@ -144,7 +155,7 @@ def test_shards_run_on_both_hosts_and_equal_one_process(tmp_path, demo_corpus):
                             "--name",
                             f"node{node}",
                         ],
-                        env,
+                        worker_env,
                         tmp_path / f"worker{node}.log",
                     )
                 )
@@ -202,7 +213,9 @@ def test_shards_run_on_both_hosts_and_equal_one_process(tmp_path, demo_corpus):
         for addr in (hosts[0][1], hosts[1][1])
         if f"({addr})" in m
     }
-    assert hosts_used == {hosts[0][1], hosts[1][1]}, report["where"]
+    assert hosts_used == {hosts[0][1], hosts[1][1]}, f"{report['where']}\n" + "\n".join(
+        _worker_story(tmp_path / f"worker{n}.log") for n in (0, 1)
+    )
 
     got = results.load_result(results.result_path(ckpt, "ruler"))
     assert got["scores"] == ref["scores"] and got["counts"] == ref["counts"]

@@ -68,6 +68,10 @@ def _in(hosts, node: int, cmd: list[str], env: dict, log: Path) -> subprocess.Po
         )
 
 
+# A worker's DEBUG line after each completed poll of the pool.
+POLLED = "scheduled_flow_runs"
+
+
 def _worker_story(log: Path) -> str:
     """A worker's log without its routine polls (those that found nothing): when it synced,
     what each poll that found runs saw, what it submitted or skipped."""
@@ -178,6 +182,15 @@ def test_shards_run_on_both_hosts_and_equal_one_process(tmp_path, demo_corpus):
             assert ready.returncode == 0, ready.stderr[-3000:] + "".join(
                 (tmp_path / f"worker{n}.log").read_text()[-2000:] for n in (0, 1)
             )
+            # Online is not yet polling: a worker polls only once its first sync with the server
+            # is complete (Prefect's worker loop). Until both have polled, a shard could finish
+            # on one host before the other ever looks, and the hosts assertion below would
+            # fail on timing alone.
+            worker_logs = [tmp_path / f"worker{n}.log" for n in (0, 1)]
+            deadline = time.monotonic() + 120
+            while not all(POLLED in log.read_text() for log in worker_logs):
+                assert time.monotonic() < deadline, "\n".join(map(_worker_story, worker_logs))
+                time.sleep(0.5)
             run = subprocess.run(
                 [
                     "ip",

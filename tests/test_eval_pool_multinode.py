@@ -104,6 +104,7 @@ def test_shards_run_on_both_hosts_and_equal_one_process(tmp_path, demo_corpus):
         # The workers log each poll of the pool (DEBUG, one line a second), so that a shard left
         # to one host shows in the assertion below whether the other polled and what it saw.
         worker_env = {**env, "PREFECT_LOGGING_LOGGERS_PREFECT_WORKERS_LEVEL": "DEBUG"}
+        worker_logs = [tmp_path / f"worker{node}.log" for node in (0, 1)]
         premigrated_database(tmp_path / "prefect" / "prefect.db")  # PREFECT_HOME's database
         procs = [
             _in(
@@ -160,7 +161,7 @@ def test_shards_run_on_both_hosts_and_equal_one_process(tmp_path, demo_corpus):
                             f"node{node}",
                         ],
                         worker_env,
-                        tmp_path / f"worker{node}.log",
+                        worker_logs[node],
                     )
                 )
             ready = subprocess.run(
@@ -180,13 +181,12 @@ def test_shards_run_on_both_hosts_and_equal_one_process(tmp_path, demo_corpus):
                 timeout=300,
             )
             assert ready.returncode == 0, ready.stderr[-3000:] + "".join(
-                (tmp_path / f"worker{n}.log").read_text()[-2000:] for n in (0, 1)
+                log.read_text()[-2000:] for log in worker_logs
             )
             # Online is not yet polling: a worker polls only once its first sync with the server
             # is complete (Prefect's worker loop). Until both have polled, a shard could finish
             # on one host before the other ever looks, and the hosts assertion below would
             # fail on timing alone.
-            worker_logs = [tmp_path / f"worker{n}.log" for n in (0, 1)]
             deadline = time.monotonic() + 120
             while not all(POLLED in log.read_text() for log in worker_logs):
                 assert time.monotonic() < deadline, "\n".join(map(_worker_story, worker_logs))
@@ -210,7 +210,7 @@ def test_shards_run_on_both_hosts_and_equal_one_process(tmp_path, demo_corpus):
         finally:
             for p in procs:
                 netns.kill_tree(p.pid)
-    logs = "\n".join((tmp_path / f).read_text()[-2000:] for f in ("worker0.log", "worker1.log"))
+    logs = "\n".join(log.read_text()[-2000:] for log in worker_logs)
     assert run.returncode == 0, run.stderr[-6000:] + logs
     report = json.loads(
         next(line for line in run.stdout.splitlines() if line.startswith("RESULT "))[
@@ -227,7 +227,7 @@ def test_shards_run_on_both_hosts_and_equal_one_process(tmp_path, demo_corpus):
         if f"({addr})" in m
     }
     assert hosts_used == {hosts[0][1], hosts[1][1]}, f"{report['where']}\n" + "\n".join(
-        _worker_story(tmp_path / f"worker{n}.log") for n in (0, 1)
+        map(_worker_story, worker_logs)
     )
 
     got = results.load_result(results.result_path(ckpt, "ruler"))

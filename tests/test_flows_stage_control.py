@@ -1,15 +1,23 @@
 """Stage, arm and suite control and terminal progress against the session's real server and
 demo run (tests/test_flows_e2e.py's ``served``): one suite of one arm forced, one arm's training
 and evaluated on one suite (followed step by step in the terminal), a forced training run
-cancelled (the previous run stays), and the demo's TensorBoard logs. The cache-hit marks are
-checked in tests/test_ui_browser.py (API and browser)."""
+cancelled (the previous run stays, no child process is left), and the demo's TensorBoard logs.
+The cache-hit marks are checked in tests/test_ui_browser.py (API and browser)."""
 
 from __future__ import annotations
 
 import time
 
+import psutil
 import pytest
-from test_flows_e2e import _cli, _train_children, client_for, served  # noqa: F401
+from test_flows_e2e import (  # noqa: F401
+    _cli,
+    _running,
+    _safe_children,
+    _train_children,
+    client_for,
+    served,
+)
 
 from anchorctx.experiment import ExperimentConfig
 
@@ -95,6 +103,10 @@ def test_force_one_arms_training_and_one_suite_leaves_the_rest(served):  # noqa:
 
 
 def test_cancelled_forced_training_keeps_the_previous_run(served):  # noqa: F811
+    """A forced training run cancelled mid-way: the flow run ends Cancelled, the training child
+    and everything it spawned are gone (no orphans), the previous run's checkpoints stay and
+    the partial run is kept aside. (One run checks both: a second endless training and flow
+    run cost ~15 s of CPU.)"""
     from prefect.deployments import run_deployment
     from prefect.settings import PREFECT_API_URL, temporary_settings
     from prefect.states import Cancelling
@@ -117,7 +129,9 @@ def test_cancelled_forced_training_keeps_the_previous_run(served):  # noqa: F811
     while time.monotonic() < deadline and not (anchor.run_dir / "config.yaml").exists():
         time.sleep(0.5)
     assert (anchor.run_dir / "config.yaml").exists(), "the forced training never wrote its run"
-    time.sleep(3)
+    time.sleep(3)  # let it get going (and spawn whatever it spawns)
+    tree = _train_children(config_path)
+    tree = [*tree, *(c for p in tree for c in _safe_children(p))]
     with client_for(served) as client:
         client.set_flow_run_state(run.id, Cancelling(), force=True)
         deadline = time.monotonic() + 120
@@ -127,6 +141,10 @@ def test_cancelled_forced_training_keeps_the_previous_run(served):  # noqa: F811
         ):
             time.sleep(1)
     assert state.is_cancelled(), state
+    _, alive = psutil.wait_procs(tree, timeout=20)
+    alive = [p for p in alive if _running(p)]
+    assert not alive, f"orphaned: {[(p.pid, p.cmdline()) for p in alive]}"
+    assert _train_children(config_path) == []
     assert sorted(p.name for p in (anchor.run_dir / "checkpoints").iterdir()) == before
     assert not anchor.run_dir.with_name("anchor.previous").exists()
     assert list(anchor.run_dir.parent.glob("anchor.failed-*"))  # the partial run, kept aside

@@ -356,26 +356,3 @@ def test_rope_precision_deployment_publishes_plot_and_summary(served):
     kinds = {a.key: a.type for a in arts}
     assert kinds.get("flowtest-rope-precision") == "image", kinds
     assert kinds.get("flowtest-rope-precision-summary") == "markdown", kinds
-
-
-def _train_children(config_path: Path) -> list[psutil.Process]:
-    out = []
-    for p in psutil.process_iter(["cmdline", "status"]):
-        cmd = p.info["cmdline"] or []
-        if str(config_path) in cmd and p.info["status"] != psutil.STATUS_ZOMBIE:
-            out.append(p)
-    return out
-
-
-def _safe_children(p: psutil.Process) -> list[psutil.Process]:
-    try:
-        return p.children(recursive=True)
-    except psutil.NoSuchProcess:
-        return []
-
-
-def _running(p: psutil.Process) -> bool:
-    try:
-        return p.status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False

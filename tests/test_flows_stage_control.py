@@ -7,17 +7,11 @@ The cache-hit marks are checked in tests/test_ui_browser.py (API and browser).""
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import psutil
 import pytest
-from test_flows_e2e import (  # noqa: F401
-    _cli,
-    _running,
-    _safe_children,
-    _train_children,
-    client_for,
-    served,
-)
+from test_flows_e2e import _cli, client_for, served  # noqa: F401
 
 from anchorctx.experiment import ExperimentConfig
 
@@ -169,3 +163,27 @@ def test_demo_run_logged_to_tensorboard(served):  # noqa: F811
     report = EventAccumulator(str(served.cfg.experiment_dir / "tensorboard"))
     report.Reload()
     assert "report/ruler_by_length" in report.Tags()["images"]
+
+
+# ------------------------------------------------------------------ the training child's tree
+def _train_children(config_path: Path) -> list[psutil.Process]:
+    out = []
+    for p in psutil.process_iter(["cmdline", "status"]):
+        cmd = p.info["cmdline"] or []
+        if str(config_path) in cmd and p.info["status"] != psutil.STATUS_ZOMBIE:
+            out.append(p)
+    return out
+
+
+def _safe_children(p: psutil.Process) -> list[psutil.Process]:
+    try:
+        return p.children(recursive=True)
+    except psutil.NoSuchProcess:
+        return []
+
+
+def _running(p: psutil.Process) -> bool:
+    try:
+        return p.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False

@@ -58,7 +58,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from anchorctx.demo.synthetic import SMOKE, VOCAB, WIDTH_7B, synthetic_row  # noqa: E402
 from anchorctx.experiment import config_from_dict, load_config  # noqa: E402
 from anchorctx.models.loading import load_model  # noqa: E402
-from anchorctx.training import determinism, memory_choice  # noqa: E402
+from anchorctx.training import cost_plan, determinism, layout_plan, memory_choice  # noqa: E402
 from anchorctx.training import memory as MM  # noqa: E402
 from anchorctx.training import metrics as M  # noqa: E402
 from anchorctx.training.data import StepData, shard_rows  # noqa: E402
@@ -100,7 +100,27 @@ def model_width(args) -> dict:
     return width
 
 
-def make_config(args, layers: int, seq_len: int, world: int):
+def parse_setup(text: str) -> dict:
+    """``--setups`` entry: ``z<stage>`` then ``:field=value,...`` of ``training.comm``, e.g.
+    ``z2:overlap_comm=true,reduce_bucket_size=2e8``; ``auto`` is the layout plan's own choice."""
+    if text == "auto":
+        return {"name": text, "zero_stage": None, "comm": {}}
+    stage, _, rest = text.partition(":")
+    if not (stage.startswith("z") and stage[1:].isdigit()):
+        raise SystemExit(f"--setups {text}: expected z<stage>[:field=value,...] or auto")
+    comm = {}
+    for item in filter(None, rest.split(",")):
+        key, _, value = item.partition("=")
+        low = value.lower()
+        comm[key] = low == "true" if low in ("true", "false") else int(float(value))
+    return {"name": text, "zero_stage": int(stage[1:]), "comm": comm}
+
+
+def make_config(args, layers: int, seq_len: int, world: int, setup: dict | None = None):
+    setup = setup or {"zero_stage": args.zero_stage, "comm": {}}
+    sp = args.sp or world
+    # sp "auto": the layout plan's probe, over a batch that every data-parallel size divides.
+    batch = world if sp == "auto" else world // sp  # one row per data-parallel group
     raw = {
         "name": "bench",
         "run_root": "/tmp/anchorctx-bench",
@@ -123,12 +143,13 @@ def make_config(args, layers: int, seq_len: int, world: int):
             "kernels": args.kernels,
             "deterministic": args.deterministic,
             "precision": "bf16",
-            "zero_stage": args.zero_stage,
+            "zero_stage": setup["zero_stage"],
+            "comm": setup["comm"],
             "activation_checkpointing": True,
-            "sequence_parallel": world,
+            "sequence_parallel": sp,
             "nproc": world,
             "micro_batch_size": 1,
-            "global_batch_size": 1,
+            "global_batch_size": batch,
             "steps": args.steps,
             "memory": memory_options(args),
         },
@@ -180,13 +201,21 @@ def load(cfg, device: str = "cpu"):
 
 
 def step_data(seq_len: int, variant: str, par, rank: int, seed: int) -> StepData:
-    row = synthetic_row(seq_len, variant, seed=seed, vocab=VOCAB, sp=par.sp)
-    device = f"cuda:{torch.cuda.current_device()}" if DEVICE == "cuda" else "cpu"
-    mb = shard_rows([row], variant, par.sp, rank % par.sp, device)
+    """This rank's shard of its data-parallel group's row (group ``g`` reads the row of seed
+    ``seed + g``), with the global batch's totals (every group's row)."""
     from anchorctx.attention import build_layout
 
-    pairs = build_layout(row.seg_lens, variant, row.seg_doc).attended_pairs
-    return StepData([mb], count_targets(row.targets), row.real_tokens, pairs)
+    rows = [
+        synthetic_row(seq_len, variant, seed=seed + g, vocab=VOCAB, sp=par.sp)
+        for g in range(par.dp)
+    ]
+    row = rows[rank // par.sp]
+    device = f"cuda:{torch.cuda.current_device()}" if DEVICE == "cuda" else "cpu"
+    mb = shard_rows([row], variant, par.sp, rank % par.sp, device)
+    targets = sum(count_targets(r.targets) for r in rows)
+    tokens = sum(r.real_tokens for r in rows)
+    pairs = sum(build_layout(r.seg_lens, variant, r.seg_doc).attended_pairs for r in rows)
+    return StepData([mb], targets, tokens, pairs)
 
 
 class PhaseTimes:
@@ -247,6 +276,9 @@ KERNEL_KINDS = (
 )
 
 
+HOST_WAITS = ("Synchronize", "_local_scalar_dense", "cudaMemcpy")
+
+
 def kernel_kind(name: str) -> str:
     low = name.lower()
     for kind, marks in KERNEL_KINDS:
@@ -261,10 +293,21 @@ def profiled_step(engine, data, par, scale, loss_fn, rank: int) -> dict[str, flo
     Rank 0 prints the 15 costliest kernels and the sums."""
     from torch.profiler import DeviceType, ProfilerActivity, profile
 
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:  # host RAM: the offload fills it
+    activities = [ProfilerActivity.CUDA, ProfilerActivity.CPU]
+    with profile(activities=activities) as prof:  # host RAM: the offload fills it
         train_step(engine, data, par.engine, scale, loss_fn)
         torch.cuda.synchronize()
-    kernels = [e for e in prof.key_averages() if e.device_type == DeviceType.CUDA]
+    events = prof.key_averages()
+    kernels = [e for e in events if e.device_type == DeviceType.CUDA]
+    # Host waits on the device: each one stops the host from queueing ahead, so ZeRO-3's
+    # prefetched gathers (issued by the host in module hooks) cannot run ahead of compute.
+    waits = {
+        e.key: e.count
+        for e in events
+        if e.device_type == DeviceType.CPU and any(m in e.key for m in HOST_WAITS)
+    }
+    if rank == 0:
+        print(f"  host waits on the device: {json.dumps(waits)}", flush=True)
     by_kind: dict[str, float] = {}
     for e in kernels:
         kind = kernel_kind(e.key)
@@ -278,7 +321,7 @@ def profiled_step(engine, data, par, scale, loss_fn, rank: int) -> dict[str, flo
                 flush=True,
             )
         print("  GPU time by kind: " + json.dumps(out), flush=True)
-    return out
+    return {**out, "host_waits": sum(waits.values())}
 
 
 def median_phases(steps: list[dict[str, float]]) -> dict[str, float]:
@@ -324,8 +367,21 @@ def measure(engine, par, variant: str, seq_len: int, rank: int, args, cfg) -> di
     peak = M.peak_tflops(DEVICE, "bf16", args.peak_tflops)
     per_gpu = flops / dt / par.world
     mem = cfg.training.memory
-    opts = MM.Options.of_run(cfg.training, par.world, par.sp)
-    predicted = MM.summary(MM.predict(MM.Shape.from_hf(text), seq_len, opts))
+    opts = MM.Options.of_run(cfg.training, par.world, par.sp, par.zero_stage)
+    shape = MM.Shape.from_hf(text)
+    predicted = MM.summary(MM.predict(shape, seq_len, opts))
+    predicted_step = None
+    if DEVICE == "cuda":  # the plan's step for this GPU, layout and options (one row per group)
+        kind = memory_choice.gpu_kind(torch.cuda.get_device_name(), 0.0)
+        predicted_step = cost_plan.step_seconds(
+            shape,
+            seq_len,
+            variant,
+            opts,
+            kind,
+            overlap_comm=layout_plan.overlap_of(cfg.training.comm, par.zero_stage),
+            pairs=data.attention_pairs / par.dp if variant != "full" else None,
+        )
     return {
         "layers": text.num_hidden_layers,
         "sp": par.sp,
@@ -336,12 +392,15 @@ def measure(engine, par, variant: str, seq_len: int, rank: int, args, cfg) -> di
         "deterministic": cfg.training.deterministic,
         "zero_stage": par.zero_stage,
         "step_time_s": round(dt, 4),
-        "tokens_per_s": round(seq_len / dt, 1),
-        "tokens_per_s_per_gpu": round(seq_len / dt / par.world, 1),
+        "dp": par.dp,
+        "setup": cfg.training.comm.model_dump(exclude_none=True),
+        "tokens_per_s": round(seq_len * par.dp / dt, 1),
+        "tokens_per_s_per_gpu": round(seq_len * par.dp / dt / par.world, 1),
         "tflops_per_gpu": round(per_gpu / 1e12, 1),
         "mfu": round(per_gpu / (peak * 1e12), 4) if peak else None,
         "peak_mem_gib": round(M.peak_memory_gib(DEVICE), 2),
         "predicted_peak_gib": predicted["peak"],
+        "predicted_step_s": round(predicted_step, 3) if predicted_step else None,
         "predicted": predicted,
         "host_max_rss_gib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 1),
         "memory": mem.model_dump(),
@@ -367,57 +426,98 @@ def _run(args) -> list[dict]:
     rank, world, local_rank = init_distributed(DEVICE)
     # Ulysses fixes the sequence length at registration (once per process): SP runs measure
     # one length; one-GPU runs measure all of them.
-    lengths = [args.per_gpu_tokens[0] * world] if world > 1 else args.lengths
-    configs = {n: make_config(args, n, max(lengths), world) for n in args.layers}
-    if args.defaults and DEVICE == "cuda":
-        configs = launch_defaults(configs, world, rank)
-    par = plan_parallelism(configs[args.layers[0]], world=world)
-    device = f"cuda:{local_rank}" if DEVICE == "cuda" else "cpu"
+    planned = args.sp == "auto"
+    if planned:  # rows of --lengths' first value, split as the layout plan splits them
+        args.sp = plan_sp(args, world, rank)
+    sp = args.sp or world
+    if world % sp:
+        raise SystemExit(f"--sp {sp} does not divide the {world} processes")
+    # Rows of per-GPU-tokens × SP tokens (one per data-parallel group); one GPU: every length.
+    if planned:
+        lengths = [args.lengths[0]]
+    else:
+        lengths = [args.per_gpu_tokens[0] * sp] if world > 1 else args.lengths
+    setups = [parse_setup(x) for x in args.setups] if args.setups else [None]
     if args.init_on_device and world > 1 and len(args.layers) > 1:
-        raise SystemExit("--init-on-device with SP measures one depth (--layers N)")
+        raise SystemExit("--init-on-device with several processes measures one depth (--layers N)")
     # On-device models are built when their turn comes (one depth when SP > 1), so a depth
     # waiting for its turn does not sit in GPU memory.
-    t0 = time.perf_counter()
-    models = {n: None if args.init_on_device else load(cfg) for n, cfg in configs.items()}
     results = []
     try:
-        for n in args.layers:
-            model = models.pop(n)
-            model = load(configs[n], device) if model is None else model
-            # One Ulysses wrapper (and mpu), selected on each depth's model.
-            mpu = register_sequence_parallel(model, par, lengths[0])
-            engine = build_engine(model.to(device), configs[n], par, mpu)
-            ready_s = time.perf_counter() - t0  # model built and inside DeepSpeed
-            if rank == 0:
-                print(f"{n} layers: engine ready after {ready_s:.1f} s", flush=True)
-            for seq_len in lengths:
-                for variant in args.variants:
-                    results.append(measure(engine, par, variant, seq_len, rank, args, configs[n]))
-                    results[-1]["engine_ready_s"] = round(ready_s, 1)
-                    if rank == 0:
-                        print(json.dumps(results[-1]), flush=True)
-            del engine, model
-            gc.collect()  # engines hold reference cycles; free this depth before the next
-            if DEVICE == "cuda":
-                torch.cuda.empty_cache()
-            t0 = time.perf_counter()
+        for setup in setups:
+            configs = {n: make_config(args, n, max(lengths), world, setup) for n in args.layers}
+            if args.defaults and DEVICE == "cuda":
+                configs = launch_defaults(configs, world, rank)
+            results += _measure_setup(args, configs, world, rank, local_rank, lengths, setup)
     finally:
         shutdown_distributed()
     return results if rank == 0 else []
 
 
+def plan_sp(args, world: int, rank: int) -> int:
+    """``--sp auto``: the SP degree the layout plan chooses for rows of ``--lengths``' first
+    value on this host's GPUs (the launcher's own function), the variants' first."""
+    args.sp = "auto"
+    probe = make_config(
+        args, args.layers[0], args.lengths[0], world, {"zero_stage": None, "comm": {}}
+    )
+    variant = args.variants[0]
+    probe = probe.model_copy(
+        update={"training": probe.training.model_copy(update={"attention": variant})}
+    )
+    _, choice, note = memory_choice.for_launch(probe, world, 1)
+    if rank == 0:
+        print(f"--sp auto ({variant}): {note}", flush=True)
+    return choice.options.sp if choice else 1
+
+
+def _measure_setup(args, configs, world, rank, local_rank, lengths, setup) -> list[dict]:
+    """Every depth and variant of one engine setup (ZeRO stage and communication settings);
+    each depth's engine is freed before the next is built."""
+    par = plan_parallelism(configs[args.layers[0]], world=world)
+    device = f"cuda:{local_rank}" if DEVICE == "cuda" else "cpu"
+    t0 = time.perf_counter()
+    models = {n: None if args.init_on_device else load(cfg) for n, cfg in configs.items()}
+    results = []
+    for n in args.layers:
+        model = models.pop(n)
+        model = load(configs[n], device) if model is None else model
+        # One Ulysses wrapper (and mpu) per process, selected on each model.
+        mpu = register_sequence_parallel(model, par, lengths[0])
+        engine = build_engine(model.to(device), configs[n], par, mpu)
+        ready_s = time.perf_counter() - t0  # model built and inside DeepSpeed
+        name = setup["name"] if setup else f"z{par.zero_stage}"
+        if rank == 0:
+            print(f"{n} layers, {name}: engine ready after {ready_s:.1f} s", flush=True)
+        for seq_len in lengths:
+            for variant in args.variants:
+                results.append(measure(engine, par, variant, seq_len, rank, args, configs[n]))
+                results[-1]["engine_ready_s"] = round(ready_s, 1)
+                results[-1]["setup_name"] = name
+                if rank == 0:
+                    print(json.dumps(results[-1]), flush=True)
+        del engine, model
+        gc.collect()  # engines hold reference cycles; free this one before the next
+        if DEVICE == "cuda":
+            torch.cuda.empty_cache()
+        t0 = time.perf_counter()
+    return results
+
+
 def table(results: list[dict]) -> str:
     head = (
-        "| layers | SP | seq_len | variant | engine | step s | tok/s | tok/s/GPU | TFLOP/s/GPU "
-        "| MFU | peak GiB | predicted GiB |\n"
-        "|---:|---:|---:|---|---|---:|---:|---:|---:|---:|---:|---:|"
+        "| layers | SP × DP | setup | seq_len | variant | engine | step s | tok/s | tok/s/GPU "
+        "| TFLOP/s/GPU | MFU | peak GiB | predicted GiB | plan's step s |\n"
+        "|---:|---:|---|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"
     )
     rows = [
-        f"| {r['layers']} | {r['sp']} | {r['seq_len']} | {r['variant']} | {r['engine']} | "
+        f"| {r['layers']} | {r['sp']} × {r['dp']} | {r['setup_name']} | {r['seq_len']} | "
+        f"{r['variant']} | {r['engine']} | "
         f"{r['step_time_s']:.3f} | {r['tokens_per_s']:,.0f} | {r['tokens_per_s_per_gpu']:,.0f} | "
         f"{r['tflops_per_gpu']:.0f} | "
         + (f"{100 * r['mfu']:.1f}%" if r["mfu"] is not None else "n/a")
-        + f" | {r['peak_mem_gib']:.1f} | {r['predicted_peak_gib']:.1f} |"
+        + f" | {r['peak_mem_gib']:.1f} | {r['predicted_peak_gib']:.1f} | "
+        + (f"{r['predicted_step_s']:.3f} |" if r.get("predicted_step_s") else "n/a |")
         for r in results
     ]
     return "\n".join([head, *rows])
@@ -425,21 +525,26 @@ def table(results: list[dict]) -> str:
 
 def speedups(results: list[dict]) -> str:
     """Anchor (and the other variants) step time over full attention's, per depth and length."""
-    out = ["| layers | seq_len | variant | step time / full |", "|---:|---:|---|---:|"]
+    out = [
+        "| layers | SP × DP | setup | seq_len | variant | step time / full |",
+        "|---:|---:|---|---:|---|---:|",
+    ]
     for r in results:
         full = next(
             (
                 f
                 for f in results
                 if f["variant"] == "full"
-                and f["seq_len"] == r["seq_len"]
-                and f["layers"] == r["layers"]
+                and all(f[k] == r[k] for k in ("seq_len", "layers", "setup_name", "sp", "dp"))
             ),
             None,
         )
         if full and r["variant"] != "full":
             ratio = r["step_time_s"] / full["step_time_s"]
-            out.append(f"| {r['layers']} | {r['seq_len']} | {r['variant']} | {ratio:.3f} |")
+            out.append(
+                f"| {r['layers']} | {r['sp']} × {r['dp']} | {r['setup_name']} | {r['seq_len']} | "
+                f"{r['variant']} | {ratio:.3f} |"
+            )
     return "\n".join(out)
 
 
@@ -541,6 +646,24 @@ def main() -> int:
         default=None,
         help="training.zero_stage (default: the launcher's, anchorctx.training.plan."
         "default_zero_stage: 3, or 2 on one GPU with an offloaded optimizer).",
+    )
+    p.add_argument(
+        "--sp",
+        type=lambda v: v if v == "auto" else int(v),
+        default=None,
+        help="Sequence-parallel degree (default: every process); the data-parallel groups "
+        "(processes / SP) each read a row of their own, so a step is processes / SP rows. "
+        "auto: the layout plan's choice for rows of --lengths' first value and the first of "
+        "--variants (as anchorctx train chooses).",
+    )
+    p.add_argument(
+        "--setups",
+        nargs="+",
+        default=None,
+        metavar="SETUP",
+        help="Engine setups measured one after another in this process: z<stage> then "
+        "optional training.comm fields (z3, z2:overlap_comm=true,reduce_bucket_size=2e8), or "
+        "auto (the layout plan's choice). Default: one, --zero-stage's.",
     )
     p.add_argument("--steps", type=int, default=3, help="Timed steps (median reported).")
     p.add_argument("--warmup", type=int, default=2, help="Untimed steps (compilation).")

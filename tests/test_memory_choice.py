@@ -22,7 +22,7 @@ def _cfg(*overrides: str):
 def _brute_force(cfg, kind, host_gib):
     """Every combination, by the same two models, independently of the search's order."""
     shape, _ = cost_plan.model_shape(cfg)
-    base = cost_plan.memory_options(cfg, shape, 1, 1)
+    base = cost_plan.memory_options(cfg, shape, 1, 1, zero=3)
     t = cfg.training
     best = None
     for tl in (False, True):
@@ -40,9 +40,14 @@ def _brute_force(cfg, kind, host_gib):
                     use = cost_plan.usable_gib(kind) * memory.GIB
                     if est["peak"] > use or est["cpu"] > host_gib * memory.GIB:
                         continue
-                    step = cost_plan.row_seconds(
-                        shape, 65536, t.attention, opt, kind
-                    ) + cost_plan.optimizer_seconds(shape, opt)
+                    step = cost_plan.step_seconds(
+                        shape,
+                        65536,
+                        t.attention,
+                        opt,
+                        kind,
+                        accum=t.global_batch_size // t.micro_batch_size,
+                    )
                     if best is None or step < best[0] - 1e-9:
                         best = (step, opt)
     return best
@@ -52,21 +57,25 @@ def _brute_force(cfg, kind, host_gib):
 def test_auto_is_the_fastest_combination_that_fits(gpu):
     cfg = _cfg()
     kind = cost_plan.GPUS[gpu]
-    choice = memory_choice.choose(cfg, memory.LLAMA2_7B, 1, 1, kind, host_gib=128, liger=False)
+    choice = memory_choice.choose(
+        cfg, memory.LLAMA2_7B, 1, 1, kind, host_gib=128, liger=False, zero=3
+    )
     assert choice is not None
     assert choice.peak_gib <= cost_plan.usable_gib(kind)
     step, _ = _brute_force(cfg, kind, 128)
     # every kept-layer count is searched (and checkpoint offload besides): no slower than the
     # best combination here
     assert choice.step_s <= step + 1e-9
-    assert memory_choice.choose(cfg, memory.LLAMA2_7B, 1, 1, kind, 128, False) == choice
+    assert memory_choice.choose(cfg, memory.LLAMA2_7B, 1, 1, kind, 128, False, 3) == choice
 
 
 def test_auto_keeps_what_the_config_turned_on_and_off_means_as_written():
     on = _cfg("training.memory.offload_optimizer=true")
     choice = memory_choice.choose(on, memory.LLAMA2_7B, 1, 1, cost_plan.GPUS["h200"], 128, False)
     assert choice is not None and choice.options.offload_optimizer is True
-    off = _cfg("training.memory.auto=false")
+    off = _cfg(
+        "training.memory.auto=false", "training.sequence_parallel=8", "training.zero_stage=3"
+    )
     assert memory_choice.resolve(off, cost_plan.GPUS["h200"], 1)[1] is None
 
 
@@ -82,11 +91,12 @@ def test_plan_prints_the_choice_and_the_run_gets_it(capsys):
     sets = [arg for o in ONE_GPU for arg in ("--set", o)]
     assert main(["plan", PAPER, *sets, "--gpus", "1"]) == 0
     out = capsys.readouterr().out
-    assert "memory auto: " in out and "fitting combinations" in out
+    assert "layout auto: " in out and "fitting combinations" in out
     cfg = _cfg()
     run, choice = memory_choice.resolve(cfg, cost_plan.GPUS["h200"], 1, liger=False)
     assert choice is not None and run.training.memory.auto is False
     assert memory.Options.of_run(run.training, 1, 1) == choice.options
+    assert run.training.sequence_parallel == choice.options.sp == 1
     # the written config reloads to the same options (ranks read it from a YAML dump)
     chosen = [f"{k}={str(v).lower()}" for k, v in choice.settings().items()]
     again = load_config(PAPER, [*ONE_GPU, *chosen, "training.memory.auto=false"])
@@ -114,7 +124,7 @@ def test_launch_chooses_for_this_hosts_gpu(monkeypatch):
     monkeypatch.setattr(memory_choice, "local_gpu", lambda: ("NVIDIA H100 80GB HBM3", 79.6))
     monkeypatch.setattr(memory_choice, "host_memory_gib", lambda: 125.0)
     run, choice, line = memory_choice.for_launch(cfg, 1, 1)
-    assert choice is not None and line.startswith("memory auto: ")
+    assert choice is not None and line.startswith("layout auto: ")
     assert choice.usable_gib == pytest.approx(79.6 * (1 - memory.RESERVED_FRACTION))
     assert run.training.memory.auto is False
     assert choice.record()["settings"] == choice.settings()

@@ -20,7 +20,11 @@ def _cfg(*overrides: str):
 
 
 def test_memory_prediction_is_the_memory_models():
-    cfg = _cfg("training.memory.offload_optimizer=true")
+    cfg = _cfg(
+        "training.memory.offload_optimizer=true",
+        "training.sequence_parallel=8",
+        "training.zero_stage=3",
+    )
     plan = cost_plan.plan_training(cfg, "h200", gpus=1)
     opt = memory.Options.of_run(cfg.training, gpus=1, sp=1)
     assert plan.options == opt
@@ -48,7 +52,9 @@ def test_a_run_that_does_not_fit_is_refused_with_the_fix(capsys):
 
 
 def test_a_gpu_count_beyond_the_configs_sp_names_the_sp_it_needs():
-    with pytest.raises(cost_plan.PlanError, match=r"--gpus 2 and training.sequence_parallel=2"):
+    with pytest.raises(
+        cost_plan.PlanError, match=r"--gpus (\d+) and training.sequence_parallel=\1\b"
+    ):
         cost_plan.plan_training(_cfg("training.sequence_parallel=1"), "h100", gpus=1)
 
 
@@ -114,7 +120,7 @@ def test_the_paper_setup_prints(capsys):
 def test_json_parses(capsys):
     assert main(["plan", PAPER, "--gpus", "8", "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
-    assert data["training"]["sp"] == 8
+    assert data["training"]["sp"] * data["training"]["dp"] == 8  # the layout plan's split
     assert len(data["training"]["arms"]) == 5
     assert data["gpu_hours"] == pytest.approx(
         data["training"]["gpu_hours"] + data["evaluation"]["gpu_hours"]
@@ -199,12 +205,20 @@ def test_attention_pairs_come_from_the_packed_dataset(tiny_config, packed_demo, 
         assert lengths.pairs == pytest.approx(_run_pairs(arm, dataset, manifest, par), rel=1e-12)
         assert lengths.detail.startswith(f"packed dataset {packed_demo}, {lengths.rows} rows")
         # The step uses those pairs in place of T·D/2.
-        opt = cost_plan.memory_options(arm, t.shape, 1, 1)
+        opt = cost_plan.memory_options(arm, t.shape, 1, 1, t.zero_stage)
         ck = arm.training.activation_checkpointing
-        row = cost_plan.row_seconds(
-            t.shape, t.seq_len, arm.training.attention, opt, h200, ck, pairs=lengths.pairs
+        step = cost_plan.step_seconds(
+            t.shape,
+            t.seq_len,
+            arm.training.attention,
+            opt,
+            h200,
+            accum=t.accum,
+            rows=t.micro,
+            checkpointing=ck,
+            pairs=lengths.pairs,
         )
-        assert got.step_s == pytest.approx(t.micro * t.accum * row)
+        assert got.step_s == pytest.approx(step)
     out = eval_plan.format_plan(plan)
     assert f"\n  document lengths: packed dataset {packed_demo}, {steps * 2} rows (D=" in out
     data = json.loads(json.dumps(plan.to_dict()))
@@ -246,9 +260,18 @@ def test_without_a_packed_dataset_d_is_assumed_and_said(tmp_path, capsys):
         assert lengths.detail == "assumed D=3.1K (no packed dataset yet)"
         assert lengths.doc_tokens == cost_plan.doc_tokens(65536)
         # The old estimate: T·D/2 pairs.
-        opt = cost_plan.memory_options(arm, plan.shape, 8, 8)
-        row = cost_plan.row_seconds(plan.shape, 65536, arm.training.attention, opt, h200)
-        assert got.step_s == pytest.approx(plan.micro * plan.accum * row)
+        opt = cost_plan.memory_options(arm, plan.shape, 8, plan.sp, plan.zero_stage)
+        step = cost_plan.step_seconds(
+            plan.shape,
+            65536,
+            arm.training.attention,
+            opt,
+            h200,
+            accum=plan.accum,
+            rows=plan.micro,
+            overlap_comm=arm.training.zero_stage is None or plan.zero_stage >= 2,
+        )
+        assert got.step_s == pytest.approx(step)
     assert main(["plan", PAPER, "--gpus", "8", "--set", f"run_root={tmp_path}"]) == 0
     out = capsys.readouterr().out
     assert "\n  document lengths: assumed D=3.1K (no packed dataset yet)\n" in out

@@ -16,8 +16,8 @@ there lists every constant):
   token-weighted mean document length of the measured rows, :func:`doc_tokens`), forward and
   backward ``3.5·F`` at the kernel's measured forward+backward rate plus ``F`` recomputed at its
   forward rate (section 1); Ulysses gives each GPU ``1/SP`` of the heads;
-- Ulysses' all-to-alls: the row time is divided by the measured tokens/s per GPU of SP against
-  one GPU (section 3);
+- communication (Ulysses' all-to-alls, ZeRO's gathers and reductions) and the update:
+  :mod:`anchorctx.training.layout_plan`, which also chooses the DP × SP split and ZeRO stage;
 - optimizer offload: torch's AdamW over the rank's ``P/N`` fp32 parameters on the host CPU.
 
 The fit is on one H200; another GPU kind scales it by a measured (H100) or estimated (A100,
@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from anchorctx.training import memory
+from anchorctx.training import layout_plan, memory
 from anchorctx.training.memory import GIB, RESERVED_FRACTION, Options, Shape
 
 if TYPE_CHECKING:
@@ -193,8 +193,9 @@ def layout(cfg: ExperimentConfig, shape: Shape, gpus: int, nodes: int):
     from anchorctx.training.plan import TrainingError, default_zero_stage, plan_parallelism
 
     world = gpus * nodes
-    sp = choose_sp(cfg.training.sequence_parallel, shape, world)
     t = cfg.training
+    # An unresolved auto (nothing fits, so the layout plan chose none): one row per GPU.
+    sp = choose_sp(1 if t.sequence_parallel == "auto" else t.sequence_parallel, shape, world)
     # Planned as on CUDA, on this (perhaps GPU-less) machine: the device and engine only select
     # CPU defaults in plan_parallelism; the layout rules are what is used.
     planned = cfg.model_copy(
@@ -218,10 +219,13 @@ def layout(cfg: ExperimentConfig, shape: Shape, gpus: int, nodes: int):
     return dataclasses.replace(par, device="cuda", engine=t.engine, zero_stage=zero)
 
 
-def memory_options(cfg: ExperimentConfig, shape: Shape, world: int, sp: int) -> Options:
-    """The memory model's options of the run: ``training.memory`` on ``world`` ranks; a run
-    without activation checkpointing keeps every layer's activations."""
-    opt = Options.of_run(cfg.training, gpus=world, sp=sp)
+def memory_options(
+    cfg: ExperimentConfig, shape: Shape, world: int, sp: int, zero: int | None = None
+) -> Options:
+    """The memory model's options of the run: ``training.memory`` on ``world`` ranks (ZeRO
+    ``zero``, default the config's stage, else 3); a run without activation checkpointing keeps
+    every layer's activations."""
+    opt = Options.of_run(cfg.training, gpus=world, sp=sp, zero=zero)
     if not cfg.training.activation_checkpointing:
         opt = dataclasses.replace(opt, keep_activations=shape.layers)
     return opt
@@ -293,17 +297,10 @@ STEP_ROWS = (
     StepRow(131072, "anchor", "liger", 4, True, 1.660, 0.486 * 989.4),
 )
 
-# Tokens/s per GPU of SP against one GPU at the same tokens per GPU, anchor attention (section 3,
-# 2× and 4× H200, 2026-11-22); SP 8 and more were not measured and take SP 4's.
-SP_EFFICIENCY = {1: 1.0, 2: 0.87, 4: 0.83}
 # The offloaded optimizer's step over 1e9 fp32 parameters on a GPU host's CPU, 16 cores
 # (measured 2026-11-24, one H200 host): torch's AdamW (foreach) and DeepSpeed's compiled
 # DeepSpeedCPUAdam (training.memory.cpu_adam).
 CPU_ADAM_S_PER_GPARAM = {"torch": 1.36, "deepspeed": 0.22}
-
-
-def sp_efficiency(sp: int) -> float:
-    return SP_EFFICIENCY.get(sp, SP_EFFICIENCY[max(k for k in SP_EFFICIENCY if k <= sp)])
 
 
 def _decoder_params(shape: Shape) -> int:
@@ -408,7 +405,39 @@ def row_seconds(
     t = tokens / opt.sp
     mm = matmul_flops(shape, t, keep, opt.tiled_mlp, opt.tiled_loss) / matmul_rate(opt.kernels)
     attn = attention_seconds(shape, tokens, variant, opt.sp, keep, pairs=pairs)
-    return (mm + attn) / sp_efficiency(opt.sp) * gpu.train
+    return (mm + attn) * gpu.train
+
+
+def step_seconds(
+    shape: Shape,
+    tokens: int,
+    variant: str,
+    opt: Options,
+    gpu: GpuKind,
+    *,
+    nodes: int = 1,
+    accum: int = 1,
+    rows: int = 1,
+    checkpointing: bool = True,
+    pairs: float | None = None,
+    overlap_comm: bool | None = None,
+    inter_node_gb_per_s: float | None = None,
+) -> float:
+    """One optimizer step on each GPU: ``accum`` micro-steps of ``rows`` rows per data-parallel
+    group, each with the communication its compute does not hide, then the update
+    (:mod:`anchorctx.training.layout_plan`); an offloaded optimizer steps on the host
+    (:func:`optimizer_seconds`). ``overlap_comm``: default the plan's setting for ``opt.zero``."""
+    keep = opt.keep_activations if checkpointing else shape.layers
+    overlap = layout_plan.overlap_of(None, opt.zero) if overlap_comm is None else overlap_comm
+    lay = layout_plan.Layout(opt.gpus // nodes, nodes, opt.sp, opt.zero, overlap)
+    links, inter = layout_plan.links_for(gpu.name.lower(), inter_node_gb_per_s)
+    comm = layout_plan.comm_seconds(shape, tokens, lay, shape.layers - keep, links, inter)
+    comm["ulysses"] *= rows
+    if opt.offload_optimizer:
+        comm["optimizer"] = 0.0
+    micro, update = layout_plan.exposed(comm, overlap)
+    row = row_seconds(shape, tokens, variant, opt, gpu, checkpointing, pairs)
+    return accum * (rows * row + micro) + update + optimizer_seconds(shape, opt)
 
 
 def optimizer_seconds(shape: Shape, opt: Options) -> float:
@@ -679,11 +708,12 @@ def _fix_hint(
     more = None
     for gpus in range(opt.gpus + 1, MAX_GPUS + 1):
         # More GPUs help a row's memory through SP: up to one SP group over all of them.
-        sp = choose_sp(max(cfg.training.sequence_parallel, gpus), shape, gpus)
+        want = cfg.training.sequence_parallel
+        sp = choose_sp(gpus if want == "auto" else max(want, gpus), shape, gpus)
         trial = dataclasses.replace(opt, gpus=gpus, sp=sp)
         if _fits(memory.predict(shape, math.ceil(tokens / sp) * sp, trial), use, host):
             # The plan picks SP itself up to the config's; beyond it the config must say so.
-            planned = choose_sp(cfg.training.sequence_parallel, shape, gpus)
+            planned = sp if want == "auto" else choose_sp(want, shape, gpus)
             extra = "" if sp == planned else f" and training.sequence_parallel={sp}"
             more = f"--gpus {gpus}{extra}"
             break
@@ -707,7 +737,7 @@ def plan_training(
     shape, source = model_shape(cfg, shape_name)
     par = layout(cfg, shape, gpus, nodes)
     tokens = row_tokens(cfg, par.sp)
-    opt = memory_options(cfg, shape, par.world, par.sp)
+    opt = memory_options(cfg, shape, par.world, par.sp, par.zero_stage)
     est = memory.predict(shape, tokens, opt)
     use = usable_gib(kind)
     if not _fits(est, use, host_gib):
@@ -720,24 +750,27 @@ def plan_training(
             f"{have}): needs {_fix_hint(cfg, shape, tokens, opt, kind, host_gib)}"
         )
     arms = []
-    rows_per_rank = par.micro * par.accum
     read: dict[Any, Any] = {}  # packed datasets located and read, shared by the arms
     for arm in cfg.arms():
         t = arm.training
-        arm_opt = memory_options(arm, shape, par.world, par.sp)
+        arm_opt = memory_options(arm, shape, par.world, par.sp, par.zero_stage)
         lengths = None
         if t.attention != "full":
             lengths = document_lengths(arm, tokens, par.sp, read)
-        row = row_seconds(
+        step = step_seconds(
             shape,
             tokens,
             t.attention,
             arm_opt,
             kind,
-            t.activation_checkpointing,
+            nodes=nodes,
+            accum=par.accum,
+            rows=par.micro,
+            checkpointing=t.activation_checkpointing,
             pairs=lengths.pairs if lengths else None,
+            overlap_comm=layout_plan.overlap_of(t.comm, par.zero_stage),
+            inter_node_gb_per_s=t.comm.inter_node_gb_per_s,
         )
-        step = rows_per_rank * row + optimizer_seconds(shape, arm_opt)
         hours = t.steps * step * par.world / 3600
         arms.append(ArmPlan(arm.variant_name, t.attention, t.steps, step, hours, lengths))
     return TrainingPlan(

@@ -18,7 +18,7 @@ from anchorctx.training.plan import TrainingError
 if TYPE_CHECKING:
     from anchorctx.experiment import ExperimentConfig
     from anchorctx.training.plan import Parallelism
-    from anchorctx.training.settings import MemoryConfig
+    from anchorctx.training.settings import CommConfig, MemoryConfig
 
 
 # DeepSpeed JIT-compiles C++ ops into TORCH_EXTENSIONS_DIR the first time a process needs them
@@ -124,6 +124,7 @@ def deepspeed_config(cfg: ExperimentConfig, par: Parallelism) -> dict[str, Any]:
         zero["stage3_gather_16bit_weights_on_model_save"] = True
         # The averaging path that training.engine.loss_scale() accounts for.
         zero["reduce_scatter"] = True
+    zero.update(comm_entries(t.comm, par.zero_stage))
     zero_extra, top_extra = offload_entries(t.memory, par)  # training.memory.offload_optimizer
     zero.update(zero_extra)
     return {
@@ -137,6 +138,34 @@ def deepspeed_config(cfg: ExperimentConfig, par: Parallelism) -> dict[str, Any]:
         "wall_clock_breakdown": False,
         **top_extra,
     }
+
+
+# training.comm's fields by DeepSpeed's ``zero_optimization`` key, and the stages that read it.
+_COMM_KEYS = {
+    "overlap_comm": ("overlap_comm", (1, 2, 3)),
+    "reduce_bucket_size": ("reduce_bucket_size", (1, 2, 3)),
+    "allgather_bucket_size": ("allgather_bucket_size", (1, 2)),
+    "prefetch_bucket_size": ("stage3_prefetch_bucket_size", (3,)),
+    "param_persistence_threshold": ("stage3_param_persistence_threshold", (3,)),
+    "max_live_parameters": ("stage3_max_live_parameters", (3,)),
+}
+
+
+def comm_entries(comm: CommConfig, stage: int) -> dict[str, Any]:
+    """``zero_optimization`` keys of ``training.comm`` for ``stage``: each field set in the
+    config, else the layout plan's setting for that stage (a run launched with the defaults has
+    them written into its config already; this covers a config built in process)."""
+    # Imported here: the layout plan imports the cost plan; DeepSpeed's config needs only this.
+    from anchorctx.training.layout_plan import COMM_SETTINGS
+
+    planned = COMM_SETTINGS.get(stage, {})
+    out = {}
+    for field, (key, stages) in _COMM_KEYS.items():
+        value = getattr(comm, field)
+        value = planned.get(field) if value is None else value
+        if value is not None and stage in stages:
+            out[key] = value
+    return out
 
 
 def offload_entries(memory: MemoryConfig, par: Parallelism) -> tuple[dict, dict]:

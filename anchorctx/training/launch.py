@@ -82,7 +82,7 @@ def launch(
     if note := determinism.environment(deterministic, os.environ):
         print(note, flush=True)
     choice = None
-    if par.device == "cuda" and cfg.training.memory.auto:
+    if par.device == "cuda" and memory_choice.plans_layout(cfg):
         cfg, choice, note = memory_choice.for_launch(
             cfg, processes_per_node(cfg, par.device), cfg.training.nnodes
         )

@@ -76,6 +76,19 @@ FUSED_WORKING_FITTED_UNITS = 9.35
 # optimizer offload; 2026-11-23) peaked at 121.7 GiB against 112.7 GiB counted; the 9 GiB
 # difference is charged to the one term that scales with t there, as 4.5 more [t, H] tensors.
 FITTED_UNITS = 4.5
+# ZeRO-3 beyond its partition and two gathered layers: the measured full-depth 7B peaks on
+# 4× H200 (2026-11-28, ../REFERENCE.md) sat 4.4 (8K tokens a GPU) and 6.5 GiB (16K) above the
+# count under ZeRO-3, while ZeRO-2 at 16K sat within 0.3 GiB of its own count: gathered weights
+# held for reuse (stage3_max_live_parameters) and the allocator's blocks between gathers. One
+# rank gathers nothing: the one-GPU fits below were ZeRO-3 and need no such term.
+ZERO3_FITTED_BYTES = 5.0 * GIB
+# ZeRO-2 on several GPUs peaks below the count: four full-depth 7B rows on 2× H200 (SP 2 at 8K
+# and 16K tokens a GPU, DP 2 at 16K and 32K, overlap_comm on; 2026-11-28) sat 2.8-6.8 GiB
+# (mean 4.85) under it: gradients are released into the reduce bucket as backward produces
+# them, so the whole bf16 gradient the count holds is never resident at once. The smallest gap
+# is taken, not the mean: with the mean, auto kept two layers more on 32K rows, peaked at 131.9
+# of 139.8 GiB, and the allocator working at the edge cost 10% of the step (docs/PERFORMANCE.md).
+ZERO2_FITTED_BYTES = -2.8 * GIB
 # Host memory of one training process beside its offloaded tensors (CUDA and NCCL state, torch,
 # DeepSpeed's staging buffers): the same measurement's 116.9 GiB resident less 100.4 counted.
 HOST_PROCESS_BYTES = 16.5 * GIB
@@ -140,12 +153,17 @@ class Options:
     keep_activations: int = 0  # last layers not checkpointed
     kernels: str = "torch"  # training.kernels
     cpu_adam: str = "deepspeed"  # what steps an offloaded optimizer (the plans model CUDA runs)
+    zero: int = 3  # ZeRO stage: 3 partitions the bf16 weights, 2 keeps them whole on every GPU
 
     @classmethod
-    def of_run(cls, training, gpus: int, sp: int) -> Options:
-        """The options of a run's ``training`` section on ``gpus`` ranks with SP ``sp``."""
+    def of_run(cls, training, gpus: int, sp: int, zero: int | None = None) -> Options:
+        """The options of a run's ``training`` section on ``gpus`` ranks with SP ``sp`` (and
+        ZeRO stage ``zero``, default the section's, else 3)."""
         m = training.memory
+        if zero is None:
+            zero = training.zero_stage if training.zero_stage is not None else 3
         return cls(
+            zero=zero,
             gpus=gpus,
             sp=sp,
             tiled_mlp=m.tiled_mlp,
@@ -175,9 +193,13 @@ def predict(shape: Shape, seq_len: int, opt: Options) -> dict[str, float]:
 
     n, t, h = opt.gpus, seq_len / opt.sp, shape.hidden
     p = shape.params
-    gathered = 2 * shape.layer_params * BF16
-    state = 12 * p / n
-    grads = 2 * p / n
+    if opt.zero >= 3:
+        weights = 2 * p / n + 2 * shape.layer_params * BF16
+        weights += ZERO3_FITTED_BYTES if n > 1 else 0.0  # one rank gathers nothing
+    else:  # ZeRO-0/1/2: every GPU holds the whole bf16 model
+        weights = 2 * p + (ZERO2_FITTED_BYTES if opt.zero == 2 and n > 1 else 0.0)
+    state = 12 * p / n if opt.zero >= 1 else 12 * p
+    grads = 2 * p / n if opt.zero >= 2 else 2 * p
     kept = min(opt.keep_activations, shape.layers)
     ckpt = (shape.layers - kept) * t * h * BF16
     fused = opt.kernels == "liger"
@@ -204,7 +226,7 @@ def predict(shape: Shape, seq_len: int, opt: Options) -> dict[str, float]:
     if fused:
         layer -= FUSED_WORKING_FITTED_UNITS * t * h * BF16
     out = {
-        "parameters": 2 * p / n + gathered,
+        "parameters": weights,
         "gradients": REDUCE_BUCKET + (0 if opt.offload_optimizer else grads),
         "optimizer_state": 0.0 if opt.offload_optimizer else state,
         "checkpointed_activations": 0.0 if opt.offload_checkpoints else ckpt,

@@ -29,18 +29,18 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from anchorctx.training import memory
+from anchorctx.training import layout_plan, memory
 from anchorctx.training.cost_plan import (
     DEFAULT_HOST_GIB,
     GPUS,
     GpuKind,
     PlanError,
+    choose_sp,
     layout,
     memory_options,
     model_shape,
-    optimizer_seconds,
-    row_seconds,
     row_tokens,
+    step_seconds,
     usable_gib,
 )
 from anchorctx.training.memory import GIB, Options, Shape
@@ -54,8 +54,25 @@ MEMORY_FIELDS = ("tiled_mlp", "tiled_loss", "offload_optimizer", "offload_checkp
 
 
 @dataclass(frozen=True)
+class Alternative:
+    """A layout the plan considered: its fastest fitting memory options' predicted step."""
+
+    sp: int
+    dp: int
+    zero: int
+    step_s: float | None  # None: no combination of options fits
+    peak_gib: float | None
+
+    def text(self) -> str:
+        where = f"SP {self.sp} × DP {self.dp} ZeRO-{self.zero}"
+        if self.step_s is None:
+            return f"{where}: does not fit"
+        return f"{where}: {self.step_s:.2f} s ({self.peak_gib:.0f} GiB)"
+
+
+@dataclass(frozen=True)
 class Choice:
-    options: Options
+    options: Options  # options.sp and options.zero are the chosen layout
     peak_gib: float
     usable_gib: float
     host_gib: float
@@ -63,10 +80,18 @@ class Choice:
     fitting: int  # combinations that fit
     considered: int
     changed: tuple[str, ...]  # settings that differ from the config's values
+    dp: int = 1
+    overlap_comm: bool = False
+    alternatives: tuple[Alternative, ...] = ()  # the other layouts, fastest first
 
     def settings(self) -> dict[str, Any]:
         o = self.options
         return {
+            "training.sequence_parallel": o.sp,
+            "training.zero_stage": o.zero,
+            **{
+                f"training.comm.{k}": v for k, v in comm_settings(o.zero, self.overlap_comm).items()
+            },
             "training.memory.tiled_mlp": o.tiled_mlp,
             "training.memory.tiled_loss": o.tiled_loss,
             "training.memory.offload_optimizer": o.offload_optimizer,
@@ -86,15 +111,20 @@ class Choice:
             "predicted_step_s": round(self.step_s, 3),
             "fitting": self.fitting,
             "considered": self.considered,
+            "layout": {"sp": self.options.sp, "dp": self.dp, "zero_stage": self.options.zero},
+            "alternatives": [dataclasses.asdict(a) for a in self.alternatives],
         }
 
     def line(self) -> str:
         chosen = " ".join(f"{k.rsplit('.', 1)[1]}={_fmt(v)}" for k, v in self.settings().items())
+        o = self.options
+        others = "; ".join(a.text() for a in self.alternatives[:3]) or "none"
         return (
-            f"memory auto: {chosen} (predicted {self.peak_gib:.1f} of {self.usable_gib:.1f} GiB "
-            f"usable, "
-            f"{self.step_s:.2f} s per step; the fastest of {self.fitting} fitting combinations "
-            f"of {self.considered}; set training.memory.* to choose yourself)"
+            f"layout auto: SP {o.sp} × DP {self.dp}, ZeRO-{o.zero}; {chosen} (predicted "
+            f"{self.peak_gib:.1f} of {self.usable_gib:.1f} GiB usable, {self.step_s:.2f} s per "
+            f"step; the fastest of {self.fitting} fitting combinations of {self.considered}; "
+            f"runners-up: {others}; set training.sequence_parallel, training.zero_stage, "
+            "training.comm.* and training.memory.* to choose yourself)"
         )
 
 
@@ -142,7 +172,11 @@ def _keep_values(layers: int) -> list[int]:
 def candidates(
     cfg: ExperimentConfig, shape: Shape, base: Options, liger: bool, offload_checkpoints: bool
 ) -> Iterator[Options]:
-    """Every combination of the options the config leaves open (its own values for the rest)."""
+    """Every combination of the options the config leaves open (its own values for the rest);
+    the config's own options alone without ``training.memory.auto``."""
+    if not cfg.training.memory.auto:
+        yield base
+        return
     fixed = explicit(cfg)
     t = cfg.training
     ac = t.activation_checkpointing
@@ -169,6 +203,11 @@ def candidates(
         yield dataclasses.replace(base, **dict(zip(space, combo, strict=True)))
 
 
+def comm_settings(zero: int, overlap_comm: bool) -> dict[str, Any]:
+    """training.comm's fields a layout runs with: the plan's settings for its stage."""
+    return {**layout_plan.COMM_SETTINGS.get(zero, {}), "overlap_comm": overlap_comm}
+
+
 def choose(
     cfg: ExperimentConfig,
     shape: Shape,
@@ -177,15 +216,21 @@ def choose(
     gpu: GpuKind,
     host_gib: float = DEFAULT_HOST_GIB,
     liger: bool | None = None,
+    zero: int | None = None,
+    nodes: int = 1,
 ) -> Choice | None:
-    """The fastest predicted combination that fits ``gpu`` (and ``host_gib`` of host memory per
-    GPU), or None when none does."""
+    """The fastest predicted combination of memory options that fits ``gpu`` (and ``host_gib``
+    of host memory per GPU) on ``world`` ranks with SP ``sp`` under ZeRO ``zero`` (default the
+    config's, else 3), or None when none does. Without ``training.memory.auto`` only the
+    config's own options are considered."""
     liger = liger_installed() if liger is None else liger
-    base = memory_options(cfg, shape, world, sp)
+    t = cfg.training
+    base = dataclasses.replace(memory_options(cfg, shape, world, sp), **_zero(cfg, zero))
+    overlap = layout_plan.overlap_of(t.comm, base.zero)
     tokens = row_tokens(cfg, sp)
     use = usable_gib(gpu)
-    rows = cfg.training.micro_batch_size  # one rank's rows per micro-step
-    t = cfg.training
+    dp = world // sp
+    accum = max(1, t.global_batch_size // (t.micro_batch_size * dp))
     best: tuple[tuple[float, int], Choice] | None = None
     considered = fitting = 0
     for allow_offload_checkpoints in (False, True):  # its copies are not in the time model
@@ -195,9 +240,19 @@ def choose(
             if est["peak"] > use * GIB or est["cpu"] > host_gib * GIB:
                 continue
             fitting += 1
-            step = rows * row_seconds(
-                shape, tokens, t.attention, opt, gpu, t.activation_checkpointing
-            ) + optimizer_seconds(shape, opt)
+            step = step_seconds(
+                shape,
+                tokens,
+                t.attention,
+                opt,
+                gpu,
+                nodes=nodes,
+                accum=accum,
+                rows=t.micro_batch_size,
+                checkpointing=t.activation_checkpointing,
+                overlap_comm=overlap,
+                inter_node_gb_per_s=t.comm.inter_node_gb_per_s,
+            )
             changed = tuple(
                 f
                 for f in (*MEMORY_FIELDS, "keep_activations", "kernels")
@@ -205,7 +260,9 @@ def choose(
             )
             key = (round(step, 4), len(changed))
             if best is None or key < best[0]:
-                choice = Choice(opt, est["peak"] / GIB, use, est["cpu"] / GIB, step, 0, 0, changed)
+                choice = Choice(
+                    opt, est["peak"] / GIB, use, est["cpu"] / GIB, step, 0, 0, changed, dp, overlap
+                )
                 best = (key, choice)
         if best is not None:
             break
@@ -214,8 +271,76 @@ def choose(
     return dataclasses.replace(best[1], fitting=fitting, considered=considered)
 
 
+def _zero(cfg: ExperimentConfig, zero: int | None) -> dict[str, int]:
+    if zero is not None:
+        return {"zero": zero}
+    return {"zero": cfg.training.zero_stage} if cfg.training.zero_stage is not None else {}
+
+
+def sp_candidates(cfg: ExperimentConfig, shape: Shape, world: int) -> list[int]:
+    """The SP degrees a launch on ``world`` ranks may take: the config's, or with ``auto`` every
+    divisor of the world whose heads split (Ulysses: q heads divide; KV heads divide or are
+    replicated) and whose data-parallel size divides the global batch."""
+    t = cfg.training
+    if t.sequence_parallel != "auto":
+        return [choose_sp(t.sequence_parallel, shape, world)]
+    out = []
+    for sp in range(1, world + 1):
+        dp = world // sp
+        if world % sp or t.global_batch_size % (t.micro_batch_size * dp):
+            continue
+        if choose_sp(sp, shape, world) == sp:
+            out.append(sp)
+    return out or [world]
+
+
+def zero_candidates(cfg: ExperimentConfig, world: int) -> list[int]:
+    """The ZeRO stages a CUDA launch may take: the config's, else :data:`layout_plan.STAGES`;
+    one rank stepping an offloaded optimizer takes ZeRO-2 (plan.default_zero_stage says why)."""
+    t = cfg.training
+    if t.zero_stage is not None:
+        return [t.zero_stage]
+    if world == 1:
+        return [2 if t.memory.offload_optimizer else 3]
+    return list(layout_plan.STAGES)
+
+
+def choose_layout(
+    cfg: ExperimentConfig,
+    shape: Shape,
+    gpus: int,
+    nodes: int,
+    gpu: GpuKind,
+    host_gib: float = DEFAULT_HOST_GIB,
+    liger: bool | None = None,
+) -> Choice | None:
+    """The fastest predicted layout (SP × DP and ZeRO stage, each the config's where it names
+    one) with its fastest fitting memory options, the others as ``alternatives``; None when
+    nothing fits. Ties go to the higher stage and the smaller SP (the long-standing defaults)."""
+    world = gpus * nodes
+    found: list[tuple[tuple[float, int, int], Choice]] = []
+    alternatives = []
+    for sp in sp_candidates(cfg, shape, world):
+        for zero in zero_candidates(cfg, world):
+            c = choose(cfg, shape, world, sp, gpu, host_gib, liger, zero, nodes)
+            if c is None:
+                alternatives.append(Alternative(sp, world // sp, zero, None, None))
+                continue
+            found.append(((round(c.step_s, 4), -zero, sp), c))
+    if not found:
+        return None
+    found.sort(key=lambda kc: kc[0])
+    best = found[0][1]
+    others = [
+        Alternative(c.options.sp, c.dp, c.options.zero, round(c.step_s, 3), round(c.peak_gib, 1))
+        for _, c in found[1:]
+    ]
+    return dataclasses.replace(best, alternatives=tuple(others + alternatives))
+
+
 def apply(cfg: ExperimentConfig, choice: Choice) -> ExperimentConfig:
-    """``cfg`` running ``choice``: its options set, ``auto`` off (the ranks run it as written)."""
+    """``cfg`` running ``choice``: its layout, communication settings and memory options set,
+    ``auto`` off (the ranks run it as written). A communication setting the config names stays."""
     o, t = choice.options, cfg.training
     mem = t.memory.model_copy(
         update={
@@ -227,9 +352,18 @@ def apply(cfg: ExperimentConfig, choice: Choice) -> ExperimentConfig:
             "keep_activations": o.keep_activations if t.activation_checkpointing else 0,
         }
     )
-    return cfg.model_copy(
-        update={"training": t.model_copy(update={"memory": mem, "kernels": o.kernels})}
+    planned = comm_settings(o.zero, choice.overlap_comm)
+    comm = t.comm.model_copy(
+        update={k: v for k, v in planned.items() if getattr(t.comm, k) is None}
     )
+    update = {
+        "memory": mem,
+        "kernels": o.kernels,
+        "sequence_parallel": o.sp,
+        "zero_stage": o.zero,
+        "comm": comm,
+    }
+    return cfg.model_copy(update={"training": t.model_copy(update=update)})
 
 
 # ------------------------------------------------------------------------- this host's GPU
@@ -287,12 +421,18 @@ def resolve(
     """``cfg`` with auto's choice on ``gpus × nodes`` GPUs of kind ``gpu`` (the plan's and the
     launch's one rule), and the choice; ``cfg`` unchanged and None without ``auto`` or when
     nothing fits."""
-    if not cfg.training.memory.auto:
+    if not plans_layout(cfg):
         return cfg, None
     shape, _ = model_shape(cfg, shape_name)
-    par = layout(cfg, shape, gpus, nodes)
-    choice = choose(cfg, shape, par.world, par.sp, gpu, host_gib, liger)
+    layout(cfg, shape, gpus, nodes)  # the config's own layout errors first, in its words
+    choice = choose_layout(cfg, shape, gpus, nodes, gpu, host_gib, liger)
     return (apply(cfg, choice), choice) if choice is not None else (cfg, None)
+
+
+def plans_layout(cfg: ExperimentConfig) -> bool:
+    """Whether a CUDA launch leaves anything to the plan: memory options, SP or ZeRO stage."""
+    t = cfg.training
+    return t.memory.auto or t.sequence_parallel == "auto" or t.zero_stage is None
 
 
 def for_launch(
@@ -302,20 +442,20 @@ def for_launch(
     shared by ``gpus`` ranks. Returns the config to run, the choice, and the start-up line."""
     found = local_gpu()
     if found is None:
-        return cfg, None, "memory auto: nvidia-smi names no GPU; the config's options as they are"
+        return cfg, None, "layout auto: nvidia-smi names no GPU; the config's settings as they are"
     kind = gpu_kind(*found)
     host = host_memory_gib() / gpus
     try:
         run, choice = resolve(cfg, kind, gpus, nodes, host)
     except PlanError as err:  # no shape known: the options as configured
-        return cfg, None, f"memory auto: {err}; the config's options as they are"
+        return cfg, None, f"layout auto: {err}; the config's settings as they are"
     if choice is None:
         return (
             cfg,
             None,
             (
-                f"memory auto: no combination is predicted to fit {kind.name} "
-                f"({usable_gib(kind):.1f} GiB usable); the config's options as they are "
+                f"layout auto: no layout is predicted to fit {kind.name} "
+                f"({usable_gib(kind):.1f} GiB usable); the config's settings as they are "
                 "(`anchorctx plan` names what would fit)"
             ),
         )

@@ -76,7 +76,8 @@ def processes_per_node(cfg: ExperimentConfig, device: str) -> int:
         import torch
 
         return torch.cuda.device_count()
-    return cfg.training.sequence_parallel
+    sp = cfg.training.sequence_parallel
+    return 1 if sp == "auto" else sp
 
 
 def resolve_engine(cfg: ExperimentConfig, device: str) -> str:
@@ -108,7 +109,9 @@ def plan_parallelism(cfg: ExperimentConfig, world: int | None = None) -> Paralle
     device = resolve_device(t.device, "training.device")
     if world is None:
         world = processes_per_node(cfg, device) * t.nnodes
-    sp = t.sequence_parallel
+    # auto: the launcher writes the layout plan's choice into the config before any rank plans
+    # (training.memory_choice.for_launch); unresolved (CPU, or nothing fits) it is one row a rank.
+    sp = 1 if t.sequence_parallel == "auto" else t.sequence_parallel
     if sp > world:
         raise TrainingError(
             f"training.sequence_parallel={sp} needs at least {sp} processes, but the run has "

@@ -112,6 +112,46 @@ class MemoryConfig(Strict):
     )
 
 
+class CommConfig(Strict):
+    """DeepSpeed's communication settings (``zero_optimization``'s overlap and bucket sizes) and
+    the inter-node bandwidth the layout plan assumes. ``None`` (the default): the layout plan's
+    choice for the ZeRO stage it picks (anchorctx.training.layout_plan.COMM_SETTINGS; the start-up
+    line and layout_choice.json say what); a value set here is used as it is."""
+
+    overlap_comm: bool | None = Field(
+        None,
+        description="Overlap ZeRO's gradient reduction (and ZeRO-3's parameter gathers) with "
+        "backward compute, in double buffers of reduce_bucket_size.",
+    )
+    reduce_bucket_size: int | None = Field(
+        None, gt=0, description="Elements reduced per gradient reduce-scatter call."
+    )
+    allgather_bucket_size: int | None = Field(
+        None, gt=0, description="ZeRO-1/2: elements per all-gather of the updated weights."
+    )
+    prefetch_bucket_size: int | None = Field(
+        None,
+        gt=0,
+        description="ZeRO-3: elements of the next layers' weights gathered ahead of their use.",
+    )
+    param_persistence_threshold: int | None = Field(
+        None,
+        ge=0,
+        description="ZeRO-3: parameters of at most this many elements stay whole on every GPU "
+        "(never gathered).",
+    )
+    max_live_parameters: int | None = Field(
+        None, gt=0, description="ZeRO-3: most gathered elements held on a GPU at once."
+    )
+    inter_node_gb_per_s: float | None = Field(
+        None,
+        gt=0,
+        description="For the layout plan: the bus bandwidth between nodes per GPU, GB/s. None: "
+        "45 (one 400 Gb/s InfiniBand NIC per GPU at NCCL's usual ~90% of line rate); set your "
+        "cluster's (nccl-tests' all_gather_perf busbw across nodes).",
+    )
+
+
 class TrainingConfig(Strict):
     attention: Variant = "anchor"
     engine: Engine = "auto"
@@ -135,14 +175,21 @@ class TrainingConfig(Strict):
     )
     nnodes: int = Field(1, ge=1)
     hostfile: Path | None = None
-    sequence_parallel: int = Field(1, ge=1)
+    sequence_parallel: Annotated[int, Field(ge=1)] | Literal["auto"] = Field(
+        "auto",
+        description="GPUs that share one row (Ulysses); the data-parallel size is the process "
+        "count over it. auto: on CPU 1; on GPUs the layout plan's choice, the fastest predicted "
+        "DP × SP split whose memory fits (anchorctx.training.layout_plan).",
+    )
     zero_stage: int | None = Field(
         None,
         ge=0,
         le=3,
-        description="Default: 0 on CPU; on GPUs 3, or 2 on one GPU with "
-        "memory.offload_optimizer (anchorctx.training.plan.default_zero_stage says why).",
+        description="Default: 0 on CPU; on GPUs the layout plan's choice, the fastest predicted "
+        "stage that fits (anchorctx.training.layout_plan; 2 on one GPU stepping an offloaded "
+        "optimizer).",
     )
+    comm: CommConfig = Field(default_factory=CommConfig)
     steps: int = Field(2000, gt=0, le=MAX_STEPS)
     global_batch_size: int = Field(
         8,
@@ -209,13 +256,17 @@ class TrainingConfig(Strict):
         messages are its own): ``None`` when they can. The process count is ``nproc × nnodes``
         when nproc is set, one per SP rank on CPU, and unknown (the visible GPUs) otherwise,
         when only the micro batch is checked."""
+        sp = self.sequence_parallel
+        if sp == "auto":
+            if self.device != "cpu":  # the layout plan splits the real world size at launch
+                return self._micro_problem()
+            sp = 1
         if self.nproc is not None:
             world: int | None = self.nproc * self.nnodes
         elif self.device == "cpu":
-            world = self.sequence_parallel * self.nnodes
+            world = sp * self.nnodes
         else:
             world = None
-        sp = self.sequence_parallel
         if world is not None and sp > world:
             return (
                 f"training.sequence_parallel={sp} needs at least {sp} processes, but the run "
@@ -229,13 +280,7 @@ class TrainingConfig(Strict):
                 "training.sequence_parallel"
             )
         if world is None:  # the data-parallel size is known only at launch
-            if self.global_batch_size % self.micro_batch_size:
-                return (
-                    f"training.global_batch_size={self.global_batch_size} is not divisible by "
-                    f"training.micro_batch_size={self.micro_batch_size}; choose a multiple of "
-                    f"{self.micro_batch_size} × the data-parallel size"
-                )
-            return None
+            return self._micro_problem()
         dp = world // sp
         per_step = self.micro_batch_size * dp
         if self.global_batch_size % per_step:
@@ -243,6 +288,15 @@ class TrainingConfig(Strict):
                 f"training.global_batch_size={self.global_batch_size} is not divisible by "
                 f"micro_batch_size × data-parallel size = {self.micro_batch_size} × {dp} = "
                 f"{per_step}; choose a multiple of {per_step}"
+            )
+        return None
+
+    def _micro_problem(self) -> str | None:
+        if self.global_batch_size % self.micro_batch_size:
+            return (
+                f"training.global_batch_size={self.global_batch_size} is not divisible by "
+                f"training.micro_batch_size={self.micro_batch_size}; choose a multiple of "
+                f"{self.micro_batch_size} × the data-parallel size"
             )
         return None
 

@@ -257,7 +257,9 @@ def test_config_named_evaluation_data_refuses_a_users_directory(tmp_path, key):
 
     mine = tmp_path / "mine"
     mine.mkdir()
-    before = user_dir(mine)
+    user_dir(mine)
+    (mine / "manifest.json").write_text("% not JSON: the user's own file of that name\n")
+    before = snapshot(mine)
     cfg = load_config(config_file(tmp_path), [f"evaluation.{key}={mine}"])
     ensure = ensure_eval_fixtures if key == "demo_fixtures" else ensure_heldout_eval
     with pytest.raises(ForeignDirectoryError, match=re.escape(str(mine))):
@@ -346,15 +348,16 @@ def test_average_weights_takes_the_run_lock(tmp_path, capsys):
     assert main(["average-weights", cfg]) == 0
 
 
-def test_average_weights_names_a_corrupt_safetensors_file(tmp_path, capsys):
+@pytest.mark.parametrize("name", ["model.safetensors", "model.safetensors.index.json"])
+def test_average_weights_names_a_corrupt_safetensors_file(tmp_path, capsys, name):
     cfg = str(config_file(tmp_path))
     run = tmp_path / "runs" / "exp" / "anchor"
-    bad = run_checkpoints(run)[1] / "model.safetensors"
+    bad = run_checkpoints(run)[1] / name
     bad.write_bytes(b"\xff" * 64)
     assert main(["average-weights", cfg]) == 2
     err = capsys.readouterr().err.replace("\r", "\n")  # tqdm's bar redraws with \r
     line = one_line("\n".join(t for t in err.splitlines() if "averaging shards" not in t))
-    assert str(bad) in line and "not a readable safetensors file" in line
+    assert str(bad) in line and "not a safetensors" in line.replace("readable ", ""), line
 
 
 # ----------------------------------------------------------------- row 2: demo-assets

@@ -682,7 +682,12 @@ def _is_current(out: Path, seed: int) -> bool:
     manifest = out / "manifest.json"
     if not manifest.is_file():
         return False
-    meta = read_json(manifest)
+    try:
+        meta = read_json(manifest)
+    except ValueError:  # not ours (a user's manifest.json): the writer below refuses the directory
+        return False
+    if not isinstance(meta, dict):
+        return False
     return (
         meta.get("version") == FIXTURES_VERSION
         and meta.get("seed") == seed

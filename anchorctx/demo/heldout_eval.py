@@ -123,6 +123,16 @@ def _jsonl(path: Path, rows: list[dict[str, Any]]) -> None:
 HELDOUT_OWNER = DirectoryOwner("heldout-eval", "held-out evaluation data")
 
 
+def _recorded_params(manifest: Path) -> object:
+    """The parameters ``manifest`` records; None when it is absent or not ours (a user's
+    ``manifest.json``: the writer then refuses the directory)."""
+    try:
+        meta = read_json(manifest)
+    except (OSError, ValueError):
+        return None
+    return meta.get("params") if isinstance(meta, dict) else None
+
+
 def write_heldout_eval(
     out: str | Path,
     *,
@@ -152,7 +162,7 @@ def write_heldout_eval(
         "hellaswag_dir": root / "hellaswag",
     }
     manifest = root / "manifest.json"
-    if manifest.is_file() and read_json(manifest).get("params") == params:
+    if _recorded_params(manifest) == params:
         return paths
     gen = _Items(seed)
     with owned_directory(root, HELDOUT_OWNER) as tmp:

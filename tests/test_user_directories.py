@@ -287,6 +287,7 @@ def test_command_refuses_a_users_directory_in_one_line(tmp_path, capsys, command
     line = one_line(capsys.readouterr().err)
     assert code in (1, 2) and str(mine) in line and "thesis.tex" in line, (code, line)
     assert snapshot(mine) == before
+    assert not (tmp_path / ".thesis.lock").exists()  # nothing left beside it either
 
 
 def test_every_directory_writer_is_walked_here():

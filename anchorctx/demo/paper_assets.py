@@ -70,6 +70,7 @@ from anchorctx.io import (
     WriterLock,
     atomic_write_json,
     atomic_write_text,
+    check_replaceable,
     claim_directory,
     owned_directory,
     record_owner,
@@ -505,6 +506,7 @@ def write_paper_assets(
     params = _params(seed, sizes)
     if not force and _is_complete(root, params):
         return asset_paths(root)
+    check_replaceable(root, ASSETS_OWNER)  # a refusal leaves no lock file beside the user's
     with WriterLock.beside(root, f"paper assets directory {root}"):
         if not force and _is_complete(root, params):
             return asset_paths(root)  # the writer we would have waited for just finished it

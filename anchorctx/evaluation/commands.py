@@ -14,9 +14,9 @@ from anchorctx.evaluation.report import write_experiment_report
 from anchorctx.evaluation.results import SUITES, EvaluationError, evaluate_checkpoint, load_result
 from anchorctx.evaluation.settings import suite_argument
 from anchorctx.evaluation.tracking import log_evaluation, log_report
-from anchorctx.evaluation.weights import WeightAveragingError
+from anchorctx.evaluation.weights import WeightAveragingError, averaged_owner
 from anchorctx.evaluation.weights import average_weights as _average
-from anchorctx.io import WriterLock
+from anchorctx.io import WriterLock, check_replaceable
 from anchorctx.models.checkpoints import list_checkpoints
 from anchorctx.packing.pipeline import prepare_data
 from anchorctx.tracking import TrackingError, check_backends
@@ -207,6 +207,7 @@ def average_weights(args: argparse.Namespace) -> int:
     chosen = found[-k:]
     out = Path(args.out) if args.out else run_dir / "averaged" / f"averaged-last-{k}"
     try:
+        check_replaceable(out, averaged_owner(chosen))  # refused before a lock file is made
         with _output_lock(run_dir, out):
             path = _average(chosen, out)
     except (WeightAveragingError, ValueError) as err:

@@ -10,6 +10,10 @@ given the modes the user's umask asks for just before the rename, so results on 
 are as readable as any other file the user writes. :func:`move_aside` renames an earlier output
 out of the way without ever overwriting another.
 
+A directory is only ever replaced by the writer that wrote it (:func:`owned_directory`): new,
+empty, or carrying that writer's marker (``.anchorctx-owner.json``) and nothing it did not
+record; anything else may be the user's and is refused (:class:`ForeignDirectoryError`).
+
 :class:`WriterLock` makes sure only one process writes a run directory, a packed dataset or an
 evaluation output at a time (see its docstring for the guarantees and the NFS caveats).
 """
@@ -333,7 +337,7 @@ def _disk_full(err: OSError, tmp: Path, final: Path, needs: int | None) -> DiskF
     )
     return DiskFullError(
         f"no space left on device writing {where or final}: {final} needs {need} ({free}); "
-        "nothing was replaced"
+        "its earlier version, if any, is intact"
     )
 
 

@@ -10,6 +10,10 @@ given the modes the user's umask asks for just before the rename, so results on 
 are as readable as any other file the user writes. :func:`move_aside` renames an earlier output
 out of the way without ever overwriting another.
 
+A directory is only ever replaced by the writer that wrote it (:func:`owned_directory`): new,
+empty, or carrying that writer's marker (``.anchorctx-owner.json``) and nothing it did not
+record; anything else may be the user's and is refused (:class:`ForeignDirectoryError`).
+
 :class:`WriterLock` makes sure only one process writes a run directory, a packed dataset or an
 evaluation output at a time (see its docstring for the guarantees and the NFS caveats).
 """
@@ -17,6 +21,7 @@ evaluation output at a time (see its docstring for the guarantees and the NFS ca
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import errno
 import fcntl
 import hashlib
@@ -73,9 +78,12 @@ def atomic_write_bytes(path: str | Path, data: bytes) -> Path:
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as err:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
+        if isinstance(err, OSError) and err.errno and not err.filename:
+            # A failed write() names no file (a full disk: "No space left on device" alone).
+            raise OSError(err.errno, err.strerror or os.strerror(err.errno), str(path)) from err
         raise
     return path
 
@@ -109,8 +117,9 @@ def atomic_directory(final: str | Path) -> Iterator[Path]:
         yield tmp
         _apply_umask(tmp)
         if final.exists():
-            old = final.with_name(f".{final.name}.old")
-            shutil.rmtree(old, ignore_errors=True)
+            # A fresh empty name for the old version: renaming a directory onto an empty one
+            # is atomic, and two writers finishing together never share one ``.old``.
+            old = Path(tempfile.mkdtemp(prefix=f".{final.name}.", suffix=".old", dir=final.parent))
             os.replace(final, old)
             os.replace(tmp, final)
             shutil.rmtree(old, ignore_errors=True)
@@ -135,6 +144,206 @@ def _apply_umask(root: Path) -> None:
 def _widen(path: Path, allowed: int, mask: int) -> None:
     if not path.is_symlink():
         os.chmod(path, ((path.stat().st_mode & 0o777) | allowed) & ~mask)
+
+
+# ---------------------------------------------------------------------- directories we own
+# The one rule for every directory the project writes as a whole (checkpoints averaged,
+# demo and evaluation data, paper stand-ins, packed datasets): a writer may create a new
+# directory, fill an empty one, or replace one that carries this marker written by the same
+# writer for the same identity, holding only the files it recorded there (unchanged). Anything
+# else may be the user's (a thesis, real weights, real benchmark files) and is refused.
+OWNER_FILE = ".anchorctx-owner.json"
+# Hidden names the project's own writers leave behind when killed (temporary files and
+# directories of atomic_write_bytes / atomic_directory, writer locks): never the user's.
+_LEFTOVER_SUFFIXES = (".tmp", ".old", ".lock")
+
+
+class ForeignDirectoryError(FileExistsError):
+    """A writer was pointed at a directory it did not write; the message names it."""
+
+    exit_code = 2  # a path on the command line or in the config: choose another (anchorctx.cli)
+
+
+class DiskFullError(OSError):
+    """The disk filled while a directory was written; the message names the file and the
+    space needed. Nothing was replaced."""
+
+    exit_code = 1
+
+
+@dataclasses.dataclass(frozen=True)
+class DirectoryOwner:
+    """Who writes a directory: ``writer`` (the command or function, e.g. ``average-weights``),
+    ``what`` (for messages: "an averaged checkpoint") and ``identity`` (what it is written
+    for, e.g. the run directory; "" when any output of the writer may replace another)."""
+
+    writer: str
+    what: str
+    identity: str = ""
+
+
+def check_replaceable(final: str | Path, owner: DirectoryOwner) -> None:
+    """Raise :class:`ForeignDirectoryError` unless ``owner`` may replace ``final`` (absent, an
+    empty directory, or ``owner``'s own unchanged output)."""
+    final = Path(final)
+    if not final.exists() and not final.is_symlink():
+        return
+    if final.is_symlink() or not final.is_dir():
+        raise ForeignDirectoryError(
+            f"{final} exists and is not a directory anchorctx {owner.writer} wrote: "
+            f"choose a new or empty directory for {owner.what}"
+        )
+    if not any(final.iterdir()):
+        return
+    recorded = _read_owner(final)
+    if recorded is None:
+        names = sorted(p.name for p in final.iterdir())
+        held = ", ".join(names[:3]) + (", ..." if len(names) > 3 else "")
+        raise ForeignDirectoryError(
+            f"{final} exists, is not empty ({held}) and is not {owner.what} written by "
+            f"anchorctx {owner.writer} (no {OWNER_FILE}): it may hold your files, so it is "
+            "left as it is; choose a new or empty directory"
+        )
+    if (recorded.get("writer"), recorded.get("identity")) != (owner.writer, owner.identity):
+        mine = f" for {owner.identity}" if owner.identity else ""
+        theirs = f" for {recorded.get('identity')}" if recorded.get("identity") else ""
+        raise ForeignDirectoryError(
+            f"{final} was written by anchorctx {recorded.get('writer')}{theirs}, not as "
+            f"{owner.what} by anchorctx {owner.writer}{mine}: choose another directory"
+        )
+    stranger = _unrecorded_file(final, recorded)
+    if stranger is not None:
+        raise ForeignDirectoryError(
+            f"{final} holds {stranger}, which anchorctx {owner.writer} did not write (or which "
+            "changed since): move it away or choose another directory"
+        )
+
+
+def _read_owner(root: Path) -> dict[str, Any] | None:
+    try:
+        recorded = json.loads((root / OWNER_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    ok = isinstance(recorded, dict) and isinstance(recorded.get("files"), dict)
+    return recorded if ok else None
+
+
+def _inventory(root: Path) -> dict[str, list[int]]:
+    """Size and mtime of every file under ``root`` the marker answers for: not the marker,
+    not leftovers of the project's own writers, nothing inside a nested directory that has a
+    marker of its own (that one answers for its files)."""
+    files: dict[str, list[int]] = {}
+    for dirpath, dirnames, filenames in os.walk(root):
+        here = Path(dirpath)
+        links = [d for d in dirnames if (here / d).is_symlink()]  # walked as files: rmtree
+        dirnames[:] = [  # removes the link, so the link is what the marker must answer for
+            d for d in dirnames if d not in links and not _leftover(d) and not _has_owner(here / d)
+        ]
+        for name in [*filenames, *links]:
+            if (here == root and name == OWNER_FILE) or _leftover(name):
+                continue
+            st = (here / name).lstat()
+            files[(here / name).relative_to(root).as_posix()] = [st.st_size, st.st_mtime_ns]
+    return files
+
+
+def _nested_owned(root: Path) -> Iterator[Path]:
+    for dirpath, dirnames, _ in os.walk(root):
+        here = Path(dirpath)
+        owned = [d for d in dirnames if not (here / d).is_symlink() and _has_owner(here / d)]
+        dirnames[:] = [d for d in dirnames if d not in owned and not _leftover(d)]
+        yield from (here / d for d in owned)
+
+
+def _has_owner(path: Path) -> bool:
+    return (path / OWNER_FILE).is_file()
+
+
+def _leftover(name: str) -> bool:
+    return name.startswith(".") and name.endswith(_LEFTOVER_SUFFIXES)
+
+
+def _unrecorded_file(root: Path, recorded: dict[str, Any]) -> str | None:
+    """The first file under ``root`` its marker does not list as it is now (a file deleted
+    since is fine: nothing of anyone's is lost by replacing it); nested owned directories are
+    checked against their own markers."""
+    want = recorded["files"]
+    for rel, stat in sorted(_inventory(root).items()):
+        if want.get(rel) != stat:
+            return rel
+    for nested in _nested_owned(root):
+        inner = _read_owner(nested)
+        found = _unrecorded_file(nested, inner) if inner is not None else OWNER_FILE
+        if found is not None:
+            return f"{nested.relative_to(root).as_posix()}/{found}"
+    return None
+
+
+def record_owner(root: str | Path, owner: DirectoryOwner) -> None:
+    """Write ``root``'s marker: ``owner`` and every file under it now (see :func:`_inventory`)."""
+    root = Path(root)
+    info = {**dataclasses.asdict(owner), "files": _inventory(root)}
+    atomic_write_json(root / OWNER_FILE, info)
+
+
+def claim_directory(root: str | Path, owner: DirectoryOwner) -> Path:
+    """For writers that fill a directory in place rather than replace it whole: check it is
+    ``owner``'s to write (:func:`check_replaceable`), then create it with ``owner``'s marker
+    when it is new or empty. Call :func:`record_owner` when done."""
+    root = Path(root)
+    check_replaceable(root, owner)
+    if _read_owner(root) is None:
+        root.mkdir(parents=True, exist_ok=True)
+        record_owner(root, owner)
+    return root
+
+
+@contextlib.contextmanager
+def owned_directory(
+    final: str | Path, owner: DirectoryOwner, *, needs: int | None = None
+) -> Iterator[Path]:
+    """:func:`atomic_directory` for a directory ``owner`` may replace (checked before any
+    work and again just before the swap); the new directory carries ``owner``'s marker. A full
+    disk is one :class:`DiskFullError` naming the file being written and ``needs`` (bytes,
+    when the caller knows them) instead of a bare "No space left on device"."""
+    final = Path(final)
+    check_replaceable(final, owner)
+    with atomic_directory(final) as tmp:
+        try:
+            yield tmp
+        except OSError as err:
+            if err.errno not in (errno.ENOSPC, errno.EDQUOT):
+                raise
+            raise _disk_full(err, tmp, final, needs) from err
+        record_owner(tmp, owner)
+        check_replaceable(final, owner)  # the user may have put files there meanwhile
+
+
+def _disk_full(err: OSError, tmp: Path, final: Path, needs: int | None) -> DiskFullError:
+    """One line naming the file (the error's, else the newest under ``tmp``: the one being
+    written), the space needed and the space free."""
+    where = Path(err.filename) if err.filename else _newest_file(tmp)
+    if where is not None and where.is_relative_to(tmp):
+        where = final / where.relative_to(tmp)
+    written = sum(p.stat().st_size for p in tmp.rglob("*") if p.is_file())
+    try:
+        free = f"{shutil.disk_usage(final.parent).free / 2**30:.2f} GiB free"
+    except OSError:
+        free = "free space unknown"
+    need = (
+        f"about {needs / 2**30:.2f} GiB"
+        if needs
+        else f"more than the {written / 2**30:.2f} GiB written"
+    )
+    return DiskFullError(
+        f"no space left on device writing {where or final}: {final} needs {need} ({free}); "
+        "its earlier version, if any, is intact"
+    )
+
+
+def _newest_file(root: Path) -> Path | None:
+    files = [p for p in root.rglob("*") if p.is_file()]
+    return max(files, key=lambda p: p.stat().st_mtime_ns) if files else None
 
 
 def move_aside(

@@ -28,7 +28,7 @@ import numpy as np
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 from tqdm.auto import tqdm
 
-from anchorctx.io import atomic_directory, atomic_write_json
+from anchorctx.io import DirectoryOwner, atomic_write_json, check_replaceable, owned_directory
 from anchorctx.process import spawn_pool
 
 if TYPE_CHECKING:
@@ -363,6 +363,9 @@ def _is_complete(root: Path, params: dict) -> bool:
         return False
 
 
+DEMO_OWNER = DirectoryOwner("demo-corpus", "a demo corpus")
+
+
 def write_demo_corpus(
     out: str | Path,
     *,
@@ -379,15 +382,12 @@ def write_demo_corpus(
     params = {"version": DEMO_VERSION, "seed": seed, "docs_per_domain": docs_per_domain}
     if _is_complete(root, params):
         return corpus
-    if root.exists() and any(root.iterdir()) and not (root / "demo.json").exists():
-        raise FileExistsError(
-            f"{root} exists, is not empty and is not a demo corpus: choose an empty or new directory"
-        )
+    check_replaceable(root, DEMO_OWNER)  # before minutes of generating
     if docs_per_domain < 1:
         raise ValueError(f"docs_per_domain must be >= 1, got {docs_per_domain}")
     start = time.perf_counter()
     docs = generate_documents(seed, docs_per_domain, progress, workers)
-    with atomic_directory(root) as tmp:
+    with owned_directory(root, DEMO_OWNER) as tmp:
         _write_data(docs, tmp / "data", seed)
         text = _tokenizer_training_text(docs, tmp / "tokenizer-train.txt", chars=400_000)
         train_tokenizer([text], tmp / "tokenizer")

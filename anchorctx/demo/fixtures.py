@@ -41,7 +41,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from anchorctx.io import atomic_directory, read_json
+from anchorctx.io import DirectoryOwner, owned_directory, read_json
 
 if TYPE_CHECKING:
     from anchorctx.experiment import ExperimentConfig
@@ -641,6 +641,11 @@ def _manifest(
     }
 
 
+# Who may replace a fixture directory: this writer, whatever the seed or the keys (a config's
+# new data seed rewrites its own fixtures in place); never a directory of the user's.
+FIXTURES_OWNER = DirectoryOwner("eval-fixtures", "a directory of evaluation fixtures")
+
+
 def fixture_paths(out: str | Path) -> dict[str, Path]:
     out = Path(out)
     return {key: out / rel for key, rel in _RELATIVE.items()}
@@ -664,7 +669,7 @@ def write_eval_fixtures(
     if unknown:
         raise ValueError(f"write_eval_fixtures: unknown keys {unknown}; known: {list(KEYS)}")
     out = Path(out)
-    with atomic_directory(out) as tmp:
+    with owned_directory(out, FIXTURES_OWNER) as tmp:
         tmp.chmod(0o755)  # mkdtemp makes it owner-only; the data is meant to be shared
         for key in keys:
             _write_key(tmp, key, seed, essay_words, longbench_samples)
@@ -677,7 +682,12 @@ def _is_current(out: Path, seed: int) -> bool:
     manifest = out / "manifest.json"
     if not manifest.is_file():
         return False
-    meta = read_json(manifest)
+    try:
+        meta = read_json(manifest)
+    except ValueError:  # not ours (a user's manifest.json): the writer below refuses the directory
+        return False
+    if not isinstance(meta, dict):
+        return False
     return (
         meta.get("version") == FIXTURES_VERSION
         and meta.get("seed") == seed

@@ -22,7 +22,7 @@ import random
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from anchorctx.io import atomic_directory, atomic_write_json, read_json
+from anchorctx.io import DirectoryOwner, atomic_write_json, owned_directory, read_json
 
 if TYPE_CHECKING:
     from anchorctx.experiment import ExperimentConfig
@@ -120,6 +120,19 @@ def _jsonl(path: Path, rows: list[dict[str, Any]]) -> None:
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
 
 
+HELDOUT_OWNER = DirectoryOwner("heldout-eval", "held-out evaluation data")
+
+
+def _recorded_params(manifest: Path) -> object:
+    """The parameters ``manifest`` records; None when it is absent or not ours (a user's
+    ``manifest.json``: the writer then refuses the directory)."""
+    try:
+        meta = read_json(manifest)
+    except (OSError, ValueError):
+        return None
+    return meta.get("params") if isinstance(meta, dict) else None
+
+
 def write_heldout_eval(
     out: str | Path,
     *,
@@ -149,10 +162,10 @@ def write_heldout_eval(
         "hellaswag_dir": root / "hellaswag",
     }
     manifest = root / "manifest.json"
-    if manifest.is_file() and read_json(manifest).get("params") == params:
+    if _recorded_params(manifest) == params:
         return paths
     gen = _Items(seed)
-    with atomic_directory(root) as tmp:
+    with owned_directory(root, HELDOUT_OWNER) as tmp:
         write_eval_fixtures(tmp / "fixtures", seed=seed, essay_words=essay_words)
         (tmp / "squad.json").write_text(json.dumps(gen.squad(squad_paragraphs)))
         for i, subject in enumerate(SUBJECTS):  # dev: the 5 few-shot examples MMLU prepends

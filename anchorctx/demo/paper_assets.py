@@ -32,6 +32,8 @@ Layout of ``out`` (each path mirrors the config's default under ``configs/paper/
     data/hellaswag/validation.jsonl   Rowan/hellaswag records
     paper-assets.yaml                 the ``--set`` overrides that point a paper config here
     assets.json                       parameters; written last (marks a complete set)
+    .anchorctx-owner.json             here and in each directory above: the files this command
+                                      wrote; a re-run replaces those and refuses anything else
 
 ``tiny=True`` keeps every file, name and field but shrinks the sizes (a 64-wide model, a 1000-piece
 tokenizer, a few documents per source): what the CPU tests use.
@@ -41,9 +43,8 @@ from __future__ import annotations
 
 import io
 import json
-import shutil
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -64,7 +65,16 @@ from anchorctx.demo.fixtures import (
     squad_json,
     write_empty_punkt,
 )
-from anchorctx.io import atomic_directory, atomic_write_json, atomic_write_text
+from anchorctx.io import (
+    DirectoryOwner,
+    WriterLock,
+    atomic_write_json,
+    atomic_write_text,
+    check_replaceable,
+    claim_directory,
+    owned_directory,
+    record_owner,
+)
 from anchorctx.models.safetensors_stream import write_safetensors
 
 ASSETS_VERSION = 1
@@ -82,8 +92,9 @@ PAPER_FILES: dict[str, str] = {
     "evaluation.harness.hellaswag_dir": "data/hellaswag",
 }
 SPECIALS = ("<unk>", "<s>", "</s>")  # ids 0, 1, 2, as in Llama's tokenizer.model
-# Top-level entries of an assets directory (anything else there belongs to someone else).
-OWN = frozenset({"models", "data", "paper-assets.yaml", "assets.json"})
+# Who may replace the assets directory and each directory in it: this command, whatever the
+# seed or sizes; anything in it this command did not write and record is someone else's.
+ASSETS_OWNER = DirectoryOwner("demo-assets", "a directory of paper stand-ins")
 # transformers' VERY_LARGE_INTEGER, int(1e30): the value Llama-2's tokenizer_config.json holds.
 MODEL_MAX_LENGTH = int(1e30)
 
@@ -395,29 +406,55 @@ def write_slimpajama(
 def write_benchmarks(data_dir: Path, sizes: AssetSizes, seed: int) -> None:
     """RULER's three files, LongBench, MMLU and HellaSwag under ``data_dir`` (each its own
     seeded writer, as in :mod:`anchorctx.demo.fixtures`)."""
+    for key, write in BENCHMARKS.items():
+        write(data_dir / key, sizes, seed)
+
+
+def _ruler(out: Path, sizes: AssetSizes, seed: int) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    dump_json(
+        out / "PaulGrahamEssays.json", paul_graham_json(FixtureWriter(seed), sizes.essay_words)
+    )
+    squad = squad_json(FixtureWriter(seed + 1), sizes.squad_titles, sizes.squad_paragraphs)
+    dump_json(out / "squad_v2_dev.json", squad)
+    hotpot = hotpotqa_json(FixtureWriter(seed + 2), sizes.hotpotqa_questions, sizes.hotpotqa_pool)
+    dump_json(out / "hotpotqa_dev_distractor.json", hotpot)
+
+
+def _nltk_data(out: Path, sizes: AssetSizes, seed: int) -> None:
+    write_empty_punkt(out)
+
+
+def _longbench(out: Path, sizes: AssetSizes, seed: int) -> None:
+    for name, rows in longbench_rows(FixtureWriter(seed + 3), sizes.longbench_samples).items():
+        dump_jsonl(out / f"{name}.jsonl", rows)
+
+
+def _mmlu(out: Path, sizes: AssetSizes, seed: int) -> None:
     # Imported here: the harness module is evaluation code; the list is the one place the 57
     # subjects are written down.
     from anchorctx.evaluation.harness import MMLU_SUBJECTS
 
-    ruler = data_dir / "ruler"
-    ruler.mkdir(parents=True, exist_ok=True)
-    dump_json(
-        ruler / "PaulGrahamEssays.json", paul_graham_json(FixtureWriter(seed), sizes.essay_words)
-    )
-    squad = squad_json(FixtureWriter(seed + 1), sizes.squad_titles, sizes.squad_paragraphs)
-    dump_json(ruler / "squad_v2_dev.json", squad)
-    hotpot = hotpotqa_json(FixtureWriter(seed + 2), sizes.hotpotqa_questions, sizes.hotpotqa_pool)
-    dump_json(ruler / "hotpotqa_dev_distractor.json", hotpot)
-    write_empty_punkt(data_dir / "nltk_data")
-    for name, rows in longbench_rows(FixtureWriter(seed + 3), sizes.longbench_samples).items():
-        dump_jsonl(data_dir / "LongBench" / f"{name}.jsonl", rows)
     subjects = MMLU_SUBJECTS[: sizes.mmlu_subjects]
     mmlu = mmlu_rows(FixtureWriter(seed + 4), sizes.mmlu_dev, sizes.mmlu_test, subjects=subjects)
     for split, by_subject in mmlu.items():
         for subject, rows in by_subject.items():
-            dump_jsonl(data_dir / "mmlu" / split / f"{subject}.jsonl", rows)
-    rows = hellaswag_rows(FixtureWriter(seed + 5), sizes.hellaswag)
-    dump_jsonl(data_dir / "hellaswag" / "validation.jsonl", rows)
+            dump_jsonl(out / split / f"{subject}.jsonl", rows)
+
+
+def _hellaswag(out: Path, sizes: AssetSizes, seed: int) -> None:
+    dump_jsonl(out / "validation.jsonl", hellaswag_rows(FixtureWriter(seed + 5), sizes.hellaswag))
+
+
+# Each benchmark directory under data/ and its writer: one directory each, so each is replaced
+# on its own and only when it is the one this command wrote (anchorctx.io.owned_directory).
+BENCHMARKS: dict[str, Callable[[Path, AssetSizes, int], None]] = {
+    "ruler": _ruler,
+    "nltk_data": _nltk_data,
+    "LongBench": _longbench,
+    "mmlu": _mmlu,
+    "hellaswag": _hellaswag,
+}
 
 
 # ---------------------------------------------------------------------------------- all
@@ -455,7 +492,11 @@ def write_paper_assets(
     progress: bool = True,
 ) -> dict[str, Path]:
     """Write (or reuse, when complete with the same parameters) the stand-ins under ``out``;
-    returns their paths by config key. ``layers`` overrides the number of decoder layers."""
+    returns their paths by config key. ``layers`` overrides the number of decoder layers.
+
+    ``out`` must be new, empty or a directory this function wrote; in it, only the files it
+    wrote and recorded are replaced (:func:`anchorctx.io.check_replaceable`): real weights or
+    benchmark files put there since are refused, never overwritten. One writer at a time."""
     root = Path(out)
     sizes = TINY if tiny else AssetSizes()
     if layers is not None:
@@ -465,15 +506,19 @@ def write_paper_assets(
     params = _params(seed, sizes)
     if not force and _is_complete(root, params):
         return asset_paths(root)
+    check_replaceable(root, ASSETS_OWNER)  # a refusal leaves no lock file beside the user's
+    with WriterLock.beside(root, f"paper assets directory {root}"):
+        if not force and _is_complete(root, params):
+            return asset_paths(root)  # the writer we would have waited for just finished it
+        return _write_all(root, params, sizes, seed, progress)
+
+
+def _write_all(
+    root: Path, params: dict[str, Any], sizes: AssetSizes, seed: int, progress: bool
+) -> dict[str, Path]:
+    claim_directory(root, ASSETS_OWNER)  # refuses a directory of anyone else's before writing
     marker = root / "assets.json"
-    foreign = sorted(p.name for p in root.iterdir() if p.name not in OWN) if root.exists() else []
-    if foreign:  # an interrupted run leaves only our own entries: those are rewritten
-        raise FileExistsError(
-            f"{root} holds entries that are not paper assets ({', '.join(foreign[:5])}): "
-            "choose an empty or new directory"
-        )
-    if marker.exists():
-        marker.unlink()  # the set is incomplete from here until the new marker is written
+    marker.unlink(missing_ok=True)  # the set is incomplete from here until the new marker
     start = time.perf_counter()
 
     def say(text: str) -> None:
@@ -483,21 +528,17 @@ def write_paper_assets(
     say("demo corpus documents (the SlimPajama stand-in and the tokenizer's training text)")
     docs = generate_documents(seed, sizes.docs_per_domain, progress=False)
     paths = asset_paths(root)
-    with atomic_directory(paths["data.sources.0.path"]) as tmp:
+    with owned_directory(paths["data.sources.0.path"], ASSETS_OWNER) as tmp:
         counts = write_slimpajama(tmp, docs, sizes, seed)
     say(f"SlimPajama chunks: {sum(counts.values())} documents")
-    data_dir = root / "data"
-    for key in ("ruler", "nltk_data", "LongBench", "mmlu", "hellaswag"):
-        shutil.rmtree(data_dir / key, ignore_errors=True)
-    with atomic_directory(data_dir / ".benchmarks") as tmp:
-        write_benchmarks(tmp, sizes, seed)
-    for entry in (data_dir / ".benchmarks").iterdir():
-        entry.rename(data_dir / entry.name)
-    (data_dir / ".benchmarks").rmdir()
+    for key, write in BENCHMARKS.items():
+        with owned_directory(root / "data" / key, ASSETS_OWNER) as tmp:
+            write(tmp, sizes, seed)
     say("RULER, LongBench, MMLU and HellaSwag files")
     texts = [t for d in DOMAINS for t in docs[d]]
     texts.append(json.loads(paths["evaluation.ruler.essay_path"].read_text())["text"])
-    with atomic_directory(paths["model.path"]) as tmp:
+    needs = sum(2 * int(np.prod(shape)) for _, shape in llama_tensors(sizes))
+    with owned_directory(paths["model.path"], ASSETS_OWNER, needs=needs) as tmp:
         pieces = write_tokenizer(tmp, texts, sizes.vocab_size)
         say(f"tokenizer: {pieces} pieces (asked for {sizes.vocab_size})")
         dump_json(tmp / "config.json", llama2_config(sizes))
@@ -508,4 +549,5 @@ def write_paper_assets(
     atomic_write_text(root / "paper-assets.yaml", overrides_yaml(root))
     summary = {"tokenizer_pieces": pieces, "documents": counts, "shards": files}
     atomic_write_json(marker, {"params": params, "summary": summary})
+    record_owner(root, ASSETS_OWNER)  # the two files above are now this writer's to replace
     return paths

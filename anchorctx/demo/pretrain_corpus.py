@@ -54,7 +54,13 @@ from itertools import pairwise
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from anchorctx.io import atomic_directory, atomic_write_json, hash_tree
+from anchorctx.io import (
+    DirectoryOwner,
+    atomic_write_json,
+    check_replaceable,
+    hash_tree,
+    owned_directory,
+)
 from anchorctx.process import spawn_pool
 
 if TYPE_CHECKING:
@@ -484,6 +490,9 @@ def task_format_documents(
     return docs
 
 
+PRETRAIN_OWNER = DirectoryOwner("pretrain-corpus", "a pretraining corpus")
+
+
 def write_pretrain_corpus(
     out: str | Path,
     *,
@@ -518,16 +527,13 @@ def write_pretrain_corpus(
     marker = root / "pretrain.json"
     if marker.is_file() and json.loads(marker.read_text()).get("params") == params:
         return root / "data"
-    if root.exists() and any(root.iterdir()) and not marker.is_file():
-        raise FileExistsError(
-            f"{root} exists, is not empty and is not a pretraining corpus: choose a new directory"
-        )
+    check_replaceable(root, PRETRAIN_OWNER)  # before minutes of generating
     # With task-format documents and workers, the five kinds (one seeded stream, ~20 s of CPU
     # for 30000 documents) are written in a process of their own meanwhile.
     side = spawn_pool(1) if task_format is not None and workers > 1 else None
     try:
         plain = side.submit(generate_documents, seed, documents) if side is not None else None
-        with atomic_directory(root) as tmp:
+        with owned_directory(root, PRETRAIN_OWNER) as tmp:
             (tmp / "data").mkdir(parents=True)
             formatted = []
             if task_format is not None:

@@ -14,8 +14,9 @@ from anchorctx.evaluation.report import write_experiment_report
 from anchorctx.evaluation.results import SUITES, EvaluationError, evaluate_checkpoint, load_result
 from anchorctx.evaluation.settings import suite_argument
 from anchorctx.evaluation.tracking import log_evaluation, log_report
-from anchorctx.evaluation.weights import WeightAveragingError
+from anchorctx.evaluation.weights import WeightAveragingError, averaged_owner
 from anchorctx.evaluation.weights import average_weights as _average
+from anchorctx.io import WriterLock, check_replaceable
 from anchorctx.models.checkpoints import list_checkpoints
 from anchorctx.packing.pipeline import prepare_data
 from anchorctx.tracking import TrackingError, check_backends
@@ -206,12 +207,22 @@ def average_weights(args: argparse.Namespace) -> int:
     chosen = found[-k:]
     out = Path(args.out) if args.out else run_dir / "averaged" / f"averaged-last-{k}"
     try:
-        path = _average(chosen, out)
+        check_replaceable(out, averaged_owner(chosen))  # refused before a lock file is made
+        with _output_lock(run_dir, out):
+            path = _average(chosen, out)
     except (WeightAveragingError, ValueError) as err:
         print(f"anchorctx average-weights: {err}", file=sys.stderr)
         return 2
     print(f"averaged {len(chosen)} checkpoints ({', '.join(c.name for c in chosen)}) -> {path}")
     return 0
+
+
+def _output_lock(run_dir: Path, out: Path) -> WriterLock:
+    """One writer: the run directory's lock when ``out`` lies inside the run (training may be
+    moving it aside or pruning its checkpoints), else a lock beside ``out``."""
+    if out.resolve().is_relative_to(run_dir.resolve()):
+        return WriterLock.beside(run_dir, f"run directory {run_dir}")
+    return WriterLock.beside(out, f"averaged checkpoint {out}")
 
 
 # ------------------------------------------------------------------------------ anchorctx plan

@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import json
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from tqdm.auto import tqdm
 
 from anchorctx.evaluation.results import check_checkpoint, checkpoint_hash
-from anchorctx.io import atomic_directory, atomic_write_json
+from anchorctx.io import DirectoryOwner, atomic_write_json, owned_directory
 from anchorctx.models.checkpoints import checkpoint_step
 
 _INDEX = "model.safetensors.index.json"
@@ -30,7 +31,12 @@ def _shards(ckpt: Path) -> list[str]:
     """Safetensors shard names of a checkpoint (from the index when sharded)."""
     index = ckpt / _INDEX
     if index.is_file():
-        return sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        try:
+            return sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        except (ValueError, KeyError, TypeError, AttributeError) as err:
+            raise WeightAveragingError(
+                f"{index}: not a safetensors index ({type(err).__name__}: {err})"
+            ) from err
     names = sorted(p.name for p in ckpt.glob("*.safetensors"))
     if not names:
         raise WeightAveragingError(
@@ -59,14 +65,17 @@ def _average_shard(paths: list[Path]) -> tuple[dict[str, Any], dict[str, str]]:
     from safetensors import safe_open
     from safetensors.torch import load_file
 
-    with safe_open(str(paths[0]), framework="pt") as fh:
-        metadata = fh.metadata() or {}
-    first = load_file(str(paths[0]))
+    def header(path: str) -> dict[str, str]:
+        with safe_open(path, framework="pt") as fh:
+            return fh.metadata() or {}
+
+    metadata = _read(paths[0], header)
+    first = _read(paths[0], load_file)
     dtypes = {name: t.dtype for name, t in first.items()}
     acc = {name: t.to(torch.float32) for name, t in first.items()}
     del first  # hold one fp32 accumulator and one loaded shard, not a third copy
     for path in paths[1:]:
-        tensors = load_file(str(path))
+        tensors = _read(path, load_file)
         if tensors.keys() != acc.keys():
             diff = sorted(set(tensors) ^ set(acc))[:5]
             raise WeightAveragingError(f"{path}: tensor names differ from {paths[0]}: {diff}")
@@ -80,12 +89,33 @@ def _average_shard(paths: list[Path]) -> tuple[dict[str, Any], dict[str, str]]:
     return {name: (a / n).to(dtypes[name]).contiguous() for name, a in acc.items()}, metadata
 
 
+def _read(path: Path, reader: Callable[[str], Any]) -> Any:
+    """``reader(path)``, with a corrupt or truncated file as one error naming it (safetensors'
+    own message names no file: "Error while deserializing header: HeaderTooLarge")."""
+    # Imported here: as above, safetensors loads only when averaging.
+    from safetensors import SafetensorError
+
+    try:
+        return reader(str(path))
+    except (SafetensorError, OSError, ValueError) as err:
+        text = " ".join(str(err).split())
+        raise WeightAveragingError(f"{path}: not a readable safetensors file ({text})") from err
+
+
 def _source_info(ckpt: Path) -> dict[str, Any]:
     return {
         "path": str(ckpt.resolve()),
         "step": checkpoint_step(ckpt),
         "checkpoint_hash": checkpoint_hash(ckpt),
     }
+
+
+def averaged_owner(checkpoints: list[Path]) -> DirectoryOwner:
+    """The owner of an averaged checkpoint: ``average-weights`` for the run(s) whose
+    checkpoints it averages (``<run_dir>/checkpoints/step-N``), so a re-run for the same run
+    replaces its earlier output and nothing else."""
+    runs = sorted({str(c.resolve().parent.parent) for c in checkpoints})
+    return DirectoryOwner("average-weights", "an averaged checkpoint", ", ".join(runs))
 
 
 def average_weights(
@@ -95,7 +125,8 @@ def average_weights(
 
     Config, generation config and tokenizer files are copied from the last checkpoint (the
     newest when they are given in step order); ``anchorctx.json`` lists the sources. The output
-    directory appears only when complete.
+    directory appears only when complete, and replaces only an earlier average of the same
+    run(s) (:func:`anchorctx.io.check_replaceable`: anything else at ``out`` is refused).
     """
     # Imported here: safetensors.torch imports torch, which the CLI skips.
     from safetensors.torch import save_file
@@ -107,7 +138,7 @@ def average_weights(
     if out.resolve() in {c.resolve() for c in ckpts}:
         raise WeightAveragingError(f"output {out} is one of the inputs: choose another --out")
     shards = _check_same_layout(ckpts)
-    with atomic_directory(out) as tmp:
+    with owned_directory(out, averaged_owner(ckpts)) as tmp:
         for name in tqdm(shards, desc="averaging shards", unit="shard", disable=not progress):
             tensors, metadata = _average_shard([c / name for c in ckpts])
             save_file(tensors, str(tmp / name), metadata={**metadata, "format": "pt"})

@@ -25,7 +25,14 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from tqdm.auto import tqdm
 
-from anchorctx.io import WriterLock, atomic_directory, atomic_write_json, read_json
+from anchorctx.io import (
+    DirectoryOwner,
+    WriterLock,
+    atomic_write_json,
+    check_replaceable,
+    owned_directory,
+    read_json,
+)
 from anchorctx.manifest import base_manifest
 from anchorctx.models.loading import anchor_token_id, load_tokenizer, tokenizer_fingerprint
 from anchorctx.packing import mixture, pack, stats
@@ -329,6 +336,11 @@ def _by_domain(index: DocIndex, plan: mixture.Plan, packer: pack.RowPacker) -> d
 
 
 # --------------------------------------------------------------------------------------- API
+# Any packed dataset may replace another at data.output_dir (a changed config rebuilds it in
+# place); nothing else is ever replaced.
+PACKED_OWNER = DirectoryOwner("prepare-data", "a packed dataset")
+
+
 def default_output_dir(cfg: ExperimentConfig, fingerprint: str) -> Path:
     return (
         Path(cfg.data.output_dir)
@@ -351,7 +363,7 @@ def prepare_data(cfg: ExperimentConfig, *, force: bool = False, progress: bool =
     with WriterLock.beside(out, f"packed dataset {out}"):
         if not force and _is_complete(out, fingerprint):
             return out  # the writer we would have waited for just finished it
-        _refuse_foreign(out)
+        check_replaceable(out, PACKED_OWNER)  # before tokenising: it may hold the user's data
         start = time.perf_counter()
         work = Path(tempfile.mkdtemp(prefix=f".{out.name}.work.", dir=out.parent))
         try:
@@ -379,7 +391,7 @@ def _build(cfg, tok, tok_info, files, inputs, fingerprint, bad, work, out, progr
     packer = _pack(cfg, index, store, plan, tags, sep, anchor, work / "rows.arrow", progress)
     manifest = _manifest(cfg, tok_info, anchor, fingerprint, inputs, plan, packer, index, bad, sep)
     summary = stats.compute(index, plan, packer.stats, packer.emitted)
-    with atomic_directory(out) as tmp:
+    with owned_directory(out, PACKED_OWNER) as tmp:
         _save(datasets, work / "rows.arrow", tmp, progress)
         _documents_table(index, plan, packer.emitted, files, tmp / "documents.parquet")
         table = stats.write(summary, tmp)
@@ -399,12 +411,6 @@ def _save(datasets: Any, arrow: Path, out: Path, progress: bool) -> None:
     finally:
         if was_enabled:
             datasets.enable_progress_bars()
-
-
-def _refuse_foreign(out: Path) -> None:
-    """Never replace a directory that is not a packed dataset (it may hold the user's data)."""
-    if out.exists() and any(out.iterdir()) and not (out / MANIFEST).is_file():
-        raise DataError(f"{out} exists and is not a packed dataset; choose another data.output_dir")
 
 
 def _print_summary(out: Path, manifest: dict, table: str, seconds: float) -> None:

@@ -128,3 +128,71 @@ def test_resume_state_without_content_hashes_is_refused(runs):
     path.write_text(json.dumps(trainer))
     with pytest.raises(ResumeStateError, match=r"trainer\.json: records no content hash for"):
         ckpt.read_trainer_state(cfg.run_dir)
+
+
+# --------------------------------------------------- row 13: a truncated packed dataset
+def _truncated_copy(raw: dict, tmp: Path) -> tuple[Path, Path, Path]:
+    """A config on a copy of ``raw``'s packed dataset whose Arrow file is then cut in half (a
+    copy cut short, a full disk): (config path, dataset, Arrow file)."""
+    data = tmp / "packed"
+    shutil.copytree(raw["data"]["output_dir"], data)
+    copy = json.loads(json.dumps(raw))
+    copy["data"]["output_dir"] = str(data)
+    config = tmp / "config.yaml"
+    dump_config(config_from_dict(copy), config)
+    (arrow,) = data.glob("*.arrow")
+    arrow.write_bytes(arrow.read_bytes()[: arrow.stat().st_size // 2])
+    return config, data, arrow
+
+
+def test_manifest_records_the_arrow_files(runs):
+    data = Path(runs[0]["data"]["output_dir"])
+    files = json.loads((data / "manifest.json").read_text())["files"]
+    arrows = sorted(data.glob("*.arrow"))
+    assert arrows and sorted(files) == [p.name for p in arrows]
+    for p in arrows:
+        assert files[p.name] == {"size": p.stat().st_size, "sha256": sha256_file(p)}
+
+
+@pytest.mark.parametrize("recorded", [True, False], ids=["sizes", "older-manifest"])
+def test_truncated_packed_dataset_is_named_and_packed_again(runs, tmp_path, recorded, capsys):
+    from anchorctx.packing import load_packed
+    from anchorctx.packing.sources import DataError
+
+    config, data, arrow = _truncated_copy(runs[0], tmp_path)
+    manifest = json.loads((data / "manifest.json").read_text())
+    if not recorded:  # packed before the sizes were recorded: the stream is read instead
+        del manifest["files"]
+        (data / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(DataError) as err:
+        load_packed(data)
+    msg = str(err.value)
+    assert f"packed dataset {data} is damaged: {arrow}" in msg and "\n" not in msg
+    assert "anchorctx prepare-data CONFIG" in msg
+    # prepare-data no longer calls it complete: it packs the dataset again, the same one.
+    assert main(["prepare-data", str(config), "--quiet"]) == 0
+    assert capsys.readouterr().out.strip() == str(data)
+    ds, again = load_packed(data)
+    assert again["fingerprint"] == manifest["fingerprint"] and len(ds) > 0
+
+
+def test_resume_on_a_truncated_packed_dataset_packs_it_again(runs, tmp_path, caplog):
+    raw = json.loads(json.dumps(runs[0]))
+    raw.update(name="cut-resume", run_root=str(tmp_path / "runs"))
+    raw["data"]["output_dir"] = str(tmp_path / "packed")  # its own: it is cut below
+    cfg = config_from_dict(raw)
+    train(cfg)
+    config = cfg.experiment_dir / "config.yaml"
+    raw["training"]["steps"] = 3
+    dump_config(config_from_dict(raw), config)
+    data = Path(raw["data"]["output_dir"])
+    (arrow,) = data.glob("*.arrow")
+    arrow.write_bytes(arrow.read_bytes()[: arrow.stat().st_size // 2])
+    fingerprint = json.loads((data / "manifest.json").read_text())["fingerprint"]
+    assert main(["train", str(config), "--resume"]) == 0
+    assert f"packed dataset {data} is damaged ({arrow}: " in caplog.text
+    steps = [
+        json.loads(r)["step"] for r in (cfg.run_dir / "metrics.jsonl").read_text().splitlines()
+    ]
+    assert steps == [1, 2, 3]  # resumed at step 2 on the dataset it was trained on
+    assert json.loads((data / "manifest.json").read_text())["fingerprint"] == fingerprint

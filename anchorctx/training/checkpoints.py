@@ -607,8 +607,9 @@ def load_resume(ds_engine: DeepSpeedEngine, run_dir: Path, state: ResumeState) -
 def _check_contents(run_dir: Path, root: Path, files: dict[str, Any]) -> None:
     """Every file's sha256 is the one recorded at save (collective). The ranks share the work
     (rank r hashes every world-th file) and agree on the first mismatch, so each names the
-    same file. sha256 runs at about 1.2 GB/s on one core: a 7B run's ~100 GB engine state
-    costs ~10 s on 8 ranks, before DeepSpeed reads it again."""
+    same file. sha256 ran at 1.2 GB/s on one core of the development machine: a 7B run's
+    ~100 GB engine state costs ~10 s on 8 ranks (~80 s on one), before DeepSpeed reads it
+    again."""
     names = sorted(files)
     rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
     bad = len(names)

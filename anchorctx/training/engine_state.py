@@ -105,9 +105,10 @@ class GuardedCheckpointEngine:
         try:
             self._inner.save(state_dict, path)
             # Read back once more to hash it, on the rank that wrote it, so the ranks hash their
-            # own shards in parallel. sha256 runs at about 1.2 GB/s on one core: a 7B run's
-            # engine state (~100 GB: bf16 weights plus fp32 master, Adam moments) costs ~10 s
-            # a rank on 8 ranks, more where the page cache no longer holds the file.
+            # own shards in parallel. sha256 ran at 1.2 GB/s on one core of the development
+            # machine: a 7B run's engine state (~100 GB: bf16 weights, fp32 master and Adam
+            # moments) costs ~10 s a save on 8 ranks, ~80 s on one (a one-GPU offloaded run),
+            # more where the page cache no longer holds the file.
             self.written[str(path)] = sha256_file(path)
         except Exception as err:  # reported after DeepSpeed's collectives (module docstring)
             self.failure = (str(path), err)

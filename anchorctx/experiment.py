@@ -51,9 +51,10 @@ _NOT_PRETRAINING = ("evaluation", "analysis", "tracking", "variants", "variant")
 _PRETRAINING: OrderedDict[str, ExperimentConfig] = OrderedDict()
 _PRETRAINING_CACHED = 32
 # Entries of <run_root>/<name>/ that are not runs: an arm of one of these names would share its
-# directory with the packed datasets, the report's event files or the stored RULER samples (and
-# `train --force` would move them aside with it).
-RESERVED_RUN_NAMES = frozenset({"data", "tensorboard", "ruler-samples"})
+# directory with the packed datasets, the report's event files, the stored RULER samples or the
+# results of checkpoints outside run_root (evaluation.results, `external/`), and `train --force`
+# would move them aside with it.
+RESERVED_RUN_NAMES = frozenset({"data", "tensorboard", "ruler-samples", "external"})
 # Entries of <run_root>/ that are not experiments (tracking_settings.MlflowConfig's local store).
 RESERVED_EXPERIMENT_NAMES = frozenset({"mlflow.db", "mlartifacts"})
 # An arm trained under several seeds (``VariantSpec.seeds``) is one run per seed, named

@@ -44,6 +44,7 @@ from anchorctx.io import (
     atomic_directory,
     atomic_write_text,
     file_mode,
+    sha256_file,
 )
 from anchorctx.models.checkpoints import list_checkpoints
 from anchorctx.packing.settings import SourceConfig
@@ -265,6 +266,16 @@ def test_engine_state_deepspeed_cannot_load_is_named(trained, tiny_config, packe
     cfg = _clone(trained, tiny_config, packed_demo, "garbage", steps=3)
     path = _engine_file(cfg.run_dir)
     path.write_bytes(b"\0" * path.stat().st_size)
+    trainer_path = cfg.run_dir / "resume" / "trainer.json"
+    trainer = json.loads(trainer_path.read_text())
+    rel = path.relative_to(cfg.run_dir / "resume").as_posix()
+    pristine = trainer["files"][rel]["sha256"]
+    with pytest.raises(ResumeStateError, match=rf"{rel}: its content is not what this run wrote"):
+        train(cfg, resume=True, data_dir=Path(cfg.data.output_dir))
+    # Its hash re-recorded too (by hand or by an attacker): DeepSpeed's error, named.
+    trainer["files"][rel]["sha256"] = sha256_file(path)
+    trainer_path.write_text(json.dumps(trainer))
+    assert trainer["files"][rel]["sha256"] != pristine
     with pytest.raises(ResumeStateError, match=r"resume/engine: DeepSpeed cannot load it"):
         train(cfg, resume=True, data_dir=Path(cfg.data.output_dir))
 

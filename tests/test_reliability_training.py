@@ -28,6 +28,7 @@ from distributed import torch_extensions  # noqa: F401  (fixture)
 from anchorctx.cli import main
 from anchorctx.config import dump_config
 from anchorctx.experiment import config_from_dict
+from anchorctx.io import sha256_file
 from anchorctx.models.checkpoints import list_checkpoints
 from anchorctx.training import checkpoints as ckpt
 from anchorctx.training.loop import train
@@ -279,6 +280,14 @@ def test_tampered_engine_state_is_refused_not_run(base, tmp_path, capsys):
     target = max((cfg.run_dir / "resume" / "engine").rglob("*.pt"), key=lambda p: p.stat().st_size)
     marker = tmp_path / "payload-ran"
     _evil_file(target, target.stat().st_size, marker)
+    # An attacker who can write the engine files can record their hashes in trainer.json too:
+    # then only the weights-only load stands between the payload and its running.
+    trainer_path = cfg.run_dir / "resume" / "trainer.json"
+    trainer = json.loads(trainer_path.read_text())
+    trainer["files"][target.relative_to(cfg.run_dir / "resume").as_posix()]["sha256"] = sha256_file(
+        target
+    )
+    trainer_path.write_text(json.dumps(trainer))
     assert main(["train", str(config), "--resume"]) == 1
     err = _one_line_error(capsys)
     assert not marker.exists(), "the pickle payload ran"

@@ -29,7 +29,12 @@ from anchorctx.models.decoding import (
     plan_batches,
     unsupported_reason,
 )
-from anchorctx.models.loading import anchor_token_id, load_model, resolve_device
+from anchorctx.models.loading import (
+    anchor_token_id,
+    load_model,
+    read_model_config,
+    resolve_device,
+)
 from anchorctx.models.settings import ModelConfig
 
 # Set inside :func:`compile_only`.
@@ -64,6 +69,7 @@ def load_eval_model(
     path = Path(checkpoint)
     if problem := model_dir_problem(path, tokenizer=True):
         raise CheckpointError(f"not a Hugging Face checkpoint with tokenizer ({problem}): {path}")
+    read_model_config(path)  # the tokenizer may read it first, naming no line or column
     tokenizer = AutoTokenizer.from_pretrained(str(path))
     model_cfg = ModelConfig(path=path, dtype=dtype)
     model = load_model(

@@ -78,10 +78,9 @@ from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 from tqdm.auto import tqdm
 
 from anchorctx.evaluation.generation import ENGINES, generate_greedy, load_eval_model
-from anchorctx.io import read_json
 from anchorctx.models.decoder import SUPPORTED_MODEL_TYPES
 from anchorctx.models.decoding import StopRules
-from anchorctx.models.loading import DTYPES, anchor_token_id, resolve_device
+from anchorctx.models.loading import DTYPES, anchor_token_id, read_model_config, resolve_device
 
 MODEL_NAME = "anchorctx"
 # lm-eval's default when neither the config nor the tokenizer give a length (``hf`` model's too).
@@ -101,7 +100,7 @@ def _resolve_dtype(dtype: str, checkpoint: Path) -> str:
         if dtype not in DTYPES:
             raise ValueError(f"dtype={dtype!r}: expected auto or one of {', '.join(DTYPES)}")
         return dtype
-    saved = read_json(checkpoint / "config.json")
+    saved = read_model_config(checkpoint)
     name = str(saved.get("dtype") or saved.get("torch_dtype") or "float32")
     return name.removeprefix("torch.") if name.removeprefix("torch.") in DTYPES else "float32"
 

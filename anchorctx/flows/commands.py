@@ -84,8 +84,15 @@ def eval_worker(args: argparse.Namespace) -> int:
         print(f"anchorctx eval-worker: {EPHEMERAL_TRAP}", file=sys.stderr)
         return 2
     from anchorctx.flows.pool import register, worker_command  # imports Prefect (see serve)
+    from anchorctx.tasks.api import ServerUnreachable, unreachable  # (the same)
 
-    register(args.pool)
+    try:
+        register(args.pool)
+    except Exception as err:  # a bare httpx.ConnectError names no server: say which one
+        if (lost := unreachable(err)) is None:
+            raise
+        hint = "start it or point PREFECT_API_URL at the running one, then start the worker again"
+        raise ServerUnreachable(url, lost, hint) from None
     cmd = worker_command(args.pool, args.name)
     gpu = os.environ.get("CUDA_VISIBLE_DEVICES", "all visible")
     print(f"anchorctx eval-worker: pool {args.pool!r} on {url}, GPUs: {gpu}", flush=True)

@@ -16,7 +16,7 @@ import logging
 import re
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from anchorctx.io import read_json
 from anchorctx.models.checkpoints import META_FILE, model_dir_problem
@@ -63,6 +63,25 @@ def resolve_device(want: str | None, key: str) -> str:
     if want.startswith("cuda") and not torch.cuda.is_available():
         raise DeviceError(f"{key}={want} but no CUDA GPU is visible; use {key}=cpu")
     return want
+
+
+def read_model_config(path: str | Path) -> dict[str, Any]:
+    """A model directory's ``config.json`` as a dict. Every reader of a checkpoint's config goes
+    through here (or checks with it before transformers reads the file): a malformed one is one
+    :class:`ModelFileError` naming the file, with the line and column for invalid JSON."""
+    file = Path(path) / "config.json"
+    try:
+        config = json.loads(file.read_text())
+    except json.JSONDecodeError as err:
+        raise ModelFileError(
+            f"{file}: not valid JSON (line {err.lineno} column {err.colno}: {err.msg}); restore "
+            "it from where the model came from"
+        ) from None
+    except (OSError, UnicodeDecodeError) as err:
+        raise ModelFileError(f"{file}: unreadable ({err})") from None
+    if not isinstance(config, dict):
+        raise ModelFileError(f"{file}: expected a JSON object, found {type(config).__name__}")
+    return config
 
 
 def load_tokenizer(model_cfg: ModelConfig) -> PreTrainedTokenizerBase:
@@ -195,6 +214,7 @@ def build_hf_config(
     if model_cfg.path is not None:
         if problem := model_dir_problem(model_cfg.path):
             raise ModelLoadError(f"model.path has {problem}: {model_cfg.path}")
+        read_model_config(model_cfg.path)  # transformers' own error names no line or column
         hf = AutoConfig.from_pretrained(str(model_cfg.path))
     else:
         hf = _tiny_config(model_cfg, vocab_size, tokenizer)

@@ -6,13 +6,17 @@ index alone; (3) pack the planned documents from the memory-mapped store into an
 (4) ``save_to_disk`` it with ``manifest.json``, statistics and the document index beside it,
 all inside a temporary directory renamed into place. The output directory is keyed by a
 fingerprint of the inputs, the data config, the seed and the tokenizer, so calling again with
-the same inputs returns the existing dataset.
+the same inputs returns the existing dataset, once it is shown whole: the manifest records the
+size and sha256 of every Arrow file, and a file missing or of another size (truncated on a full
+disk, by a copy cut short) makes ``prepare_data`` pack it again and :func:`load_packed` refuse
+it, naming the file and the fix.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import shutil
 import tempfile
 import time
@@ -32,6 +36,7 @@ from anchorctx.io import (
     check_replaceable,
     owned_directory,
     read_json,
+    sha256_file,
 )
 from anchorctx.manifest import base_manifest
 from anchorctx.models.loading import anchor_token_id, load_tokenizer, tokenizer_fingerprint
@@ -58,6 +63,8 @@ SCHEMA_VERSION = 2
 MANIFEST = "manifest.json"
 # Settings that change how fast the data is produced, never what is produced.
 NON_SEMANTIC = ("output_dir", "num_workers", "tokenize_batch_size", "demo_corpus")
+
+log = logging.getLogger("anchorctx.packing")
 
 
 # ------------------------------------------------------------------------------ fingerprints
@@ -116,12 +123,61 @@ def input_change(before: list[dict[str, Any]], now: list[dict[str, Any]]) -> str
     return None
 
 
-def _is_complete(out: Path, fingerprint: str) -> bool:
+def _is_complete(out: Path, fingerprint: str, *, note: bool = False) -> bool:
+    """``out`` holds the dataset of ``fingerprint``, whole (:func:`dataset_problem`); ``note``:
+    log why a damaged one is packed again."""
     try:
         manifest = read_json(out / MANIFEST)
-    except (OSError, json.JSONDecodeError):
+    except (OSError, ValueError):
         return False
-    return manifest.get("fingerprint") == fingerprint and (out / "state.json").is_file()
+    if manifest.get("fingerprint") != fingerprint or not (out / "state.json").is_file():
+        return False
+    if problem := dataset_problem(out, manifest):
+        if note:
+            log.warning("packed dataset %s is damaged (%s): packing it again", out, problem)
+        return False
+    return True
+
+
+def _file_records(out: Path) -> dict[str, dict[str, Any]]:
+    """Size and sha256 of the dataset's Arrow files, for the manifest. The sizes make the check
+    on every reuse and load a ``stat`` (:func:`dataset_problem`); the hashes pin the content
+    (a checkpoint's ``data_manifest_hash`` covers them). Hashing reads the rows once more, at
+    about 1.2 GB/s, once per build."""
+    return {
+        p.name: {"size": p.stat().st_size, "sha256": sha256_file(p)}
+        for p in sorted(out.glob("*.arrow"))
+    }
+
+
+def dataset_problem(path: Path, manifest: dict[str, Any]) -> str | None:
+    """What is wrong with the packed dataset's Arrow files (None: nothing), naming the file: one
+    the manifest records that is missing or of another size. A dataset packed before the sizes
+    were recorded has each Arrow stream read to its end instead (memory-mapped, so only the
+    message headers are touched)."""
+    files = manifest.get("files")
+    if isinstance(files, dict):
+        for name, record in sorted(files.items()):
+            f, size = path / name, (record or {}).get("size")
+            if not f.is_file():
+                return f"{f}: missing"
+            if f.stat().st_size != size:
+                return f"{f}: {f.stat().st_size} bytes, written as {size} (truncated or changed)"
+        return None
+    for f in sorted(path.glob("*.arrow")):
+        try:
+            with pa.memory_map(str(f)) as mm:
+                pa.ipc.open_stream(mm).read_all()
+        except (OSError, ValueError) as err:  # pyarrow's ArrowInvalid is a ValueError
+            return f"{f}: unreadable ({' '.join(str(err).split())})"
+    return None
+
+
+def _damaged(path: Path, problem: str) -> DataError:
+    return DataError(
+        f"packed dataset {path} is damaged: {problem}; `anchorctx prepare-data CONFIG` packs "
+        f"it again (or delete {path} and run the command again)"
+    )
 
 
 # --------------------------------------------------------------------------------- resolving
@@ -361,7 +417,7 @@ def prepare_data(cfg: ExperimentConfig, *, force: bool = False, progress: bool =
     if not force and _is_complete(out, fingerprint):
         return out  # complete datasets are only read: no lock needed
     with WriterLock.beside(out, f"packed dataset {out}"):
-        if not force and _is_complete(out, fingerprint):
+        if not force and _is_complete(out, fingerprint, note=True):
             return out  # the writer we would have waited for just finished it
         check_replaceable(out, PACKED_OWNER)  # before tokenising: it may hold the user's data
         start = time.perf_counter()
@@ -393,6 +449,7 @@ def _build(cfg, tok, tok_info, files, inputs, fingerprint, bad, work, out, progr
     summary = stats.compute(index, plan, packer.stats, packer.emitted)
     with owned_directory(out, PACKED_OWNER) as tmp:
         _save(datasets, work / "rows.arrow", tmp, progress)
+        manifest["files"] = _file_records(tmp)
         _documents_table(index, plan, packer.emitted, files, tmp / "documents.parquet")
         table = stats.write(summary, tmp)
         stats.length_histogram(index, plan, packer.emitted, tmp / "doc_lengths.png")
@@ -437,13 +494,22 @@ def load_packed(path: str | Path) -> tuple[datasets.Dataset, dict[str, Any]]:
             f"{path} is not a packed dataset (no {MANIFEST} / state.json); "
             "create one with `anchorctx prepare-data CONFIG`"
         )
-    manifest = read_json(path / MANIFEST)
+    try:
+        manifest = read_json(path / MANIFEST)
+    except (OSError, ValueError) as err:
+        raise _damaged(path, f"{path / MANIFEST}: unreadable ({err})") from None
     if manifest.get("schema_version") != SCHEMA_VERSION:
         raise DataError(
             f"{path}: packed dataset schema {manifest.get('schema_version')} is not "
             f"{SCHEMA_VERSION}; re-run prepare-data"
         )
-    ds = datasets.load_from_disk(str(path))
+    if problem := dataset_problem(path, manifest):
+        raise _damaged(path, problem)
+    try:
+        ds = datasets.load_from_disk(str(path))
+    except (OSError, ValueError) as err:  # what the checks above cannot see (state.json, ...)
+        detail = " ".join(str(err).split())
+        raise _damaged(path, f"unreadable ({type(err).__name__}: {detail})") from err
     if not isinstance(ds, datasets.Dataset):
         raise DataError(f"{path} holds a DatasetDict, not a packed dataset")
     return ds, manifest

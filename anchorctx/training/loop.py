@@ -242,7 +242,7 @@ def _train(run: RunContext) -> dict[str, Any]:
     built = time.perf_counter()
     ds_engine = _build(run)
     if state.found:
-        ckpt.load_resume(ds_engine, cfg.run_dir)
+        ckpt.load_resume(ds_engine, cfg.run_dir, state)
         log.info("resumed from step %d", state.step)
     if run.rank == 0:
         log.info(startup_line(time.perf_counter() - built))
@@ -391,6 +391,7 @@ def _save(
             config_fingerprint=resume_fingerprint(cfg),
             data_fingerprint=pre.manifest.get("fingerprint"),
             data_dir=str(pre.data_dir),
+            run=run_identity(cfg),
         )
         ckpt.save_resume(ds_engine, cfg.run_dir, state)
         log.info("resume state at step %d (%.1f s)", step, time.perf_counter() - t0)
@@ -434,6 +435,14 @@ def resume_fingerprint(cfg: ExperimentConfig) -> str:
     for key in RESUMABLE_CHANGES:
         setattr(copy.training, key, getattr(defaults, key))
     return copy.fingerprint("seed", "model", "data", "training")
+
+
+def run_identity(cfg: ExperimentConfig) -> dict[str, Any]:
+    """Which run wrote a resume state (``trainer.json`` ``run``, for the reader). The seed is
+    compared on ``--resume`` through the config fingerprint; the names are not: a run directory
+    copied under another experiment or variant name is the same computation. The engine files
+    carry a hash of all of it (``ResumeState.engine_client_state``)."""
+    return {"experiment": cfg.name, "variant": cfg.variant_name, "seed": cfg.seed}
 
 
 def restart_state(

@@ -59,7 +59,8 @@ def test_shards_get_absolute_paths(tmp_path, demo_corpus, monkeypatch):
     save_checkpoint(ckpt, demo_corpus.tokenizer_dir, seed=3, step=10)
     handed: list[dict] = []
     monkeypatch.setattr(pool, "pool_workers", lambda name: 2)
-    monkeypatch.setattr(pool, "ensure_lost_run_automation", lambda name: None)
+    # raising=False: the same test runs on code without the automation (it must fail there).
+    monkeypatch.setattr(pool, "ensure_lost_run_automation", lambda name: None, raising=False)
     monkeypatch.setattr(pool, "get_run_logger", lambda: logging.getLogger("test"))
     monkeypatch.setattr(pool, "_run_all", lambda name, params, *_: handed.extend(params))
     out = pool.evaluate_on_pool(cfg, [str(ckpt)], ["ruler"], force=False)
@@ -163,3 +164,11 @@ def test_waiting_on_a_pool_without_workers_is_one_line(monkeypatch):
         "shard-0 after a run of it was lost on node1 (10.0.0.2): "
         "evaluation.work_pool='p' has no online worker"
     )
+
+
+def test_the_lost_node_is_the_runs_label():
+    """The shard labels its run with its node before it starts (a log line may die unsent with
+    the node); a run without the label is named by its process."""
+    labelled = SimpleNamespace(labels={pool.NODE_LABEL: "gpu-7 (10.0.0.7)"}, infrastructure_pid="9")
+    assert pool.run_node(labelled) == "gpu-7 (10.0.0.7)"
+    assert pool.run_node(SimpleNamespace(labels={}, infrastructure_pid="9")) == "worker process 9"

@@ -58,6 +58,7 @@ HEARTBEAT_S = 30
 # Three missed heartbeats, the multiple Prefect's foreman allows a worker before it marks it
 # offline: a busy node whose heartbeat thread waits a while for the GIL is not taken for lost.
 LOST_AFTER_S = 3 * HEARTBEAT_S
+NODE_LABEL = "anchorctx.node"  # a shard run's label: the node that runs it
 LOST_RETRIES = 2  # re-runs of one lost shard: a third loss is more likely the shard than a node
 
 
@@ -114,6 +115,7 @@ def evaluate_shard_flow(
         checkpoint_hash=checkpoint_hash,
     )
     logger.info("%s on %s", "merge" if shard is None else f"shard {index + 1}/{count}", node)
+    _label_node(node)
     lines: list[str] = []
 
     def on_line(line: str) -> None:
@@ -145,17 +147,21 @@ def pool_workers(pool: str) -> int:
     return online
 
 
-def run_node(run: Any) -> str:
-    """The node a shard run ran on, from its first log line (``... on host (address)``, see
-    :func:`evaluate_shard_flow`); its process worker's ``host:pid`` where that line is missing."""
+def _label_node(node: str) -> None:
+    """This flow run's :data:`NODE_LABEL`, set before the shard starts: a node that dies mid-shard
+    is named by it (its log lines may have died with it, unsent)."""
     from prefect.client.orchestration import get_client
-    from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
+    from prefect.runtime import flow_run
 
     with get_client(sync_client=True) as client:
-        logs = client.read_logs(log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[run.id])))
-    for line in logs:
-        if line.message.startswith(("shard ", "merge on ")) and " on " in line.message:
-            return line.message.split(" on ", 1)[1]
+        client.update_flow_run_labels(flow_run.id, {NODE_LABEL: node})
+
+
+def run_node(run: Any) -> str:
+    """The node a shard run ran on (:data:`NODE_LABEL`); its process id where it has none."""
+    node = (getattr(run, "labels", None) or {}).get(NODE_LABEL)
+    if node:
+        return str(node)
     return f"worker process {run.infrastructure_pid}" if run.infrastructure_pid else "unknown node"
 
 

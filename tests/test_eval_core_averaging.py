@@ -224,3 +224,21 @@ def test_input_paths_compare_by_content_not_spelling(tmp_path: Path):
     _ruler_at(run, 20, 25.0, {"essay_path": "/d/e.json"}, {"evaluation.ruler.essay_path": "cd34"})
     with pytest.raises(MixedSettingsError, match=r"evaluation\.ruler\.essay_path \(content\)"):
         summarize_run(run, last_k=2)
+
+
+def test_report_flags_arms_evaluated_with_different_settings(tmp_path: Path):
+    """Two arms, each consistent in itself, one with 4 samples a task and one with 8: the
+    report shows both, under a line naming the difference and each side."""
+    exp = tmp_path / "exp"
+    data = {"evaluation.ruler.essay_path": "ab12"}
+    for arm, n in (("anchor", 4), ("full", 8)):
+        for step in (15, 20):
+            _ruler_at(exp / arm, step, 10.0, {"num_samples": n, "essay_path": "e.json"}, data)
+        summarize_run(exp / arm, last_k=2)
+    out = write_experiment_report(exp, ["anchor", "full"])
+    assert "**Not comparable across variants**" in out["markdown"]
+    assert "- ruler: evaluation.ruler.num_samples: 4 at anchor; 8 at full" in out["markdown"]
+    report = json.loads((exp / "report.json").read_text())
+    assert report["settings_differences"] == {
+        "ruler": "evaluation.ruler.num_samples: 4 at anchor; 8 at full"
+    }

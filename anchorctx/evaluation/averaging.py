@@ -178,28 +178,34 @@ def result_settings(result: dict[str, Any]) -> dict[str, str]:
     return out | {f"{k} (content)": json.dumps(v) for k, v in inputs.items()}
 
 
-def check_same_settings(where: str, suite: str, results: list[dict[str, Any]]) -> None:
-    """Raise :class:`MixedSettingsError` when ``results`` differ in :func:`result_settings`:
-    their mean would mix two evaluations (e.g. 4 and 8 samples a task) into one number."""
-    settings = [result_settings(r) for r in results]
+def settings_difference(settings: list[dict[str, str]], names: list[str]) -> str | None:
+    """The first setting in which ``settings`` (:func:`result_settings`, one per name) differ,
+    with each value and the names that have it; None when they are all equal."""
     keys = sorted({k for s in settings for k in s})
     differing = [k for k in keys if len({s.get(k) for s in settings}) > 1]
     if not differing:
-        return
+        return None
     key = differing[0]
     sides: dict[str | None, list[str]] = {}
-    for r, s in zip(results, settings, strict=True):
-        sides.setdefault(s.get(key), []).append(str(r.get("checkpoint_name")))
+    for name, s in zip(names, settings, strict=True):
+        sides.setdefault(s.get(key), []).append(name)
     shown = "; ".join(
-        f"{'unset' if value is None else value} at {', '.join(names)}"
-        for value, names in sides.items()
+        f"{'unset' if value is None else value} at {', '.join(at)}" for value, at in sides.items()
     )
     more = f" (and {len(differing) - 1} more)" if len(differing) > 1 else ""
-    raise MixedSettingsError(
-        f"{where}: suite {suite!r}: not averaged: its results were evaluated with different "
-        f"settings: {key}: {shown}{more}; evaluate these checkpoints again with one config "
-        "(`anchorctx evaluate --force`)"
-    )
+    return f"{key}: {shown}{more}"
+
+
+def check_same_settings(where: str, suite: str, results: list[dict[str, Any]]) -> None:
+    """Raise :class:`MixedSettingsError` when ``results`` differ in :func:`result_settings`:
+    their mean would mix two evaluations (e.g. 4 and 8 samples a task) into one number."""
+    names = [str(r.get("checkpoint_name")) for r in results]
+    if diff := settings_difference([result_settings(r) for r in results], names):
+        raise MixedSettingsError(
+            f"{where}: suite {suite!r}: not averaged: its results were evaluated with "
+            f"different settings: {diff}; evaluate these checkpoints again with one config "
+            "(`anchorctx evaluate --force`)"
+        )
 
 
 # --------------------------------------------------------------------------- summaries
@@ -215,6 +221,9 @@ def summarize_results(suite: str, results: list[dict[str, Any]]) -> dict[str, An
         "n": len(results),
         "scores": {t: {k: scores[t][k] for k in sorted_keys(scores[t])} for t in sorted(scores)},
         "not_run": {t: why for r in results for t, why in (r.get("not_run") or {}).items()},
+        # What they were evaluated with (all equal: summarize_run checks), for the report to
+        # compare arms by.
+        "settings": result_settings(results[0]),
     }
     if suite == "ruler":
         averages = [ruler_average(r) for r in results]

@@ -34,6 +34,7 @@ import contextvars
 import os
 import socket
 import sys
+import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
@@ -153,7 +154,8 @@ def _label_node(node: str) -> None:
     from prefect.client.orchestration import get_client
     from prefect.runtime import flow_run
 
-    with get_client(sync_client=True) as client:
+    # The label only names the node in a lost-run line: failing to set it must not fail the shard.
+    with contextlib.suppress(Exception), get_client(sync_client=True) as client:
         client.update_flow_run_labels(flow_run.id, {NODE_LABEL: node})
 
 
@@ -174,8 +176,6 @@ def _lost(run: Any) -> bool:
 def _wait(pool: str, run: Any, lost_on: str | None) -> Any:
     """The run once it is final. While no worker has taken it, the pool must keep an online
     worker: a run no worker will take is one line naming the lost node, not a wait forever."""
-    import time
-
     from prefect.client.orchestration import get_client
 
     checked = time.monotonic()

@@ -21,6 +21,7 @@ from __future__ import annotations
 import importlib.util
 import logging
 import os
+import tempfile
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -92,6 +93,19 @@ def _numbers(metrics: dict[str, Any]) -> dict[str, float]:
     }
 
 
+def _writable_dir(path: Path, backend: str) -> None:
+    """Create ``path`` and write a probe file in it, here: TensorBoard writes its event file from
+    a thread of its own, where a read-only directory is a traceback after the work is done."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=path, prefix=".probe-"):
+            pass
+    except OSError as err:
+        raise TrackingError(
+            f"tracking backend {backend!r} cannot write to {path}: {err.strerror or err}"
+        ) from None
+
+
 # ------------------------------------------------------------------------------- backends
 class _TensorBoard:
     def __init__(self, cfg: ExperimentConfig, stage: str, log_dir: Path) -> None:
@@ -102,6 +116,7 @@ class _TensorBoard:
         root = cfg.tracking.tensorboard.log_dir
         leaf = "report" if stage == "report" else cfg.variant_name
         self.dir = root / cfg.name / leaf if root is not None else log_dir
+        _writable_dir(self.dir, "tensorboard")
         self.writer = SummaryWriter(str(self.dir))
         tags = run_tags(cfg, stage)
         self.writer.add_text(f"{stage}/run", "\n".join(f"- {k}: {v}" for k, v in tags.items()))

@@ -179,3 +179,66 @@ def test_report_without_any_results(tmp_path: Path):
         "ruler_plot" not in out["paths"] and not (tmp_path / "exp" / "ruler_by_length.png").exists()
     )
     assert out["markdown"].count("No results.") == 3
+
+
+def _ruler_at(run: Path, step: int, score: float, ruler: dict, inputs: dict) -> None:
+    write_result(
+        run,
+        f"step-{step:06d}",
+        "ruler",
+        {"niah_single_1": {"4096": score}},
+        step,
+        evaluation={"dtype": "float32", "ruler": ruler},
+        inputs=inputs,
+    )
+
+
+def test_results_of_different_settings_are_not_averaged(tmp_path: Path):
+    """Step 15 evaluated with 4 samples a task, step 20 with 8: no `12.50 ± 12.50` over
+    both; one line naming the setting, both values and the checkpoints."""
+    from anchorctx.evaluation.averaging import MixedSettingsError
+
+    run = tmp_path / "exp" / "anchor"
+    data = {"evaluation.ruler.essay_path": "ab12"}
+    _ruler_at(run, 15, 0.0, {"num_samples": 4, "essay_path": "e.json"}, data)
+    _ruler_at(run, 20, 25.0, {"num_samples": 8, "essay_path": "e.json"}, data)
+    with pytest.raises(MixedSettingsError) as err:
+        summarize_run(run, last_k=2)
+    msg = str(err.value)
+    assert "\n" not in msg and err.value.exit_code == 1
+    assert "suite 'ruler'" in msg
+    assert "evaluation.ruler.num_samples: 4 at step-000015; 8 at step-000020" in msg
+    assert not (run / "eval" / "summary.json").exists()
+    assert summarize_run(run, last_k=1)["suites"]["ruler"]["n"] == 1  # the newest alone
+
+
+def test_input_paths_compare_by_content_not_spelling(tmp_path: Path):
+    """The same data file named relative at one step and absolute at the next (a pool
+    evaluation hands shards absolute paths) averages; other content under one name does not."""
+    from anchorctx.evaluation.averaging import MixedSettingsError
+
+    run = tmp_path / "exp" / "anchor"
+    _ruler_at(run, 15, 0.0, {"essay_path": "e.json"}, {"evaluation.ruler.essay_path": "ab12"})
+    _ruler_at(run, 20, 25.0, {"essay_path": "/d/e.json"}, {"evaluation.ruler.essay_path": "ab12"})
+    assert summarize_run(run, last_k=2)["suites"]["ruler"]["n"] == 2
+    _ruler_at(run, 20, 25.0, {"essay_path": "/d/e.json"}, {"evaluation.ruler.essay_path": "cd34"})
+    with pytest.raises(MixedSettingsError, match=r"evaluation\.ruler\.essay_path \(content\)"):
+        summarize_run(run, last_k=2)
+
+
+def test_report_flags_arms_evaluated_with_different_settings(tmp_path: Path):
+    """Two arms, each consistent in itself, one with 4 samples a task and one with 8: the
+    report shows both, under a line naming the difference and each side."""
+    exp = tmp_path / "exp"
+    data = {"evaluation.ruler.essay_path": "ab12"}
+    for arm, n in (("anchor", 4), ("full", 8)):
+        for step in (15, 20):
+            _ruler_at(exp / arm, step, 10.0, {"num_samples": n, "essay_path": "e.json"}, data)
+        summarize_run(exp / arm, last_k=2)
+    out = write_experiment_report(exp, ["anchor", "full"])
+    assert "**Not comparable across variants**" in out["markdown"]
+    assert "- ruler: evaluation.ruler.num_samples: 4 at anchor; 8 at full" in out["markdown"]
+    report = json.loads((exp / "report.json").read_text())
+    assert report["settings_differences"] == {
+        "ruler": "evaluation.ruler.num_samples: 4 at anchor; 8 at full"
+    }

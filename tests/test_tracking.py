@@ -198,3 +198,34 @@ def test_cli_refuses_a_missing_tracker_before_any_work(tiny_config, tmp_path, mo
     err = capsys.readouterr().err.strip()
     assert err.startswith("anchorctx train: tracking backend 'mlflow'") and "\n" not in err
     assert not cfg.run_dir.exists()  # nothing was started
+
+
+def test_a_run_directory_outside_run_root_is_not_logged(tiny_config, tmp_path, caplog):
+    """`anchorctx evaluate --run-dir DIR` with DIR outside run_root (its results go under the
+    experiment's external/): no event file, W&B folder or anything else is written into DIR
+    (read-only or not); one warning line says why."""
+    cfg = _cfg(tiny_config, tmp_path, name="trk-out", backends=["tensorboard", "wandb"])
+    outside = tmp_path / "elsewhere" / "run"
+    atomic_write_json(
+        outside / "eval" / "step-000002" / "ruler.json", _result(2, {"vt": {"256": 1.0}})
+    )
+    before = sorted(p.relative_to(tmp_path) for p in (tmp_path / "elsewhere").rglob("*"))
+    with caplog.at_level("WARNING"):
+        log_evaluation(cfg, outside)
+    assert sorted(p.relative_to(tmp_path) for p in (tmp_path / "elsewhere").rglob("*")) == before
+    (line,) = [r.getMessage() for r in caplog.records]
+    assert f"{outside} is outside run_root {cfg.run_root}" in line and "\n" not in line
+
+
+def test_an_unwritable_tensorboard_directory_is_one_line(tiny_config, tmp_path):
+    """Checked where the tracker opens, not in TensorBoard's writer thread (a traceback after
+    the evaluation finished). A file where the directory should be stands in for a read-only
+    directory: these tests run as root, which writes anywhere."""
+    blocker = tmp_path / "runs" / "trk-ro"
+    blocker.parent.mkdir(parents=True)
+    blocker.write_text("not a directory")
+    cfg = _cfg(tiny_config, tmp_path, name="trk-ro", backends=["tensorboard"])
+    with pytest.raises(TrackingError) as err:
+        Tracker(cfg, "evaluate")
+    msg = str(err.value)
+    assert "\n" not in msg and f"cannot write to {cfg.run_dir / 'tensorboard'}" in msg

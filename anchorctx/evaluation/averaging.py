@@ -11,11 +11,15 @@ per task and length/split, plus:
   checkpoints;
 - LongBench: the category averages the suite reports, mean/std over checkpoints.
 
-Checkpoints without a step (e.g. a weight-averaged checkpoint) are listed separately.
+Checkpoints without a step (e.g. a weight-averaged checkpoint) are listed separately. Results
+evaluated with different settings (:func:`result_settings`: the suite's evaluation settings and
+the content of its input data) are never averaged together: :class:`MixedSettingsError` names
+the first difference and the checkpoints on each side.
 """
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Iterable
 from pathlib import Path
@@ -27,6 +31,12 @@ from anchorctx.models.checkpoints import step_from_name
 
 SUMMARY_JSON = "summary.json"
 SUMMARY_MD = "summary.md"
+
+
+class MixedSettingsError(ValueError):
+    """The results to average were evaluated with different settings or input data."""
+
+    exit_code = 1  # the results on disk disagree, not the command line
 
 
 # ------------------------------------------------------------------------------ helpers
@@ -148,6 +158,56 @@ def _stats_by_key(rows: list[dict[Any, float]]) -> dict[Any, dict[str, Any]]:
     return {k: stats(row[k] for row in rows if k in row) for k in keys}
 
 
+# ------------------------------------------------------------------------------ settings
+def _flatten(obj: Any, prefix: str) -> dict[str, Any]:
+    if isinstance(obj, dict):
+        return {
+            k: v for key, val in obj.items() for k, v in _flatten(val, f"{prefix}.{key}").items()
+        }
+    return {prefix: obj}
+
+
+def result_settings(result: dict[str, Any]) -> dict[str, str]:
+    """What decides a result's scores besides its checkpoint, as ``dotted key -> JSON``: the
+    suite's evaluation settings (``evaluation``) and its input data's content hashes
+    (``inputs``). A setting that names an input file is compared by that content, not by its
+    spelling: one path written relative or absolute gives the same scores."""
+    inputs = result.get("inputs") or {}
+    flat = _flatten(result.get("evaluation") or {}, "evaluation")
+    out = {k: json.dumps(v, sort_keys=True) for k, v in flat.items() if k not in inputs}
+    return out | {f"{k} (content)": json.dumps(v) for k, v in inputs.items()}
+
+
+def settings_difference(settings: list[dict[str, str]], names: list[str]) -> str | None:
+    """The first setting in which ``settings`` (:func:`result_settings`, one per name) differ,
+    with each value and the names that have it; None when they are all equal."""
+    keys = sorted({k for s in settings for k in s})
+    differing = [k for k in keys if len({s.get(k) for s in settings}) > 1]
+    if not differing:
+        return None
+    key = differing[0]
+    sides: dict[str | None, list[str]] = {}
+    for name, s in zip(names, settings, strict=True):
+        sides.setdefault(s.get(key), []).append(name)
+    shown = "; ".join(
+        f"{'unset' if value is None else value} at {', '.join(at)}" for value, at in sides.items()
+    )
+    more = f" (and {len(differing) - 1} more)" if len(differing) > 1 else ""
+    return f"{key}: {shown}{more}"
+
+
+def check_same_settings(where: str, suite: str, results: list[dict[str, Any]]) -> None:
+    """Raise :class:`MixedSettingsError` when ``results`` differ in :func:`result_settings`:
+    their mean would mix two evaluations (e.g. 4 and 8 samples a task) into one number."""
+    names = [str(r.get("checkpoint_name")) for r in results]
+    if diff := settings_difference([result_settings(r) for r in results], names):
+        raise MixedSettingsError(
+            f"{where}: suite {suite!r}: not averaged: its results were evaluated with "
+            f"different settings: {diff}; evaluate these checkpoints again with one config "
+            "(`anchorctx evaluate --force`)"
+        )
+
+
 # --------------------------------------------------------------------------- summaries
 def summarize_results(suite: str, results: list[dict[str, Any]]) -> dict[str, Any]:
     """Mean/std over the given results of one suite (already chosen: the last k)."""
@@ -161,6 +221,9 @@ def summarize_results(suite: str, results: list[dict[str, Any]]) -> dict[str, An
         "n": len(results),
         "scores": {t: {k: scores[t][k] for k in sorted_keys(scores[t])} for t in sorted(scores)},
         "not_run": {t: why for r in results for t, why in (r.get("not_run") or {}).items()},
+        # What they were evaluated with (all equal: summarize_run checks), for the report to
+        # compare arms by.
+        "settings": result_settings(results[0]),
     }
     if suite == "ruler":
         averages = [ruler_average(r) for r in results]
@@ -188,7 +251,8 @@ def summarize_run(run_dir: str | Path, last_k: int, *, verify: bool = False) -> 
     """Average every suite over the last ``last_k`` evaluated checkpoints of a run.
 
     Writes ``eval/summary.json`` and ``eval/summary.md`` atomically and returns the summary.
-    ``verify``: refuse (:class:`ResultIntegrityError`) a result that does not match its
+    Results of one suite evaluated with different settings are refused
+    (:class:`MixedSettingsError`), not averaged. ``verify``: refuse (:class:`ResultIntegrityError`) a result that does not match its
     per-sample records instead of averaging it (``anchorctx report`` and the flows' summary).
     """
     if last_k < 1:
@@ -205,6 +269,7 @@ def summarize_run(run_dir: str | Path, last_k: int, *, verify: bool = False) -> 
     for suite in sorted(grouped):
         stepped = sorted((r for r in grouped[suite] if result_step(r) is not None), key=result_step)  # type: ignore[arg-type]
         if stepped:
+            check_same_settings(str(run_dir / "eval"), suite, stepped[-last_k:])
             summary["suites"][suite] = summarize_results(suite, stepped[-last_k:])
         for r in grouped[suite]:
             if result_step(r) is None:

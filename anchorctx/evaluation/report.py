@@ -10,7 +10,9 @@ Reads each arm's ``<experiment_dir>/<variant>/eval/summary.json`` (written by
 - ``ruler_by_length.png`` — RULER score against context length (log2 axis), one line per variant.
 
 A suite a variant was not evaluated on shows as "—"; a suite no variant has is left out. Nothing
-is ever filled in.
+is ever filled in. Variants whose results of one suite were evaluated with different settings or
+input data are flagged under the scores, naming the first difference
+(:func:`settings_differences`): their cells are not comparable.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from anchorctx.evaluation.averaging import (
     fmt_stat,
     length_label,
     markdown_table,
+    settings_difference,
     sorted_keys,
     suite_markdown,
 )
@@ -65,6 +68,23 @@ def load_summaries(experiment_dir: Path, variants: list[str]) -> dict[str, dict[
 
 def _suite(summary: dict[str, Any] | None, suite: str) -> dict[str, Any] | None:
     return None if summary is None else summary.get("suites", {}).get(suite)
+
+
+def settings_differences(summaries: dict[str, dict[str, Any] | None]) -> dict[str, str]:
+    """Per suite, the first setting in which the variants' results differ (see
+    :func:`~anchorctx.evaluation.averaging.settings_difference`): their scores are not
+    comparable. Summaries written before they recorded settings are left out."""
+    out: dict[str, str] = {}
+    suites = sorted({suite for s in summaries.values() if s for suite in s.get("suites", {})})
+    for suite in suites:
+        have = {
+            v: x["settings"]
+            for v, s in summaries.items()
+            if (x := _suite(s, suite)) and "settings" in x
+        }
+        if diff := settings_difference(list(have.values()), list(have)):
+            out[suite] = diff
+    return out
 
 
 def ruler_table(summaries: dict[str, dict[str, Any] | None]) -> dict[str, Any]:
@@ -341,6 +361,7 @@ def write_experiment_report(
             "base_check": check,
             "ruler_intervals": intervals,
             "runs": runs,
+            "settings_differences": settings_differences({v: summaries[v] for v in arms}),
             "tables": tables,
             "paths": paths,
             "comparison": comparison,
@@ -437,6 +458,11 @@ def _report_markdown(
         else:
             ns = ", ".join(f"{name}: {x['n']}" for name, x in s["suites"].items()) or "none"
             lines.append(f"- **{variant}**: last_k={s['last_k']}; checkpoints per suite: {ns}")
+    # The base model is evaluated at its own pretraining lengths: only the arms must agree.
+    differences = settings_differences({v: summaries[v] for v in arms})
+    if differences:
+        lines += ["", "**Not comparable across variants** (evaluated with different settings):"]
+        lines += [f"- {suite}: {diff}" for suite, diff in differences.items()]
     lines += ["", _markdown("Table 5 — RULER by length", tables["ruler"], variants, length_label)]
     if "ruler_plot" in paths:
         lines += ["", f"![RULER score by length]({Path(paths['ruler_plot']).name})"]

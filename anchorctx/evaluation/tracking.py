@@ -8,10 +8,15 @@
 - ``log_report``: each comparison table (variants × columns, mean ± std; lm-eval's long-context
   tasks as table ``lm_eval``), its means as numbers,
   the RULER plot and report.md, in one ``report`` run per experiment.
+
+Nothing is written outside ``run_root``: a run directory outside it (``anchorctx evaluate
+--run-dir DIR``, whose results go under the experiment's ``external/``) is not logged, with
+one warning line saying so.
 """
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -28,6 +33,14 @@ from anchorctx.tracking import Tracker
 if TYPE_CHECKING:
     from anchorctx.experiment import ExperimentConfig
 
+log = logging.getLogger(__name__)
+
+
+def _inside_run_root(path: Path, cfg: ExperimentConfig) -> bool:
+    """Resolved, as ``results.is_external`` decides where a checkpoint's results go."""
+    root, full = Path(cfg.run_root).resolve(), path.resolve()
+    return full == root or root in full.parents
+
 
 def log_evaluation(cfg: ExperimentConfig, run_dir: str | Path | None = None) -> None:
     """Log every result under ``<run_dir>/eval`` (per checkpoint) and, when
@@ -35,6 +48,14 @@ def log_evaluation(cfg: ExperimentConfig, run_dir: str | Path | None = None) -> 
     if not cfg.tracking.backends:
         return
     run_dir = Path(run_dir) if run_dir else cfg.run_dir
+    if not _inside_run_root(run_dir, cfg):
+        log.warning(
+            "note: %s is outside run_root %s: its scores are not logged to the trackers "
+            "(tracking writes nothing outside run_root)",
+            run_dir,
+            cfg.run_root,
+        )
+        return
     grouped = collect_results(run_dir)
     summary_path = run_dir / "eval" / SUMMARY_JSON
     summary = read_json(summary_path) if summary_path.is_file() else None

@@ -11,19 +11,35 @@ loaded already); a merge run is left, on the pool too, only where none did (it m
 to generate what a failed shard left), so the flow's own process needs no GPU.
 
 Shards write their records next to the checkpoint, so ``run_root`` (and the config JSON written
-under it) must be on a filesystem every node mounts. Records merge sorted by key: the result
-does not depend on which worker ran which shard, nor on how many there were.
+under it) must be on a filesystem every node mounts, at the same path. Prefect's process worker
+starts each flow run in a temporary directory of its own, so every path of the config (and the
+checkpoints) is made absolute before it is handed to the shards (:func:`absolute_config`).
+Records merge sorted by key: the result does not depend on which worker ran which shard, nor on
+how many there were.
+
+A node that dies mid-shard: each shard run sends Prefect's flow-run heartbeat every
+:data:`HEARTBEAT_S` seconds (``PREFECT_FLOWS_HEARTBEAT_FREQUENCY``, a job variable of the
+deployment), and the pool's automation (:func:`ensure_lost_run_automation`, Prefect's "zombie
+flow" recipe) marks a run Crashed once :data:`LOST_AFTER_S` seconds pass without one. The
+evaluate flow then runs that shard again on the pool (where a live worker takes it; it resumes
+from the records the lost run wrote), at most :data:`LOST_RETRIES` times, and logs one line
+naming the node that was lost; with no online worker left, or the retries spent, it fails with
+one line naming the node.
 """
 
 from __future__ import annotations
 
 import contextlib
 import contextvars
+import os
 import socket
 import sys
+import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
+from datetime import timedelta
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlparse
 
 from prefect import flow, get_run_logger
@@ -37,6 +53,14 @@ from anchorctx.tasks.api import api_errors
 from anchorctx.tasks.sharding import shard_command
 
 SHARD_FLOW = "evaluate-shard"
+# Prefect's minimum heartbeat period (flow_engine.MINIMUM_HEARTBEAT_INTERVAL): a live shard
+# run reports every 30 s.
+HEARTBEAT_S = 30
+# Three missed heartbeats, the multiple Prefect's foreman allows a worker before it marks it
+# offline: a busy node whose heartbeat thread waits a while for the GIL is not taken for lost.
+LOST_AFTER_S = 3 * HEARTBEAT_S
+NODE_LABEL = "anchorctx.node"  # a shard run's label: the node that runs it
+LOST_RETRIES = 2  # re-runs of one lost shard: a third loss is more likely the shard than a node
 
 
 def node_address() -> str:
@@ -92,6 +116,7 @@ def evaluate_shard_flow(
         checkpoint_hash=checkpoint_hash,
     )
     logger.info("%s on %s", "merge" if shard is None else f"shard {index + 1}/{count}", node)
+    _label_node(node)
     lines: list[str] = []
 
     def on_line(line: str) -> None:
@@ -123,14 +148,83 @@ def pool_workers(pool: str) -> int:
     return online
 
 
-def _run_all(pool: str, parameter_sets: list[dict]) -> None:
-    """Submit one ``evaluate-shard/<pool>`` run per parameter set, wait for all of them."""
+def _label_node(node: str) -> None:
+    """This flow run's :data:`NODE_LABEL`, set before the shard starts: a node that dies mid-shard
+    is named by it (its log lines may have died with it, unsent)."""
+    from prefect.client.orchestration import get_client
+    from prefect.runtime import flow_run
+
+    # The label only names the node in a lost-run line: failing to set it must not fail the shard.
+    with contextlib.suppress(Exception), get_client(sync_client=True) as client:
+        client.update_flow_run_labels(flow_run.id, {NODE_LABEL: node})
+
+
+def run_node(run: Any) -> str:
+    """The node a shard run ran on (:data:`NODE_LABEL`); its process id where it has none."""
+    node = (getattr(run, "labels", None) or {}).get(NODE_LABEL)
+    if node:
+        return str(node)
+    return f"worker process {run.infrastructure_pid}" if run.infrastructure_pid else "unknown node"
+
+
+def _lost(run: Any) -> bool:
+    """Crashed: the run's node (or its process) went away under it, the run itself did not
+    fail. Failed runs are not run again: the same input would fail the same way."""
+    return run.state is not None and run.state.is_crashed()
+
+
+def _wait(pool: str, run: Any, lost_on: str | None) -> Any:
+    """The run once it is final. While no worker has taken it, the pool must keep an online
+    worker: a run no worker will take is one line naming the lost node, not a wait forever."""
+    from prefect.client.orchestration import get_client
+
+    checked = time.monotonic()
+    with get_client(sync_client=True) as client:
+        while True:
+            run = client.read_flow_run(run.id)
+            if run.state is not None and run.state.is_final():
+                return run
+            waiting = run.state is None or run.state.is_scheduled()
+            if waiting and time.monotonic() - checked > HEARTBEAT_S:
+                checked = time.monotonic()
+                try:
+                    pool_workers(pool)
+                except RuntimeError as err:
+                    where = f" after a run of it was lost on {lost_on}" if lost_on else ""
+                    raise RuntimeError(f"{run.name}{where}: {err}") from None
+            time.sleep(2)
+
+
+def _run_until_not_lost(pool: str, params: dict, logger: Any) -> tuple[Any, str | None]:
+    """One ``evaluate-shard/<pool>`` run of ``params``, submitted again while it is lost
+    (:func:`_lost`), at most :data:`LOST_RETRIES` times. Returns the last run and, where it
+    was lost, the node it was lost on."""
     from prefect.deployments import run_deployment
 
+    node = None
+    for attempt in range(LOST_RETRIES + 1):
+        run = run_deployment(f"{SHARD_FLOW}/{pool}", parameters=params, timeout=0)
+        run = _wait(pool, run, node)
+        if not _lost(run):
+            return run, None
+        node = run_node(run)
+        if attempt < LOST_RETRIES:
+            logger.warning(
+                "%s lost on %s (%s); running it again on pool %r",
+                run.name,
+                node,
+                (run.state.message if run.state else None) or "crashed",
+                pool,
+            )
+    return run, node
+
+
+def _run_all(pool: str, parameter_sets: list[dict], logger: Any) -> None:
+    """Submit one ``evaluate-shard/<pool>`` run per parameter set, wait for all of them; a lost
+    run is submitted again (:func:`_run_until_not_lost`)."""
+
     def one(params: dict):
-        return run_deployment(
-            f"{SHARD_FLOW}/{pool}", parameters=params, timeout=None, poll_interval=2
-        )
+        return _run_until_not_lost(pool, params, logger)
 
     with ThreadPoolExecutor(max_workers=max(1, len(parameter_sets))) as ex:
         # Each thread carries the flow run's context, so the runs show as its subflows.
@@ -138,13 +232,30 @@ def _run_all(pool: str, parameter_sets: list[dict]) -> None:
         runs = [f.result() for f in futures]
     failed = [
         f"{r.name}: {r.state.name if r.state else '?'}"
-        for r in runs
+        + (f" on {node}, lost {LOST_RETRIES + 1} times" if node else "")
+        for r, node in runs
         if r.state is None or not r.state.is_completed()
     ]
     if failed:
         raise RuntimeError(
-            f"{len(failed)} of {len(runs)} runs on pool {pool!r} failed: {failed[:3]}"
+            f"{len(failed)} of {len(runs)} runs on pool {pool!r} failed: {'; '.join(failed[:3])}"
         )
+
+
+def absolute_config(cfg: ExperimentConfig) -> ExperimentConfig:
+    """``cfg`` with every relative path (``run_root`` included) made absolute against this
+    process' working directory: a shard run starts in a temporary directory of its own."""
+
+    def walk(value: Any) -> Any:
+        if isinstance(value, Path):
+            return Path(os.path.abspath(value))
+        if isinstance(value, dict):
+            return {k: walk(v) for k, v in value.items()}
+        if isinstance(value, list | tuple):
+            return type(value)(walk(v) for v in value)
+        return value
+
+    return type(cfg).model_validate(walk(cfg.model_dump()))
 
 
 def evaluate_on_pool(
@@ -154,10 +265,12 @@ def evaluate_on_pool(
     pool = cfg.evaluation.work_pool
     assert pool is not None
     logger = get_run_logger()
-    pairs = [(str(c), s) for c in checkpoints for s in suites]
+    cfg = absolute_config(cfg)  # the shards' config; the flow's own checks use the same
+    pairs = [(os.path.abspath(c), s) for c in checkpoints for s in suites]
     todo = [(c, s) for c, s in pairs if prepare(cfg, c, s, force)]
     if todo:
         online = pool_workers(pool)
+        ensure_lost_run_automation(pool)
         count = cfg.evaluation.shards or online
         config_json = str(config_file(cfg))
         # prepare() hashed each checkpoint here: the shards take the hash instead of reading it.
@@ -178,19 +291,77 @@ def evaluate_on_pool(
             for i, units in enumerate(plan)
         ]
         logger.info("%d pairs to evaluate: %d shards on work pool %r", len(todo), len(shards), pool)
-        _run_all(pool, shards)  # each shard's log says which node ran it
+        _run_all(pool, shards, logger)  # each shard's log says which node ran it
         # The shard that completed a pair merged it already; a merge run is left only where
         # that did not happen (e.g. shards resumed from another attempt's records).
         merges = [(c, s) for c, s in todo if not is_done(cfg, c, s)]
         if merges:
             _run_all(
-                pool, [{"config_json": config_json, "checkpoint": c, "suite": s} for c, s in merges]
+                pool,
+                [{"config_json": config_json, "checkpoint": c, "suite": s} for c, s in merges],
+                logger,
             )
     return [str(result_path(c, s, cfg)) for c, s in pairs]
 
 
+def lost_run_automation(pool: str, deployment_id: Any) -> Any:
+    """Prefect's zombie-flow automation for the pool's shard runs: a run that went Pending or
+    Running, or sent a heartbeat, and then sends neither a heartbeat nor a final state for
+    :data:`LOST_AFTER_S` seconds is marked Crashed (its node is gone)."""
+    from prefect.client.schemas.objects import StateType
+    from prefect.events.actions import ChangeFlowRunState
+    from prefect.events.schemas.automations import AutomationCore, EventTrigger, Posture
+    from prefect.events.schemas.events import ResourceSpecification
+
+    final = {f"prefect.flow-run.{s}" for s in ("Completed", "Failed", "Cancelled", "Crashed")}
+    return AutomationCore(
+        name=f"anchorctx: lost runs of {SHARD_FLOW}/{pool}",
+        description="Marks a shard run Crashed when its node stops sending heartbeats; the "
+        "evaluate flow runs it again on a live worker.",
+        trigger=EventTrigger(
+            # Pending: a worker took the run, but its node may die before the run starts.
+            after={
+                "prefect.flow-run.heartbeat",
+                "prefect.flow-run.Pending",
+                "prefect.flow-run.Running",
+            },
+            expect={"prefect.flow-run.heartbeat", "prefect.flow-run.Running", *final},
+            match=ResourceSpecification({"prefect.resource.id": "prefect.flow-run.*"}),
+            match_related=ResourceSpecification(
+                {
+                    "prefect.resource.id": f"prefect.deployment.{deployment_id}",
+                    "prefect.resource.role": "deployment",
+                }
+            ),
+            for_each={"prefect.resource.id"},
+            posture=Posture.Proactive,
+            threshold=1,
+            within=timedelta(seconds=LOST_AFTER_S),
+        ),
+        actions=[
+            ChangeFlowRunState(
+                state=StateType.CRASHED,
+                message=f"no heartbeat from its node for {LOST_AFTER_S} s",
+            )
+        ],
+    )
+
+
+def ensure_lost_run_automation(pool: str) -> None:
+    """Create :func:`lost_run_automation` for ``pool`` unless the server has it (by name)."""
+    from prefect.client.orchestration import get_client
+
+    with get_client(sync_client=True) as client:
+        deployment = client.read_deployment_by_name(f"{SHARD_FLOW}/{pool}")
+        automation = lost_run_automation(pool, deployment.id)
+        if client.read_automations_by_name(automation.name):
+            return
+        client.create_automation(automation)
+
+
 def register(pool: str) -> None:
-    """Create the process work pool (if missing) and its ``evaluate-shard/<pool>`` deployment."""
+    """Create the process work pool (if missing), its ``evaluate-shard/<pool>`` deployment (its
+    runs send heartbeats) and the automation that marks a run Crashed when they stop."""
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.actions import WorkPoolCreate
     from prefect.deployments.runner import EntrypointType
@@ -203,8 +374,10 @@ def register(pool: str) -> None:
         work_pool_name=pool,
         entrypoint_type=EntrypointType.MODULE_PATH,
         description="One shard of an anchorctx evaluation, on one GPU of a worker of this pool.",
+        job_variables={"env": {"PREFECT_FLOWS_HEARTBEAT_FREQUENCY": str(HEARTBEAT_S)}},
     )
     deployment.apply(work_pool_name=pool)
+    ensure_lost_run_automation(pool)
 
 
 def worker_command(pool: str, name: str | None = None) -> list[str]:

@@ -397,7 +397,7 @@ def write_benchmarks(data_dir: Path, sizes: AssetSizes, seed: int) -> None:
     seeded writer, as in :mod:`anchorctx.demo.fixtures`)."""
     # Imported here: the harness module is evaluation code; the list is the one place the 57
     # subjects are written down.
-    from anchorctx.evaluation.harness import MMLU_SUBJECTS
+    from anchorctx.evaluation.lm_eval.harness import MMLU_SUBJECTS
 
     ruler = data_dir / "ruler"
     ruler.mkdir(parents=True, exist_ok=True)

@@ -47,8 +47,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from anchorctx.evaluation import harness, lm_eval_suites, longbench, ruler
+from anchorctx.evaluation import longbench, ruler
 from anchorctx.evaluation.integrity import records_problem, result_digest
+from anchorctx.evaluation.lm_eval import harness
+from anchorctx.evaluation.lm_eval import suites as lm_eval_suites
 from anchorctx.evaluation.settings import LM_EVAL_PREFIX, LM_EVAL_TASKS, lm_eval_family
 from anchorctx.io import (
     WriterLock,
@@ -155,7 +157,7 @@ SUITES: dict[str, Suite] = {
 
 def _lm_eval_suite(name: str) -> Suite:
     """Suite ``lm_eval:<task or group>``: lm-eval's long-context task through the lm-eval model
-    ``anchorctx`` (:mod:`anchorctx.evaluation.lm_eval_suites`); its fingerprint covers the
+    ``anchorctx`` (:mod:`anchorctx.evaluation.lm_eval.suites`); its fingerprint covers the
     shared ``evaluation.lm_eval`` settings and its own family's section only."""
     family = lm_eval_family(lm_eval_suites.suite_task(name))
     others = tuple(f for f in LM_EVAL_TASKS if f != family)

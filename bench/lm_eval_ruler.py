@@ -7,7 +7,7 @@ For each task and length (lm-eval task names; ``--limit`` documents each, lm-eva
   and decode; lm-eval building its synthetic samples is timed apart as ``build_s``; each model
   first answers one untimed batch per length, whose time is ``warmup_s``: compilation and
   graph capture are one-off costs of a process, not of a sample), for
-  ``anchorctx`` (:class:`~anchorctx.evaluation.lm_eval_model.AnchorctxLM` on the project's
+  ``anchorctx`` (:class:`~anchorctx.evaluation.lm_eval.model.AnchorctxLM` on the project's
   engine) and for lm-eval's own ``hf`` model, built as ``simple_evaluate(model="hf",
   model_args="pretrained=DIR,dtype=DTYPE")`` builds it. Next to them the floor of the same
   requests: prefill ``(2·N·T + 2·layers·hidden·T²) / peak`` (N = matmul parameters, T = prompt
@@ -246,7 +246,7 @@ def hardware(model: Any, device: str) -> dict[str, Any]:
 # ------------------------------------------------------------------------------- passes
 def lm_eval_pass(name: str, lm: Any, tokenizer: Any, cfg: Any, args, hw) -> dict[str, Any]:
     """Every (task, length) through lm-eval with model ``lm``: records, timings, floors."""
-    from anchorctx.evaluation import lm_eval_suites as S
+    from anchorctx.evaluation.lm_eval import suites as S
 
     timed = Timed(lm, tokenizer, args.device)
     out: dict[str, Any] = {}
@@ -300,7 +300,7 @@ def warmup_seconds(lm: Any, cfg: Any, args, timed: Timed) -> dict[int, float]:
     compiles its step and captures its graphs per cache size and rows, ~10 s; kernels
     autotune), which would otherwise be spread over the first task's samples. Returns each
     length's warm-up seconds."""
-    from anchorctx.evaluation import lm_eval_suites as S
+    from anchorctx.evaluation.lm_eval import suites as S
 
     warm = cfg.model_copy(deep=True)
     warm.evaluation.lm_eval.limit = max(1, args.batch_size)
@@ -555,7 +555,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import lm_eval
 
-    from anchorctx.evaluation import lm_eval_suites as S
+    from anchorctx.evaluation.lm_eval import call as lm_eval_call
 
     rows = compare(args, found["anchorctx"], found.get("hf"), found.get("ours"))
     meta = {
@@ -568,7 +568,7 @@ def main(argv: list[str] | None = None) -> int:
         "lengths": args.lengths,
         "tasks": args.tasks,
         "inputs": {k: str(v) if v else None for k, v in inputs.items()},
-        "lm_eval": getattr(lm_eval, "__version__", None) or S._installed_version(),
+        "lm_eval": getattr(lm_eval, "__version__", None) or lm_eval_call.installed_version(),
         "hf_model_args": hf_args,
         "hardware": found["hardware"],
         "argv": sys.argv[1:],
@@ -601,12 +601,14 @@ def run_passes(args, cfg: Any, own: list[int], ckpt: Path, hf_args: str, partial
     each pass kept in ``partial`` as soon as it ends: a run cut short keeps them."""
     import torch
 
-    from anchorctx.evaluation import lm_eval_suites as S
     from anchorctx.evaluation import results
+    from anchorctx.evaluation.lm_eval import call as lm_eval_call
+    from anchorctx.evaluation.lm_eval import suites as S
+    from anchorctx.evaluation.lm_eval.model import make_lm
 
     for task in args.tasks:  # the files each task reads, before any model loads
         S.check_data(cfg, f"lm_eval:{task}")
-    S._quiet()
+    lm_eval_call.quiet()
     S._punkt(cfg.evaluation.lm_eval.ruler.nltk_data)
     found: dict[str, Any] = {}
 
@@ -621,7 +623,7 @@ def run_passes(args, cfg: Any, own: list[int], ckpt: Path, hf_args: str, partial
         say(f"loading {ckpt} ({args.device}, {args.dtype})")
         model, tokenizer = results.cached_model(ckpt, cfg, results.checkpoint_hash(ckpt))
         hw = keep("hardware", hardware(model, args.device))
-        lm = S.make_lm(model, tokenizer, cfg)
+        lm = make_lm(model, tokenizer, **S.lm_options(cfg))
         keep("anchorctx", lm_eval_pass("anchorctx", lm, tokenizer, cfg, args, hw))
         del model, lm
         results.clear_model_cache()

@@ -66,7 +66,7 @@ def test_config_command_imports_no_heavy_package():
 
 def test_lm_eval_passes_its_command_line_on_verbatim(monkeypatch):
     """lm-eval's own options (``--model``, ``--help``) reach lm-eval, not anchorctx's parser."""
-    import anchorctx.evaluation.lm_eval_model as lm_eval_model
+    from anchorctx.evaluation.lm_eval import model as lm_eval_model
 
     seen: list[list[str]] = []
     monkeypatch.setattr(lm_eval_model, "main", lambda argv: seen.append(list(argv)))

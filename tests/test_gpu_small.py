@@ -85,7 +85,7 @@ def test_pretrain_corpus_files_are_reused(tmp_path):
 
 def test_heldout_eval_data_is_in_the_benchmark_layouts_and_shares_no_pretraining_words(tmp_path):
     from anchorctx.demo.heldout_eval import SUBJECTS, write_heldout_eval
-    from anchorctx.evaluation.harness import hellaswag_file, mmlu_layout
+    from anchorctx.evaluation.lm_eval.harness import hellaswag_file, mmlu_layout
     from anchorctx.evaluation.ruler.data import read_squad
     from anchorctx.io import read_jsonl
 

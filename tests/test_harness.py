@@ -1,8 +1,12 @@
-"""MMLU and HellaSwag through lm-eval on the fixture files with a tiny random model (CPU)."""
+"""MMLU and HellaSwag through lm-eval on the fixture files with a tiny random model (CPU).
+
+The suites score with the project's one lm-eval model (``anchorctx``), as lm-eval's ``hf``
+model scores: the parity tests below run both on the same documents, in float32 and bfloat16."""
 
 from __future__ import annotations
 
 import json
+import math
 import shutil
 import tempfile
 from pathlib import Path
@@ -10,7 +14,9 @@ from pathlib import Path
 import pytest
 
 from anchorctx.demo.fixtures import MMLU_FIXTURE_SUBJECTS, write_eval_fixtures
-from anchorctx.evaluation import harness
+from anchorctx.evaluation.lm_eval import harness
+from anchorctx.evaluation.lm_eval.call import task_manager
+from anchorctx.evaluation.lm_eval.model import make_lm
 
 
 @pytest.fixture(scope="module")
@@ -58,8 +64,8 @@ def test_mmlu_docs_match_an_independent_loglikelihood(setup):
     tests = _rows(paths["mmlu_dir"] / "test" / f"{subject}.jsonl")
     with tempfile.TemporaryDirectory() as tmp:
         name = harness.write_mmlu_yaml(Path(tmp), subject, found[subject])
-        lm = harness.make_lm(model, tok, 4)
-        docs = harness.evaluate_docs(lm, harness._task_manager(Path(tmp)), name, [0, 1, 2], 5)
+        lm = make_lm(model, tok, batch_size=4, **harness.HF_SCORING)
+        docs = harness.evaluate_docs(lm, task_manager(Path(tmp)), name, [0, 1, 2], 5)
     assert [d["doc_id"] for d in docs] == [0, 1, 2]
     dev = _rows(paths["mmlu_dir"] / "dev" / f"{subject}.jsonl")
     for doc, row in zip(docs, tests):
@@ -78,6 +84,68 @@ def test_mmlu_docs_match_an_independent_loglikelihood(setup):
         theirs = [r[0] for r in doc["filtered_resps"]]
         assert mine == pytest.approx(theirs, abs=1e-3)
         assert doc["acc"] == float(max(range(4), key=mine.__getitem__) == row["answer"])
+
+
+# float32 log-likelihoods: the same arithmetic in another order (batch composition and padding
+# width change the GEMM blocking; the adapter runs the output embedding on the scored positions
+# only), so they agree to float32 rounding (~1e-7 relative, tests/test_lm_eval_model.py); a real
+# difference (a wrong position, token or anchor) moves a value by O(1) on a random model.
+F32_REL = 1e-5
+# bfloat16 ones are bfloat16 values (8-bit significand): within one step of that grid (2^-7
+# relative) of lm-eval's, where reduction order moves a rounding; equal on this machine.
+BF16_REL = 2**-7
+
+
+def _bf16_value(x: float) -> bool:
+    import torch
+
+    return float(torch.tensor(x).to(torch.bfloat16)) == x
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_scores_equal_lm_evals_hf_model(setup, dtype):
+    """The suites' model scores every MMLU and HellaSwag document as lm-eval's ``hf`` model
+    (what they ran on before the lm-eval adapter was shared): the same choices (acc, acc_norm)
+    from the same log-likelihoods. In bfloat16 lm-eval's log-probabilities are bfloat16: choices
+    A and B of every fixture question tie (the tie goes to A); float32 log-probabilities (the
+    adapter's default) break the ties and change the MMLU score."""
+    import copy
+
+    import torch
+    from lm_eval.models.huggingface import HFLM
+
+    _cfg, model, tok, paths = setup
+    model = copy.deepcopy(model).to(getattr(torch, dtype))
+    stock = HFLM(pretrained=model, tokenizer=tok, batch_size=4, add_bos_token=True)
+    ours = make_lm(model, tok, batch_size=4, **harness.HF_SCORING)
+    found, _ = harness.mmlu_layout(paths["mmlu_dir"])
+    with tempfile.TemporaryDirectory() as tmp:
+        tasks = {harness.write_mmlu_yaml(Path(tmp), s, f, fewshot=5): 5 for s, f in found.items()}
+        tasks[
+            harness.write_hellaswag_yaml(Path(tmp), harness.hellaswag_file(paths["hellaswag_dir"]))
+        ] = 0
+        manager = task_manager(Path(tmp))
+        pairs = [
+            (name, g, w)
+            for name, shots in tasks.items()
+            for g, w in zip(
+                harness.evaluate_docs(ours, manager, name, [0, 1, 2], shots),
+                harness.evaluate_docs(stock, manager, name, [0, 1, 2], shots),
+            )
+        ]
+    assert len(pairs) == 3 * len(tasks)
+    rel = F32_REL if dtype == "float32" else BF16_REL
+    for _, got, want in pairs:
+        metrics = [m for m in ("acc", "acc_norm") if m in want]
+        assert [got[m] for m in metrics] == [want[m] for m in metrics]
+        assert [g[1] for g in got["filtered_resps"]] == [w[1] for w in want["filtered_resps"]]
+        values = [(g[0], w[0]) for g, w in zip(got["filtered_resps"], want["filtered_resps"])]
+        assert all(math.isclose(g, w, rel_tol=rel) for g, w in values), values
+        if dtype == "bfloat16":
+            assert all(_bf16_value(g) for g, _ in values), values
+    if dtype == "bfloat16":  # the ties that make the log-probabilities' dtype matter
+        mmlu = [got["filtered_resps"] for name, got, _ in pairs if "mmlu" in name]
+        assert all(resps[0][0] == resps[1][0] for resps in mmlu)
 
 
 def test_mmlu_suite_micro_average_and_resume(setup):
@@ -144,17 +212,17 @@ def test_original_mmlu_csv_layout_and_missing_files(tmp_path, setup):
 
 
 def test_contexts_start_with_one_anchor(setup):
-    """add_bos_token is set explicitly; every context gets the training anchor exactly once: BOS
-    (identical to stock HFLM with add_bos_token=True) or EOS for a tokenizer without BOS."""
+    """Every context gets the training anchor exactly once: BOS (identical to stock HFLM with
+    add_bos_token=True) or EOS for a tokenizer without BOS."""
     import copy
 
     from lm_eval.models.huggingface import HFLM
 
     _cfg, model, tok, _ = setup
     text = "The following are multiple choice questions.\nAnswer:"
-    ours = harness.make_lm(model, tok, 1)
+    ours = make_lm(model, tok, batch_size=1, **harness.HF_SCORING)
     stock = HFLM(pretrained=model, tokenizer=tok, batch_size=1, add_bos_token=True)
-    assert ours.add_bos_token is True and ours.prefix_token_id == tok.bos_token_id
+    assert ours.prefix_token_id == tok.bos_token_id
     assert ours.tok_encode(text) == stock.tok_encode(text)
     assert ours.tok_encode(text)[0] == tok.bos_token_id
     assert ours.tok_encode(" A", add_special_tokens=False) == tok.encode(
@@ -162,15 +230,18 @@ def test_contexts_start_with_one_anchor(setup):
     )
     no_bos = copy.deepcopy(tok)
     no_bos.bos_token = None  # Qwen-style: the anchor is EOS
-    qwen_like = harness.make_lm(model, no_bos, 1)
+    qwen_like = make_lm(model, no_bos, batch_size=1, **harness.HF_SCORING)
     ids = qwen_like.tok_encode(text)
     assert ids[0] == no_bos.eos_token_id and ids.count(no_bos.eos_token_id) == 1
     assert qwen_like.prefix_token_id == no_bos.eos_token_id
     import importlib.metadata
 
-    ref = harness.harness_reference(tok)
-    assert ref["lm_eval"] == importlib.metadata.version("lm-eval") and ref["add_bos_token"] is True
+    ref = harness.run_suite_hellaswag(
+        model, tok, _cfg, done={}, on_sample=lambda r: None, progress=False
+    )["reference"]
+    assert ref["lm_eval"] == importlib.metadata.version("lm-eval") and ref["model"] == "anchorctx"
     assert ref["anchor_token_id"] == tok.bos_token_id
+    assert (ref["keep_anchor"], ref["softmax_dtype"]) == (False, None)  # as lm-eval's hf scores
 
 
 def test_uninformative_lm_eval_warnings_are_filtered(setup, caplog):
@@ -192,7 +263,7 @@ def test_environment_report_is_made_once_per_process(setup, monkeypatch):
     what the report function returns, and the function runs on the first call only."""
     import torch.utils.collect_env as collect_env
 
-    from anchorctx.evaluation import lm_eval_call
+    from anchorctx.evaluation.lm_eval import call as lm_eval_call
 
     calls: list[int] = []
 
@@ -206,8 +277,8 @@ def test_environment_report_is_made_once_per_process(setup, monkeypatch):
     found, _ = harness.mmlu_layout(paths["mmlu_dir"])
     with tempfile.TemporaryDirectory() as tmp:
         name = harness.write_mmlu_yaml(Path(tmp), subject, found[subject])
-        lm = harness.make_lm(model, tok, 4)
-        manager = harness._task_manager(Path(tmp))
+        lm = make_lm(model, tok, batch_size=4, **harness.HF_SCORING)
+        manager = task_manager(Path(tmp))
         outs = [
             lm_eval_call.simple_evaluate(
                 model=lm, tasks=[name], task_manager=manager, limit=1, bootstrap_iters=0

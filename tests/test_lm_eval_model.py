@@ -21,7 +21,7 @@ from lm_eval.api.registry import get_model
 from lm_eval.models.huggingface import HFLM
 from lm_eval.models.utils import postprocess_generated_text
 
-from anchorctx.evaluation.lm_eval_model import AnchorctxLM
+from anchorctx.evaluation.lm_eval.model import AnchorctxLM
 
 CONTEXTS = [
     "The grass is green. The sky",
@@ -65,7 +65,7 @@ def _close(ours: list[float], ref: list[float]) -> bool:
     return all(math.isclose(a, b, rel_tol=REL_TOL, abs_tol=ABS_TOL) for a, b in zip(ours, ref))
 
 
-def _save(arch: str, tokenizer, out, *, seed: int = 0) -> str:
+def _save(arch: str, tokenizer, out, *, seed: int = 0, **extra) -> str:
     from transformers import AutoConfig, AutoModelForCausalLM
 
     cfg = AutoConfig.for_model(
@@ -81,6 +81,7 @@ def _save(arch: str, tokenizer, out, *, seed: int = 0) -> str:
         eos_token_id=tokenizer.eos_token_id,  # transformers generate stops there too
         pad_token_id=tokenizer.pad_token_id,
         tie_word_embeddings=False,
+        **extra,
     )
     torch.manual_seed(seed)
     AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).save_pretrained(out)
@@ -128,6 +129,17 @@ def test_registered_with_lm_eval(checkpoints):
     assert (lm.batch_size, lm.max_length, lm.device.type) == (4, 64, device)
     assert lm.tok_encode("hi") == [0, *lm.tokenizer.encode("hi", add_special_tokens=False)]
     assert lm.tok_encode("<s>hi") == lm.tok_encode("hi")  # exactly one anchor
+
+
+def test_softmax_dtype_from_the_command_line(checkpoints):
+    """``softmax_dtype=None`` in ``--model_args`` keeps the logits' dtype (as ``hf``); a dtype
+    it cannot be is one error naming it."""
+    cls = get_model("anchorctx")
+    path = checkpoints["llama"]
+    lm = cls.create_from_arg_string(f"pretrained={path},dtype=float32,softmax_dtype=None", {})
+    assert lm.softmax_dtype is None and lm.get_model_info()["anchorctx"]["softmax_dtype"] is None
+    with pytest.raises(ValueError, match=r"^softmax_dtype='fp8': expected None or one of"):
+        cls.create_from_arg_string(f"pretrained={path},softmax_dtype=fp8", {})
 
 
 def test_generate_until_matches_hf(models):
@@ -270,3 +282,23 @@ def test_tokenizer_without_bos_gets_the_eos_anchor(checkpoints):
 
     roll = _instances("loglikelihood_rolling", [(t,) for t in TEXTS])
     assert _close(ours.loglikelihood_rolling(roll, True), ref.loglikelihood_rolling(roll, True))
+
+
+def test_other_model_types_are_scored_on_their_logits(demo_corpus, tmp_path):
+    """A model type outside the static decoder's is scored on the model's own logits, as lm-eval's
+    ``hf`` model scores it (MMLU and HellaSwag ran on any causal LM through it). Gemma2 caps its
+    logits after the output embedding (``final_logit_softcapping``; 2.0 here, so the cap moves
+    every value): the output embedding of the hidden states alone would score other numbers."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(demo_corpus.tokenizer_dir))
+    path = _save("gemma2", tok, tmp_path / "gemma2", head_dim=16, final_logit_softcapping=2.0)
+    # Loaded by the caller, as the suites pass theirs (Gemma2 runs eager attention only).
+    model = AutoModelForCausalLM.from_pretrained(path, attn_implementation="eager").eval()
+    ours = AnchorctxLM(model, tokenizer=tok, batch_size=3)
+    ref = HFLM(pretrained=model, tokenizer=tok, batch_size=3)
+    requests = _instances("loglikelihood", [(c, x) for c in CONTEXTS for x in CONTINUATIONS[:2]])
+    got = ours.loglikelihood(requests, disable_tqdm=True)
+    want = ref.loglikelihood(requests, disable_tqdm=True)
+    assert _close([g[0] for g in got], [w[0] for w in want]), (got, want)
+    assert [g[1] for g in got] == [w[1] for w in want]

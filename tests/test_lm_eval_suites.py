@@ -19,8 +19,9 @@ import pytest
 import torch
 from checkpoints import save_checkpoint
 
-from anchorctx.evaluation import lm_eval_suites, results
+from anchorctx.evaluation import results
 from anchorctx.evaluation.averaging import summarize_run
+from anchorctx.evaluation.lm_eval import suites as lm_eval_suites
 from anchorctx.evaluation.report import write_experiment_report
 from anchorctx.evaluation.results import EvaluationError, evaluate_checkpoint, result_path
 from anchorctx.evaluation.settings import LM_EVAL_TASKS

@@ -16,7 +16,7 @@ import zstandard
 
 from anchorctx.demo import paper_assets as PA
 from anchorctx.demo.fixtures import write_empty_punkt
-from anchorctx.evaluation import harness
+from anchorctx.evaluation.lm_eval import harness
 from anchorctx.evaluation.longbench.runner import LongBenchDataError, load_rows
 from anchorctx.evaluation.ruler import TASKS, generate
 from anchorctx.evaluation.ruler import data as D

@@ -20,7 +20,8 @@ from test_eval_core_results import NUM_SAMPLES, FakeSuite, save_tiny_checkpoint
 
 from anchorctx.cli import main
 from anchorctx.config import dump_config
-from anchorctx.evaluation import harness, results
+from anchorctx.evaluation import results
+from anchorctx.evaluation.lm_eval import harness
 from anchorctx.evaluation.results import Suite, evaluate_checkpoint
 from anchorctx.experiment import config_from_dict
 

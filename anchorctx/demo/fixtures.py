@@ -14,7 +14,7 @@ the CI suite exercise the exact same readers, this module writes small synthetic
 | ``squad``        | ``squad.json``              | SQuAD v2.0 dev (``data/paragraphs/qas``)          |
 | ``hotpotqa``     | ``hotpotqa.json``           | HotpotQA dev distractor (list of questions)       |
 | ``longbench_dir``| ``longbench/{name}.jsonl``  | THUDM LongBench v1 (one file per dataset)         |
-| ``mmlu_dir``     | ``mmlu/{dev,test}/{subject}.jsonl`` | ``cais/mmlu`` records (see evaluation.harness) |
+| ``mmlu_dir``     | ``mmlu/{dev,test}/{subject}.jsonl`` | ``cais/mmlu`` records (see evaluation.lm_eval.harness) |
 | ``hellaswag_dir``| ``hellaswag/validation.jsonl`` | ``Rowan/hellaswag`` records                    |
 | ``nltk_data``    | ``nltk_data/tokenizers/punkt_tab/english/`` | NLTK's ``punkt_tab`` model layout |
 

@@ -433,7 +433,7 @@ def _longbench(out: Path, sizes: AssetSizes, seed: int) -> None:
 def _mmlu(out: Path, sizes: AssetSizes, seed: int) -> None:
     # Imported here: the harness module is evaluation code; the list is the one place the 57
     # subjects are written down.
-    from anchorctx.evaluation.harness import MMLU_SUBJECTS
+    from anchorctx.evaluation.lm_eval.harness import MMLU_SUBJECTS
 
     subjects = MMLU_SUBJECTS[: sizes.mmlu_subjects]
     mmlu = mmlu_rows(FixtureWriter(seed + 4), sizes.mmlu_dev, sizes.mmlu_test, subjects=subjects)

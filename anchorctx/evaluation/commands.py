@@ -312,7 +312,7 @@ def lm_eval_arguments(parser: argparse.ArgumentParser) -> None:
 def lm_eval(args: argparse.Namespace) -> int:
     """lm-eval's command line with the ``anchorctx`` model registered (the project's static
     decoder and anchor rule behind lm-eval's LM interface)."""
-    from anchorctx.evaluation.lm_eval_model import main  # imports lm-eval and torch
+    from anchorctx.evaluation.lm_eval.model import main  # imports lm-eval and torch
 
     main(args.lm_eval_args)
     return 0

@@ -47,8 +47,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from anchorctx.evaluation import harness, lm_eval_suites, longbench, ruler
+from anchorctx.evaluation import longbench, ruler
 from anchorctx.evaluation.integrity import records_problem, result_digest
+from anchorctx.evaluation.lm_eval import harness
+from anchorctx.evaluation.lm_eval import suites as lm_eval_suites
 from anchorctx.evaluation.settings import LM_EVAL_PREFIX, LM_EVAL_TASKS, lm_eval_family
 from anchorctx.io import (
     WriterLock,
@@ -71,23 +73,49 @@ log = logging.getLogger(__name__)
 
 HEADER_KEY = "__header__"
 RESULT_SCHEMA = 1
-# The code that can change a score (relative to the anchorctx package): this package, and the
-# model layer that loads the checkpoint and decodes the predictions ...
-SCORE_SOURCES = ("evaluation", "models")
-# ... except files of this package whose code cannot: edits to them keep cached results.
-SCORE_NEUTRAL_SOURCES = tuple(
-    f"evaluation/{name}"
-    for name in (
-        "__init__.py",
-        "averaging.py",
-        "commands.py",
-        "cost_plan.py",
-        "integrity.py",
-        "report.py",
-        "sharding.py",
-        "weights.py",
-    )
+# The code that can change a score, relative to the anchorctx package (a folder covers every
+# file under it): what builds the samples and scores them (the suites, the lm-eval adapter), loads
+# the model, decodes its predictions and turns records into a result, and the settings they
+# read. It alone makes the evaluation's code version: an edit elsewhere keeps cached results.
+SCORE_SOURCES = (
+    "evaluation/generation.py",
+    "evaluation/lm_eval",
+    "evaluation/longbench",
+    "evaluation/results.py",
+    "evaluation/ruler",
+    "evaluation/settings.py",
+    "models/decoder.py",
+    "models/decoding.py",
+    "models/loading.py",
+    "models/rope.py",
+    "models/settings.py",
 )
+# The files of SCORE_SCOPE whose code cannot change a score (files only, so that a new file is
+# never neutral by its folder): reading, averaging, comparing and reporting results, planning,
+# splitting units over processes and running them (a unit's records are the same whatever the
+# split), the results' integrity check, averaged weights (a new checkpoint, hashed as such),
+# the checkpoint layout and writing.
+SCORE_NEUTRAL_SOURCES = (
+    "evaluation/__init__.py",
+    "evaluation/arm_comparison.py",
+    "evaluation/averaging.py",
+    "evaluation/commands.py",
+    "evaluation/cost_plan.py",
+    "evaluation/integrity.py",
+    "evaluation/paired.py",
+    "evaluation/report.py",
+    "evaluation/seed_pairs.py",
+    "evaluation/sharding.py",
+    "evaluation/tracking.py",
+    "evaluation/weights.py",
+    "evaluation/worker.py",
+    "models/__init__.py",
+    "models/checkpoints.py",
+    "models/safetensors_stream.py",
+)
+# Every source file under these folders is in exactly one of the two lists
+# (tests/test_score_sources.py): a new module is classified when it is added.
+SCORE_SCOPE = ("evaluation", "models")
 _WEIGHT_PATTERNS = ("*.safetensors", "pytorch_model*.bin")
 
 
@@ -155,7 +183,7 @@ SUITES: dict[str, Suite] = {
 
 def _lm_eval_suite(name: str) -> Suite:
     """Suite ``lm_eval:<task or group>``: lm-eval's long-context task through the lm-eval model
-    ``anchorctx`` (:mod:`anchorctx.evaluation.lm_eval_suites`); its fingerprint covers the
+    ``anchorctx`` (:mod:`anchorctx.evaluation.lm_eval.suites`); its fingerprint covers the
     shared ``evaluation.lm_eval`` settings and its own family's section only."""
     family = lm_eval_family(lm_eval_suites.suite_task(name))
     others = tuple(f for f in LM_EVAL_TASKS if f != family)
@@ -353,7 +381,7 @@ def check_unchanged(cfg: ExperimentConfig, suite: str, ident: dict[str, str]) ->
 
 def evaluation_code_version() -> str:
     """anchorctx's version plus a hash of the code that can change scores."""
-    return code_version(SCORE_SOURCES, SCORE_NEUTRAL_SOURCES)
+    return code_version(SCORE_SOURCES, exclude=())
 
 
 def identity(cfg: ExperimentConfig, checkpoint: str | Path, suite: str) -> dict[str, str]:

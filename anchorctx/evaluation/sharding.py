@@ -2,7 +2,7 @@
 
 The unit of work is the group inside which a suite batches its samples: RULER's
 (task, length), an lm-eval suite's lm-eval task (and length, for RULER and BABILong,
-:func:`anchorctx.evaluation.lm_eval_suites.units`); every other suite is one unit. A shard owns whole units, so each sample is
+:func:`anchorctx.evaluation.lm_eval.suites.units`); every other suite is one unit. A shard owns whole units, so each sample is
 generated in the same batch as without sharding (on identical GPUs) and its record, hence every
 score, does not depend on the sharding.
 
@@ -36,7 +36,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from anchorctx.evaluation import lm_eval_suites
+from anchorctx.evaluation.lm_eval import suites as lm_eval_suites
 from anchorctx.evaluation.results import (
     HEADER_KEY,
     cached_model,

@@ -6,7 +6,7 @@ release, pinned 0.4.13): prompts, few-shot examples, generation settings, answer
 metrics and group aggregation are lm-eval's. Each run writes, into a temporary directory, one
 task YAML per lm-eval task that ``include``\\ s lm-eval's own file and overrides only where the
 documents come from (a local file in the layout the dataset publishes); lm-eval's source is never
-changed. The model is :class:`~anchorctx.evaluation.lm_eval_model.AnchorctxLM` on the already
+changed. The model is :class:`~anchorctx.evaluation.lm_eval.model.AnchorctxLM` on the already
 loaded checkpoint: greedy, the project's anchor rule (one anchor token at position 0; truncation
 keeps it, ``evaluation.lm_eval.keep_anchor``), the static decoder where the model supports it.
 
@@ -44,7 +44,6 @@ this module); the runner and the loaders import them when they run.
 
 from __future__ import annotations
 
-import importlib.util
 import itertools
 import json
 import logging
@@ -58,7 +57,14 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from anchorctx.evaluation.lm_eval_call import simple_evaluate
+from anchorctx.evaluation.lm_eval.call import (
+    LM_EVAL_VERSION,
+    LmEvalDataError,
+    evaluate,
+    reference,
+    task_manager,
+    tasks_dir,
+)
 from anchorctx.evaluation.settings import LM_EVAL_PREFIX, LM_EVAL_TASKS, lm_eval_family
 
 if TYPE_CHECKING:
@@ -66,7 +72,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 OnSample = Callable[[dict[str, Any]], None]
-LM_EVAL_VERSION = "0.4.13"  # the release whose task files are the reference (the lock pins it)
 _MODULE = __name__  # what the YAMLs' ``!function`` tags import
 
 # Where each family's files come from: (Hugging Face dataset repo, what to download).
@@ -123,19 +128,7 @@ RULER_QA_TASKS = {"ruler_qa_squad": "squad", "ruler_qa_hotpot": "hotpotqa"}
 QA_SAMPLES = 500  # lm-eval's qa_utils.get_dataset: generate_samples(num_samples=500, ...)
 
 
-class LmEvalDataError(ValueError):
-    """A data file of an lm-eval suite is missing or malformed; the message names it."""
-
-
 # ------------------------------------------------------------------------- lm-eval's files
-def tasks_dir() -> Path:
-    """lm-eval's ``tasks`` directory, found without importing lm-eval (it imports torch)."""
-    spec = importlib.util.find_spec("lm_eval")
-    if spec is None or not spec.submodule_search_locations:
-        raise LmEvalDataError("lm-eval is not installed (pip install lm-eval)")
-    return Path(next(iter(spec.submodule_search_locations))) / "tasks"
-
-
 class _TagLoader(yaml.SafeLoader):
     """Reads lm-eval's YAMLs as data: ``!function x.y`` stays the string ``x.y``."""
 
@@ -698,23 +691,6 @@ def unit_record(unit: Unit, out: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-class _DropCustomKwargsHint(logging.Filter):
-    """lm-eval warns on every task with a ``custom_dataset`` that kwargs can be passed as
-    ``--metadata``; the suite passes them (the loaders above), so the hint is noise."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return "Custom kwargs can be passed" not in str(record.msg)
-
-
-def _quiet() -> None:
-    # lm-eval logs every task build and request batch at INFO; the suite reports per unit.
-    for name in ("lm_eval", "lm-eval"):
-        logging.getLogger(name).setLevel(logging.WARNING)
-    task_log = logging.getLogger("lm_eval.api.task")
-    if not any(isinstance(f, _DropCustomKwargsHint) for f in task_log.filters):
-        task_log.addFilter(_DropCustomKwargsHint())
-
-
 def check_vt_tokenizer(tokenizer: Any, tries: int = 8) -> None:
     """lm-eval's ``ruler_vt`` first sizes a one-shot example within 500 tokens, starting at 5
     noise lines: when that first draw (prompt, its answer list and 30 tokens to generate) is
@@ -749,21 +725,17 @@ def check_vt_tokenizer(tokenizer: Any, tries: int = 8) -> None:
         )
 
 
-def make_lm(model: Any, tokenizer: Any, cfg: ExperimentConfig) -> Any:
-    """The lm-eval model ``anchorctx`` around the loaded checkpoint (no second copy)."""
-    # Imported here: the lm-eval model imports torch and lm-eval.
-    from anchorctx.evaluation.lm_eval_model import AnchorctxLM
-
+def lm_options(cfg: ExperimentConfig) -> dict[str, Any]:
+    """The anchorctx model's options for these suites (``evaluation.lm_eval`` and the decoder
+    settings of ``evaluation``); log-probabilities in float32, the model's default."""
     ev, lm = cfg.evaluation, cfg.evaluation.lm_eval
-    return AnchorctxLM(
-        model,
-        tokenizer=tokenizer,
-        batch_size=lm.batch_size,
-        max_length=lm.max_length,
-        engine=ev.engine,
-        deterministic=ev.deterministic_decode,
-        keep_anchor=lm.keep_anchor,
-    )
+    return {
+        "batch_size": lm.batch_size,
+        "max_length": lm.max_length,
+        "engine": ev.engine,
+        "deterministic": ev.deterministic_decode,
+        "keep_anchor": lm.keep_anchor,
+    }
 
 
 def evaluate_unit(lm: Any, cfg: ExperimentConfig, unit: Unit, tmp: Path) -> dict[str, Any]:
@@ -775,30 +747,13 @@ def run_unit(lm: Any, cfg: ExperimentConfig, unit: Unit, tmp: Path) -> dict[str,
     """``simple_evaluate``'s output for one unit on any lm-eval model ``lm`` (``anchorctx``,
     or lm-eval's own ``hf`` for a comparison): the task YAML on local files, the task metadata
     (``lm.tokenizer``'s name, the length), ``evaluation.lm_eval.limit``, lm-eval's seeds."""
-    # Imported here: lm-eval imports torch and transformers.
-    from lm_eval.tasks import TaskManager
-
     if unit.task == "ruler_vt":
         check_vt_tokenizer(lm.tokenizer)
     task_dir = tmp / unit.key.replace("/", "@")
     task_dir.mkdir(parents=True, exist_ok=True)
     write_task_yaml(cfg, unit, task_dir)
-    manager = TaskManager(
-        include_path=str(task_dir),
-        include_defaults=False,
-        metadata=_metadata(unit, lm.tokenizer),
-    )
-    out = simple_evaluate(
-        model=lm,
-        tasks=[unit.task],
-        task_manager=manager,
-        limit=cfg.evaluation.lm_eval.limit,
-        log_samples=True,
-        bootstrap_iters=0,
-    )
-    if out is None or unit.task not in out.get("samples", {}):
-        raise RuntimeError(f"lm-eval returned no samples for task {unit.task!r}")
-    return out
+    manager = task_manager(task_dir, _metadata(unit, lm.tokenizer))
+    return evaluate(lm, manager, unit.task, limit=cfg.evaluation.lm_eval.limit)
 
 
 def run_suite(suite: str) -> Callable[..., dict[str, Any]]:
@@ -817,10 +772,12 @@ def run_suite(suite: str) -> Callable[..., dict[str, Any]]:
         records = {u.key: done[u.key] for u in plan if u.key in done}
         todo = [u for u in plan if u.key not in done]
         if todo:
-            _quiet()
+            # Imported here: the lm-eval model imports torch and lm-eval.
+            from anchorctx.evaluation.lm_eval.model import make_lm
+
             if lm_eval_family(suite_task(suite)) == "ruler":
                 _punkt(cfg.evaluation.lm_eval.ruler.nltk_data)
-            lm = make_lm(model, tokenizer, cfg)
+            lm = make_lm(model, tokenizer, **lm_options(cfg))
             with tempfile.TemporaryDirectory(prefix="anchorctx-lm-eval-") as tmp:
                 for unit in todo:
                     if progress:
@@ -843,19 +800,12 @@ def summarize(suite: str, records: list[dict[str, Any]], tokenizer: Any = None) 
     task = suite_task(suite)
     if is_group(task):
         _aggregate(task, scores, counts)
-    out: dict[str, Any] = {"scores": scores, "counts": counts, "not_run": {}}
-    out["reference"] = {
-        "lm_eval": _installed_version(),
-        "pinned": LM_EVAL_VERSION,
-        "task": task,
-        "model": "anchorctx",
+    return {
+        "scores": scores,
+        "counts": counts,
+        "not_run": {},
+        "reference": reference(tokenizer, task=task),
     }
-    if tokenizer is not None:
-        # Imported here: the anchor rule lives with model loading (torch-free module).
-        from anchorctx.models.loading import anchor_token_id
-
-        out["reference"]["anchor_token_id"] = anchor_token_id(tokenizer)
-    return out
 
 
 def _aggregate(group: str, scores: dict[str, dict[str, float]], counts: dict[str, dict[str, int]]):
@@ -886,13 +836,3 @@ def _aggregate_subtask_metrics(values: list[float], sizes: list[int], weight: bo
     from lm_eval.api.metrics import aggregate_subtask_metrics
 
     return aggregate_subtask_metrics(values, sizes, weight_by_size=weight)
-
-
-def _installed_version() -> str | None:
-    # Imported here: importlib.metadata only when a result is written.
-    import importlib.metadata
-
-    try:
-        return importlib.metadata.version("lm-eval")
-    except importlib.metadata.PackageNotFoundError:
-        return None

@@ -1,4 +1,5 @@
-"""MMLU and HellaSwag through lm-eval (``HFLM`` on the loaded checkpoint), from local files.
+"""MMLU and HellaSwag through lm-eval (the lm-eval model ``anchorctx`` on the loaded checkpoint),
+from local files.
 
 lm-eval's stock ``mmlu``/``hellaswag`` tasks read the Hugging Face Hub. Here each run writes
 task YAMLs into a temporary directory that ``include`` lm-eval's own task files (so prompts,
@@ -23,12 +24,12 @@ reported under ``not_run``; the average then covers the subjects present (``comp
 ``ctx_a``, ``ctx_b``, ``activity_label``, ``endings``, ``label``) or the original release file
 ``hellaswag_val.jsonl`` (same fields). Metric: ``acc_norm``, zero-shot, validation split.
 
-Anchor/BOS: every context lm-eval scores starts with exactly one anchor token, the token the
-model was trained with at position 0 (BOS, or EOS for tokenizers without BOS such as Qwen's), as
-in RULER and LongBench. ``HFLM`` gets ``add_bos_token=True`` explicitly (its default changed in
-lm-eval 0.4.9.2; for BOS tokenizers this is exactly what the encoding below produces) and
-``prefix_token_id`` = the anchor; :class:`_AnchoredEncoding` prepends the anchor itself so that
-tokenizers without BOS get their EOS anchor too. The lm-eval version is recorded in results.
+Model: the one lm-eval adapter, :class:`~anchorctx.evaluation.lm_eval.model.AnchorctxLM` (also
+the model of the long-context ``lm_eval:<task>`` suites), scoring as lm-eval's ``hf`` model
+does (:data:`HF_SCORING`). Every context lm-eval scores starts with exactly one anchor token,
+the token the model was trained with at position 0 (BOS, or EOS for tokenizers without BOS such
+as Qwen's), as in RULER and LongBench: for BOS tokenizers exactly what lm-eval's ``hf`` model
+with ``add_bos_token=True`` encodes. The lm-eval version is recorded in results.
 
 Resume: MMLU records one sample per subject, HellaSwag one per chunk of documents; finished
 ones (in ``done``) are not evaluated again.
@@ -41,9 +42,7 @@ loads (the suites' ``preflight``): a suite is never scored, and never cached, on
 from __future__ import annotations
 
 import csv
-import importlib.metadata
 import json
-import logging
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -52,8 +51,13 @@ from typing import TYPE_CHECKING, Any
 import yaml
 from tqdm.auto import tqdm
 
-from anchorctx.evaluation.lm_eval_call import simple_evaluate
-from anchorctx.models.loading import anchor_token_id
+from anchorctx.evaluation.lm_eval.call import (
+    LmEvalDataError,
+    evaluate,
+    reference,
+    task_manager,
+    tasks_dir,
+)
 
 if TYPE_CHECKING:
     from anchorctx.experiment import ExperimentConfig
@@ -127,7 +131,7 @@ _TASK_PREFIX = "anchorctx"
 OnSample = Callable[[dict[str, Any]], None]
 
 
-class HarnessDataError(ValueError):
+class HarnessDataError(LmEvalDataError):
     """Local MMLU/HellaSwag files are missing or malformed; the message names the path."""
 
 
@@ -230,7 +234,8 @@ def count_records(path: Path, key: str, what: str, source: Path | None = None) -
     if n == 0:
         raise HarnessDataError(
             f"{shown} ({key}): no {what} records (empty file): a suite is never scored on 0 "
-            "questions; write the data again (see the layout in anchorctx/evaluation/harness.py)"
+            "questions; write the data again (see the layout in "
+            "anchorctx/evaluation/lm_eval/harness.py)"
         )
     return n
 
@@ -256,13 +261,6 @@ def check_hellaswag_data(cfg: ExperimentConfig) -> None:
 
 
 # ----------------------------------------------------------------------------- task YAMLs
-def _lm_eval_tasks_dir() -> Path:
-    # Imported here: lm_eval imports torch and transformers, which the suite registry skips.
-    import lm_eval.tasks
-
-    return Path(lm_eval.tasks.__file__).parent
-
-
 def _data_kwargs(files: dict[str, Path], cache: Path) -> dict[str, Any]:
     # A private datasets cache: the Arrow copies live and die with the task directory.
     return {"data_files": {k: str(v.resolve()) for k, v in files.items()}, "cache_dir": str(cache)}
@@ -274,7 +272,7 @@ def write_mmlu_yaml(
     """A task that includes lm-eval's ``mmlu_<subject>.yaml`` with local data; returns its name.
     An empty test file, or an empty dev file when ``fewshot`` examples are drawn from it, is an
     error naming the file."""
-    base = _lm_eval_tasks_dir() / "mmlu" / "default" / f"mmlu_{subject}.yaml"
+    base = tasks_dir() / "mmlu" / "default" / f"mmlu_{subject}.yaml"
     if not base.is_file():
         raise HarnessDataError(f"lm-eval has no MMLU task file {base}; check the lm-eval version")
     given = dict(files)
@@ -303,7 +301,7 @@ def write_mmlu_yaml(
 
 
 def write_hellaswag_yaml(task_dir: Path, path: Path) -> str:
-    base = _lm_eval_tasks_dir() / "hellaswag" / "hellaswag.yaml"
+    base = tasks_dir() / "hellaswag" / "hellaswag.yaml"
     if not base.is_file():
         raise HarnessDataError(
             f"lm-eval has no HellaSwag task file {base}; check the lm-eval version"
@@ -326,120 +324,20 @@ def write_hellaswag_yaml(task_dir: Path, path: Path) -> str:
 
 
 # ------------------------------------------------------------------------------ lm-eval run
-# lm-eval warnings that describe exactly what this module asks for, on every task or model: an
-# explicit num_fewshot (every MMLU subject, HellaSwag), and an already-loaded model passed as
-# ``pretrained`` (single process, by design). (logger, message start) pairs.
-EXPECTED_WARNINGS = (
-    ("lm_eval.evaluator", "Overwriting default num_fewshot of "),
-    ("lm_eval.models.huggingface", "`pretrained` model kwarg is not of type `str`"),
-    ("lm_eval.models.huggingface", "Passed an already-initialized model through `pretrained`"),
-)
-
-
-class _DropExpected(logging.Filter):
-    def __init__(self, prefixes: tuple[str, ...]) -> None:
-        super().__init__()
-        self.prefixes = prefixes
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not str(record.msg).startswith(self.prefixes)
-
-
-def _quiet_lm_eval() -> None:
-    # lm-eval logs every request batch at INFO; our progress bar is the per-unit one.
-    for name in ("lm_eval", "lm-eval"):
-        logging.getLogger(name).setLevel(logging.WARNING)
-    # A logger's filters see only records created on that logger, so each gets its own.
-    for name in dict.fromkeys(n for n, _ in EXPECTED_WARNINGS):
-        logger = logging.getLogger(name)
-        if not any(isinstance(f, _DropExpected) for f in logger.filters):
-            prefixes = tuple(m for n, m in EXPECTED_WARNINGS if n == name)
-            logger.addFilter(_DropExpected(prefixes))
-
-
-# The lm-eval release the task files, prompts and metrics are taken from (pinned by the lock
-# file); results record the installed version next to it.
-LM_EVAL_VERSION = "0.4.13"
-ADD_BOS_TOKEN = True
-
-
-class _AnchoredEncoding:
-    """Mixin for ``HFLM``: ``tok_encode`` puts exactly one anchor token in front of the text.
-
-    lm-eval encodes context and context+continuation with ``tok_encode`` and splits the two, so
-    one anchor in front of both keeps the split exact. Only an explicit
-    ``add_special_tokens=False`` (lm-eval's continuation-only encoding) gets no anchor.
-    """
-
-    anchor_id: int
-
-    def tok_encode(
-        self,
-        string: str,
-        add_special_tokens: bool | None = None,
-        left_truncate_len: int | None = None,
-        **kwargs: Any,
-    ) -> list[int]:
-        ids = self.tokenizer.encode(string, add_special_tokens=False)  # type: ignore[attr-defined]
-        if add_special_tokens is not False:
-            ids = [self.anchor_id, *ids]
-        return ids[-left_truncate_len:] if left_truncate_len else ids
-
-
-def make_lm(model: Any, tokenizer: Any, batch_size: int) -> Any:
-    """lm-eval's ``HFLM`` around the already-loaded model (no second copy is loaded), with the
-    project's anchor rule for every scored context (see the module docstring)."""
-    # Imported here: lm_eval imports torch and transformers, which the suite registry skips.
-    from lm_eval.models.huggingface import HFLM
-
-    class AnchoredHFLM(_AnchoredEncoding, HFLM):
-        anchor_id = anchor_token_id(tokenizer)
-
-    _quiet_lm_eval()
-    return AnchoredHFLM(
-        pretrained=model,
-        tokenizer=tokenizer,
-        batch_size=batch_size,
-        add_bos_token=ADD_BOS_TOKEN,
-        prefix_token_id=anchor_token_id(tokenizer),
-    )
-
-
-def harness_reference(tokenizer: Any) -> dict[str, Any]:
-    """What results record about lm-eval: its version and how contexts were anchored."""
-    return {
-        "lm_eval": importlib.metadata.version("lm-eval"),
-        "pinned": LM_EVAL_VERSION,
-        "add_bos_token": ADD_BOS_TOKEN,
-        "anchor_token_id": anchor_token_id(tokenizer),
-    }
+# How these suites score with the anchorctx model: as lm-eval's ``hf`` model does, which they ran
+# on before the adapter was shared (same log-likelihoods, same scores: tests/test_harness.py).
+# softmax_dtype None: log-probabilities in the model's dtype (bfloat16 ones tie where float32
+# ones would not, and a tie goes to the first choice); keep_anchor False: a context longer than
+# the model's length is cut from the left, anchor included.
+HF_SCORING: dict[str, Any] = {"keep_anchor": False, "softmax_dtype": None}
 
 
 def evaluate_docs(
-    lm: Any, task_manager: Any, task: str, doc_ids: list[int], num_fewshot: int
+    lm: Any, manager: Any, task: str, doc_ids: list[int], num_fewshot: int
 ) -> list[dict[str, Any]]:
     """Per-document lm-eval results (``doc_id`` plus the task's metrics) for ``doc_ids``."""
-    out = simple_evaluate(
-        model=lm,
-        tasks=[task],
-        num_fewshot=num_fewshot,
-        task_manager=task_manager,
-        samples={task: doc_ids},
-        log_samples=True,
-        bootstrap_iters=0,
-    )
-    if out is None or task not in out.get("samples", {}):
-        raise RuntimeError(f"lm-eval returned no samples for task {task!r}")
+    out = evaluate(lm, manager, task, num_fewshot=num_fewshot, samples={task: doc_ids})
     return sorted(out["samples"][task], key=lambda s: s["doc_id"])
-
-
-def _task_manager(task_dir: Path) -> Any:
-    # Imported here: lm_eval imports torch and transformers, which the suite registry skips.
-    from lm_eval.tasks import TaskManager
-
-    # include_defaults=False: index only our YAMLs (indexing all of lm-eval takes seconds);
-    # the ``include`` lines still reach lm-eval's own files by absolute path.
-    return TaskManager(include_path=str(task_dir), include_defaults=False)
 
 
 def _progress(total: int, desc: str, enabled: bool) -> Any:
@@ -491,13 +389,16 @@ def run_suite_mmlu(
     found, missing = mmlu_layout(hcfg.mmlu_dir)
     if not found:
         raise HarnessDataError(f"no MMLU subject files under {hcfg.mmlu_dir} (see layout docs)")
+    # Imported here: the lm-eval model imports torch and lm-eval, which the suite registry skips.
+    from anchorctx.evaluation.lm_eval.model import make_lm
+
     records: dict[str, dict[str, Any]] = {}
     with tempfile.TemporaryDirectory(prefix="anchorctx-mmlu-") as tmp:
         units = list(_mmlu_units(cfg, Path(tmp), found))
         todo = [u for u in units if f"mmlu/{u[0]}" not in done]
         bar = _progress(sum(len(u[2]) for u in todo), "mmlu", progress)
-        lm = make_lm(model, tokenizer, hcfg.batch_size) if todo else None
-        tm = _task_manager(Path(tmp)) if todo else None
+        lm = make_lm(model, tokenizer, batch_size=hcfg.batch_size, **HF_SCORING) if todo else None
+        tm = task_manager(Path(tmp)) if todo else None
         for subject, name, ids in units:
             key = f"mmlu/{subject}"
             if key in done:
@@ -509,7 +410,7 @@ def run_suite_mmlu(
             on_sample(records[subject])
             bar.update(len(ids))
         bar.close()
-    return {**_mmlu_summary(records, missing), "reference": harness_reference(tokenizer)}
+    return {**_mmlu_summary(records, missing), "reference": reference(tokenizer, **HF_SCORING)}
 
 
 def _mmlu_summary(records: dict[str, dict[str, Any]], missing: dict[str, str]) -> dict[str, Any]:
@@ -562,13 +463,17 @@ def run_suite_hellaswag(
     path = hellaswag_file(hcfg.hellaswag_dir)
     n = count_records(path, HELLASWAG_KEY, "HellaSwag validation")
     chunks = _chunks(_limit(n, hcfg.limit), HELLASWAG_CHUNK)
+    # Imported here: the lm-eval model imports torch and lm-eval, which the suite registry skips.
+    from anchorctx.evaluation.lm_eval.model import make_lm
+
     records = []
     with tempfile.TemporaryDirectory(prefix="anchorctx-hellaswag-") as tmp:
         todo = [c for c in chunks if _chunk_key(c) not in done]
         bar = _progress(sum(map(len, todo)), "hellaswag", progress)
         if todo:
             name = write_hellaswag_yaml(Path(tmp), path)
-            lm, tm = make_lm(model, tokenizer, hcfg.batch_size), _task_manager(Path(tmp))
+            lm = make_lm(model, tokenizer, batch_size=hcfg.batch_size, **HF_SCORING)
+            tm = task_manager(Path(tmp))
         for ids in chunks:
             if _chunk_key(ids) in done:
                 records.append(done[_chunk_key(ids)])
@@ -585,5 +490,5 @@ def run_suite_hellaswag(
         "scores": {"hellaswag": mean},
         "counts": {"hellaswag": n},
         "not_run": {},
-        "reference": harness_reference(tokenizer),
+        "reference": reference(tokenizer, **HF_SCORING),
     }

@@ -6,8 +6,12 @@
   generate_greedy` (the static-cache decoder, :mod:`anchorctx.models.decoding`, where the model
   supports it: ``engine=auto``; ``static`` or ``hf`` force one), stopping at EOS and at the
   request's ``until`` strings, at most ``max_gen_toks`` new tokens (lm-eval's default 256);
-- ``loglikelihood`` and ``loglikelihood_rolling``: the model's own forward (its base model, then
-  its output embedding on the scored positions only), logits log-softmaxed in float32.
+- ``loglikelihood`` and ``loglikelihood_rolling``: the model's own forward (for the static
+  decoder's model types its base model, then its output embedding on the scored positions only;
+  for any other causal LM the model's logits, as lm-eval's ``hf`` model computes them), logits
+  log-softmaxed in ``softmax_dtype``: float32 by default; ``None`` keeps the logits' dtype, as
+  lm-eval's ``hf`` model does by default (bfloat16 log-probabilities for a bfloat16 model, where
+  two choices of a question can round to the same value).
 
 The anchor rule (docs/ARCHITECTURE.md; :func:`anchorctx.models.loading.anchor_token_id`): every
 sequence the model sees starts with exactly one anchor token, the tokenizer's BOS (its EOS where
@@ -39,13 +43,17 @@ default cuda:0, which falls back to the CPU where no GPU is visible, as lm-eval'
 does), ``batch_size`` (lm-eval's ``--batch_size``), ``max_length`` (default: the model's
 ``max_position_embeddings``, as lm-eval resolves it), ``max_gen_toks``, ``engine``,
 ``deterministic`` (the static engine's run-to-run deterministic decode kernel),
-``keep_anchor``.
+``keep_anchor``, ``softmax_dtype`` (float32, bfloat16, float16 or None).
+
+MMLU and HellaSwag (:mod:`~anchorctx.evaluation.lm_eval.harness`) score with this model as
+lm-eval's ``hf`` model does (``keep_anchor=False``, ``softmax_dtype=None``), the long-context
+suites (:mod:`~anchorctx.evaluation.lm_eval.suites`) with ``evaluation.lm_eval``'s settings.
 
 Command line: lm-eval 0.4.13 finds models only in its own registry (no entry-point group, no
 plugin import; ``--include_path`` adds task YAMLs only), so the model must be registered in the
 process that runs lm-eval's CLI. This module does it and then runs that CLI::
 
-    python -m anchorctx.evaluation.lm_eval_model --model anchorctx \\
+    python -m anchorctx.evaluation.lm_eval.model --model anchorctx \\
         --model_args pretrained=DIR,dtype=bfloat16 --device cuda --batch_size 8 --tasks ...
 
 Every other argument is lm-eval's own. In Python, importing this module registers the model:
@@ -78,11 +86,11 @@ from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 from tqdm.auto import tqdm
 
 from anchorctx.evaluation.generation import ENGINES, generate_greedy, load_eval_model
+from anchorctx.evaluation.lm_eval.call import MODEL_NAME, quiet
 from anchorctx.models.decoder import SUPPORTED_MODEL_TYPES
 from anchorctx.models.decoding import StopRules
 from anchorctx.models.loading import DTYPES, anchor_token_id, read_model_config, resolve_device
 
-MODEL_NAME = "anchorctx"
 # lm-eval's default when neither the config nor the tokenizer give a length (``hf`` model's too).
 DEFAULT_MAX_LENGTH = 2048
 # lm-eval's default number of new tokens when a request does not say (``hf`` model's too).
@@ -90,6 +98,10 @@ DEFAULT_MAX_GEN_TOKS = 256
 # Float32 logits of at most this many elements at once (256 MiB): the output embedding runs on
 # chunks of scored positions, so a 32K-token rolling window never holds [32K, vocab] logits.
 HEAD_CHUNK_ELEMENTS = 1 << 26
+# Model types whose logits are their output embedding of the base model's last hidden states (no
+# soft-capping or scaling after it): the static decoder's. Any other causal LM is scored on its
+# full logits.
+HEAD_ON_HIDDEN = SUPPORTED_MODEL_TYPES
 
 logger = logging.getLogger(__name__)
 
@@ -112,6 +124,14 @@ def _resolve_device(device: str | None) -> str:
         logger.warning("device=%s but no CUDA GPU is visible: running on the CPU", device)
         return "cpu"
     return resolve_device(device, "model_args device")
+
+
+def _softmax_dtype(value: str | None) -> torch.dtype | None:
+    if value is None:
+        return None
+    if value not in DTYPES:
+        raise ValueError(f"softmax_dtype={value!r}: expected None or one of {', '.join(DTYPES)}")
+    return getattr(torch, DTYPES[value])
 
 
 def _batch_size(value: int | str) -> int:
@@ -144,11 +164,14 @@ class AnchorctxLM(TemplateLM):
         engine: str = "auto",
         deterministic: bool = False,
         keep_anchor: bool = True,
+        softmax_dtype: str | None = "float32",
         max_batch_size: int | None = None,  # lm-eval's auto batch size; not used here
     ) -> None:
         super().__init__()
         if engine not in ENGINES:
             raise ValueError(f"engine={engine!r}: expected one of {', '.join(ENGINES)}")
+        self.softmax_dtype = softmax_dtype
+        self._softmax_torch_dtype = _softmax_dtype(softmax_dtype)  # checked before any load
         if isinstance(pretrained, str | Path):
             if tokenizer is not None:
                 raise ValueError("tokenizer: the checkpoint directory's own tokenizer is used")
@@ -164,11 +187,6 @@ class AnchorctxLM(TemplateLM):
                 raise ValueError("a loaded model as pretrained needs its tokenizer")
             model = pretrained.eval()
             self.pretrained = str(getattr(model, "name_or_path", "") or type(model).__name__)
-        if model.config.model_type not in SUPPORTED_MODEL_TYPES:
-            raise ValueError(
-                f"model_type {model.config.model_type!r}: the anchorctx model runs "
-                f"{', '.join(SUPPORTED_MODEL_TYPES)} checkpoints"
-            )
         self.model = model
         self.tokenizer = tokenizer
         self.anchor_id = anchor_token_id(tokenizer)
@@ -179,6 +197,7 @@ class AnchorctxLM(TemplateLM):
         self.engine = engine
         self.deterministic = bool(deterministic)
         self.keep_anchor = bool(keep_anchor)
+        self._head_on_hidden = model.config.model_type in HEAD_ON_HIDDEN
         if self.max_length < 2:
             raise ValueError(f"max_length={self.max_length}: expected at least 2 tokens")
 
@@ -250,6 +269,7 @@ class AnchorctxLM(TemplateLM):
                 "pretrained": self.pretrained,
                 "anchor_token_id": self.anchor_id,
                 "keep_anchor": self.keep_anchor,
+                "softmax_dtype": self.softmax_dtype,
                 "engine": self.engine,
                 "deterministic": self.deterministic,
                 "max_length": self.max_length,
@@ -289,41 +309,49 @@ class AnchorctxLM(TemplateLM):
         return self._fit(whole, limit + 1)[:-1]
 
     # -- scoring --------------------------------------------------------------------------------
-    def _hidden_states(self, rows: list[tuple[int, ...]]) -> torch.Tensor:
-        """The base model's last hidden states [B, T, hidden] of ``rows``, right-padded to the
-        longest (causal attention: padding after a row's tokens cannot change them)."""
+    def _forward(self, rows: list[tuple[int, ...]]) -> torch.Tensor:
+        """[B, T, X] for ``rows``, right-padded to the longest (causal attention: padding after
+        a row's tokens cannot change them): the base model's last hidden states (X = hidden)
+        for :data:`HEAD_ON_HIDDEN` model types, else the model's logits (X = vocabulary)."""
         width = max(len(r) for r in rows)
         pad = self.tokenizer.pad_token_id
         ids = torch.full((len(rows), width), self.anchor_id if pad is None else pad)  # [B, T]
         for b, row in enumerate(rows):
             ids[b, : len(row)] = torch.tensor(row)
+        if not self._head_on_hidden:
+            return self.model(input_ids=ids.to(self.device), use_cache=False).logits
         base = self.model.get_decoder()
         return base(input_ids=ids.to(self.device), use_cache=False).last_hidden_state
 
+    def _logprobs(self, states: torch.Tensor) -> torch.Tensor:
+        """Log-probabilities [n, V] in ``softmax_dtype`` from :meth:`_forward`'s [n, X]."""
+        logits = self.model.get_output_embeddings()(states) if self._head_on_hidden else states
+        return torch.log_softmax(logits, dim=-1, dtype=self._softmax_torch_dtype)
+
     def _score_row(
-        self, hidden: torch.Tensor, length: int, continuations: list[list[int]]
+        self, states: torch.Tensor, length: int, continuations: list[list[int]]
     ) -> list[tuple[float, bool]]:
         """(log-probability, greedy?) of each continuation predicted at the last positions of
-        one row (``hidden`` [T, hidden], ``length`` real tokens), from float32 logits."""
-        head = self.model.get_output_embeddings()
+        one row (``states`` [T, X] from :meth:`_forward`, ``length`` real tokens). A
+        continuation's log-probabilities are summed in ``softmax_dtype``, as lm-eval's ``hf``
+        model sums them (a bfloat16 sum with ``None`` on a bfloat16 model)."""
         span = max(len(c) for c in continuations)
         chunk = max(1, HEAD_CHUNK_ELEMENTS // self.model.config.vocab_size)
-        totals = [0.0] * len(continuations)
+        picked: list[list[torch.Tensor]] = [[] for _ in continuations]
         greedy = [True] * len(continuations)
         for lo in range(length - span, length, chunk):
             hi = min(length, lo + chunk)
-            logprobs = torch.log_softmax(head(hidden[lo:hi]).float(), dim=-1)  # [hi - lo, V]
+            logprobs = self._logprobs(states[lo:hi])  # [hi - lo, V]
             best = logprobs.argmax(dim=-1)  # [hi - lo]
             for k, cont in enumerate(continuations):
                 first = length - len(cont)  # the position that predicts cont[0]
                 start = max(lo, first)
                 if start >= hi:
                     continue
-                target = torch.tensor(cont[start - first : hi - first], device=hidden.device)
-                picked = logprobs[start - lo : hi - lo].gather(1, target[:, None])
-                totals[k] += float(picked.sum())
+                target = torch.tensor(cont[start - first : hi - first], device=states.device)
+                picked[k].append(logprobs[start - lo : hi - lo].gather(1, target[:, None]))
                 greedy[k] &= bool((best[start - lo : hi - lo] == target).all())
-        return list(zip(totals, greedy))
+        return [(float(torch.cat(p).sum()), g) for p, g in zip(picked, greedy)]
 
     def _loglikelihood_tokens(
         self,
@@ -343,11 +371,11 @@ class AnchorctxLM(TemplateLM):
         with torch.inference_mode():
             for start in range(0, len(order), self.batch_size):
                 batch = order[start : start + self.batch_size]
-                hidden = self._hidden_states(batch)  # [B, T, hidden]
+                states = self._forward(batch)  # [B, T, hidden or vocabulary]
                 for b, row in enumerate(batch):
                     members = rows[row]
                     conts = [list(requests[i][2]) for i in members]
-                    for i, answer in zip(members, self._score_row(hidden[b], len(row), conts)):
+                    for i, answer in zip(members, self._score_row(states[b], len(row), conts)):
                         out[i] = answer
                         if requests[i][0] is not None:
                             self.cache_hook.add_partial("loglikelihood", requests[i][0], answer)
@@ -441,6 +469,14 @@ class AnchorctxLM(TemplateLM):
                 out[i] = postprocess_generated_text(text, until, think_end_token=None)
                 self.cache_hook.add_partial("generate_until", requests[i].args, out[i])
         return out
+
+
+def make_lm(model: Any, tokenizer: Any, **options: Any) -> AnchorctxLM:
+    """The one way the suites build their lm-eval model: :class:`AnchorctxLM` around the already
+    loaded checkpoint (no second copy is loaded), ``options`` its keyword arguments, lm-eval's
+    logs quieted (:func:`~.call.quiet`)."""
+    quiet()
+    return AnchorctxLM(model, tokenizer=tokenizer, **options)
 
 
 def main(argv: Iterable[str] | None = None) -> None:

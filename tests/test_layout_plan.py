@@ -1,0 +1,135 @@
+"""The layout plan: the DP × SP split, the ZeRO stage and DeepSpeed's communication settings,
+chosen with the memory options (anchorctx.training.layout_plan, memory_choice.choose_layout).
+Arithmetic only: no GPU, no timing."""
+
+from __future__ import annotations
+
+import pytest
+
+from anchorctx.experiment import load_config
+from anchorctx.training import cost_plan, layout_plan, memory, memory_choice
+from anchorctx.training.deepspeed_env import deepspeed_config
+from anchorctx.training.plan import plan_parallelism
+
+PAPER = "configs/paper/llama2-7b-64k.yaml"
+SHAPE = memory.LLAMA2_7B
+H200 = cost_plan.GPUS["h200"]
+
+
+def _cfg(*overrides: str):
+    return load_config(PAPER, ["training.device=cpu", *overrides])
+
+
+def _comm(sp: int, zero: int, gpus: int = 2, nodes: int = 1, tokens: int = 16384):
+    links, inter = layout_plan.links_for("h200")
+    lay = layout_plan.Layout(gpus, nodes, sp, zero, overlap_comm=True)
+    return layout_plan.comm_seconds(SHAPE, tokens, lay, 0, links, inter)
+
+
+def test_each_stage_and_split_pays_its_own_collectives():
+    dp = _comm(sp=1, zero=2)
+    assert dp["ulysses"] == 0 and dp["zero3_gather"] == 0
+    assert dp["grad_reduce"] > 0 and dp["param_gather"] > 0
+    sp = _comm(sp=2, zero=3)
+    assert sp["ulysses"] > 0 and sp["zero3_gather"] > 0 and sp["param_gather"] == 0
+    # Two nodes: ZeRO's collectives cross the slower link; an SP group inside a node does not.
+    two = _comm(sp=2, zero=3, gpus=2, nodes=2)
+    assert two["zero3_gather"] > sp["zero3_gather"] and two["ulysses"] == sp["ulysses"]
+    wide = _comm(sp=4, zero=3, gpus=2, nodes=2)
+    assert wide["ulysses"] > _comm(sp=4, zero=3, gpus=4)["ulysses"]
+
+
+# Full-depth Llama-2-7B shape on 2× H200, liger kernels, 2026-11-28 (docs/PERFORMANCE.md,
+# "Layout"): (SP, ZeRO, overlap_comm, row tokens, kept layers, tiled loss, variant, measured s
+# per step of one row per data-parallel group). The plan must be within 10% of each.
+MEASURED = (
+    (2, 3, True, 16384, 32, False, "anchor", 1.086),
+    (2, 3, True, 16384, 32, False, "full", 1.222),
+    (2, 2, True, 16384, 32, False, "anchor", 0.928),
+    (2, 2, True, 16384, 32, False, "full", 1.090),
+    (1, 2, True, 16384, 32, False, "anchor", 1.464),
+    (1, 2, True, 16384, 32, False, "full", 1.776),
+    (2, 2, True, 32768, 32, False, "anchor", 1.679),
+    (2, 2, True, 32768, 32, False, "full", 2.458),
+    (1, 2, True, 32768, 16, True, "anchor", 3.138),
+    (1, 2, True, 32768, 16, True, "full", 4.847),
+)
+
+
+@pytest.mark.parametrize("row", MEASURED, ids=lambda r: f"sp{r[0]}-z{r[1]}-{r[3]}-{r[6]}")
+def test_the_step_model_is_within_10_percent_of_the_measured_steps(row):
+    sp, zero, overlap, tokens, keep, tiled_loss, variant, measured = row
+    opt = memory.Options(
+        gpus=2, sp=sp, zero=zero, keep_activations=keep, tiled_loss=tiled_loss, kernels="liger"
+    )
+    # The synthetic rows' attended pairs (bench/training.py's heavy-tailed documents) are what
+    # doc_tokens was fitted on; the bench printed the plan's step from its own rows' pairs.
+    step = cost_plan.step_seconds(SHAPE, tokens, variant, opt, H200, overlap_comm=overlap)
+    assert step == pytest.approx(measured, rel=0.10)
+
+
+def test_the_choice_is_the_fastest_layout_and_names_the_others():
+    cfg = _cfg("training.nproc=2")
+    choice = memory_choice.choose_layout(cfg, SHAPE, 2, 1, H200, 256, liger=True)
+    assert choice is not None
+    layouts = {(a.sp, a.zero) for a in choice.alternatives}
+    assert (choice.options.sp, choice.options.zero) not in layouts
+    assert layouts | {(choice.options.sp, choice.options.zero)} == {(1, 2), (1, 3), (2, 2), (2, 3)}
+    assert all(choice.step_s <= a.step_s for a in choice.alternatives if a.step_s is not None)
+    line = choice.line()
+    assert line.startswith("layout auto: SP ") and "runners-up: " in line
+    record = choice.record()
+    assert record["layout"] == {"sp": choice.options.sp, "dp": choice.dp, "zero_stage": 2}
+    assert len(record["alternatives"]) == 3
+
+
+def test_explicit_values_win():
+    cfg = _cfg("training.nproc=2", "training.sequence_parallel=2", "training.zero_stage=3")
+    choice = memory_choice.choose_layout(cfg, SHAPE, 2, 1, H200, 256, liger=True)
+    assert (choice.options.sp, choice.options.zero, choice.alternatives) == (2, 3, ())
+    # A communication setting the config names stays; the others are the plan's.
+    cfg = _cfg("training.nproc=2", "training.zero_stage=2", "training.comm.overlap_comm=false")
+    run, choice = memory_choice.resolve(cfg, H200, 2, host_gib=256, liger=True)
+    assert run.training.comm.overlap_comm is False and choice.overlap_comm is False
+    assert run.training.zero_stage == 2 and run.training.sequence_parallel == choice.options.sp
+
+
+def test_the_chosen_settings_reach_deepspeed():
+    cfg = _cfg("training.nproc=2")
+    run, choice = memory_choice.resolve(cfg, H200, 2, host_gib=256, liger=True)
+    assert run.training.memory.auto is False and run.training.sequence_parallel != "auto"
+    par = plan_parallelism(run, world=2)
+    zero = deepspeed_config(run, par)["zero_optimization"]
+    assert zero["stage"] == choice.options.zero == 2
+    assert zero["overlap_comm"] is True
+    assert "stage3_prefetch_bucket_size" not in zero  # stage-3 keys only at stage 3
+    z3 = _cfg("training.nproc=2", "training.comm.prefetch_bucket_size=200000000")
+    par3 = plan_parallelism(z3.model_copy(update={}), world=2)
+    par3 = par3.__class__(**{**par3.to_dict(), "zero_stage": 3})
+    assert deepspeed_config(z3, par3)["zero_optimization"]["stage3_prefetch_bucket_size"] == 2e8
+
+
+def test_auto_sp_on_cpu_is_one_row_a_rank_and_config_checks_accept_it():
+    cfg = _cfg("training.nproc=2")
+    assert cfg.training.sequence_parallel == "auto"
+    assert cfg.training.layout_problem() is None
+    par = plan_parallelism(cfg, world=2)
+    assert (par.sp, par.dp) == (1, 2)
+    with pytest.raises(ValueError, match="sequence_parallel"):
+        _cfg("training.sequence_parallel=0")
+
+
+def test_one_gpu_keeps_the_long_standing_stages():
+    cfg = _cfg("training.nproc=1")
+    assert memory_choice.zero_candidates(cfg, 1) == [3]
+    off = _cfg("training.nproc=1", "training.memory.offload_optimizer=true")
+    assert memory_choice.zero_candidates(off, 1) == [2]
+    assert memory_choice.zero_candidates(cfg, 8) == list(layout_plan.STAGES)
+
+
+def test_sp_candidates_follow_heads_and_the_batch():
+    cfg = _cfg("training.global_batch_size=4")
+    # 8 GPUs: DP 8 does not divide a batch of 4 rows, so SP 1 is out.
+    assert memory_choice.sp_candidates(cfg, SHAPE, 8) == [2, 4, 8]
+    fixed = _cfg("training.sequence_parallel=4")
+    assert memory_choice.sp_candidates(fixed, SHAPE, 8) == [4]

@@ -24,6 +24,7 @@ from typing import NamedTuple
 from anchorctx.analysis import commands as analysis_commands
 from anchorctx.config import ConfigError
 from anchorctx.demo import commands as demo_commands
+from anchorctx.errors import error_line, exit_code
 from anchorctx.evaluation import commands as evaluation_commands
 from anchorctx.experiment import check_layout, load_config
 from anchorctx.flows import commands as flows_commands
@@ -166,35 +167,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 # Exception class names (anywhere in the MRO) that mean "fix the command line or the config":
 # exit 2. Names, not classes, so this module does not import torch-heavy packages.
-USAGE_ERRORS = frozenset({"ConfigError", "UsageError"})
-
-
 class UsageError(ValueError):
     """A command-line mistake a command detects itself (e.g. ``--resume`` with ``--force``)."""
-
-
-def exit_code(err: BaseException) -> int:
-    """2 for usage/config errors (the exception or its class says so), 1 for everything else."""
-    code = getattr(err, "exit_code", None)
-    if isinstance(code, int):
-        return code
-    return 2 if any(c.__name__ in USAGE_ERRORS for c in type(err).__mro__) else 1
-
-
-def error_line(err: BaseException) -> str:
-    """One line describing ``err``: our own errors already say what to fix; anything else gets
-    its type (and, for OS errors, the file) so the cause is recognisable."""
-    if isinstance(err, OSError) and err.strerror:
-        where = f": {err.filename}" if err.filename else ""
-        text = f"{err.strerror}{where}"
-        if err.filename2:
-            text += f" -> {err.filename2}"
-    else:
-        text = str(err)
-        own = type(err).__module__.startswith("anchorctx")
-        if not own or not text:
-            text = f"{type(err).__name__}: {text}" if text else type(err).__name__
-    return " ".join(text.split())
 
 
 PASSTHROUGH = "lm-eval"  # everything after it is lm-eval's own command line, verbatim

@@ -33,7 +33,7 @@ import socket
 import sys
 import tempfile
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Collection, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -182,9 +182,13 @@ class DirectoryOwner:
     identity: str = ""
 
 
-def check_replaceable(final: str | Path, owner: DirectoryOwner) -> None:
+def check_replaceable(
+    final: str | Path, owner: DirectoryOwner, damaged: Collection[str] = ()
+) -> None:
     """Raise :class:`ForeignDirectoryError` unless ``owner`` may replace ``final`` (absent, an
-    empty directory, or ``owner``'s own unchanged output)."""
+    empty directory, or ``owner``'s own unchanged output). ``damaged``: files the marker records
+    that may have changed since, because the caller found them damaged in its own output (a
+    truncated Arrow file of a packed dataset): replacing them is the repair."""
     final = Path(final)
     if not final.exists() and not final.is_symlink():
         return
@@ -211,7 +215,7 @@ def check_replaceable(final: str | Path, owner: DirectoryOwner) -> None:
             f"{final} was written by anchorctx {recorded.get('writer')}{theirs}, not as "
             f"{owner.what} by anchorctx {owner.writer}{mine}: choose another directory"
         )
-    stranger = _unrecorded_file(final, recorded)
+    stranger = _unrecorded_file(final, recorded, frozenset(damaged))
     if stranger is not None:
         raise ForeignDirectoryError(
             f"{final} holds {stranger}, which anchorctx {owner.writer} did not write (or which "
@@ -263,13 +267,15 @@ def _leftover(name: str) -> bool:
     return name.startswith(".") and name.endswith(_LEFTOVER_SUFFIXES)
 
 
-def _unrecorded_file(root: Path, recorded: dict[str, Any]) -> str | None:
+def _unrecorded_file(
+    root: Path, recorded: dict[str, Any], damaged: frozenset[str] = frozenset()
+) -> str | None:
     """The first file under ``root`` its marker does not list as it is now (a file deleted
-    since is fine: nothing of anyone's is lost by replacing it); nested owned directories are
-    checked against their own markers."""
+    since is fine: nothing of anyone's is lost by replacing it; a recorded file in ``damaged``
+    may differ); nested owned directories are checked against their own markers."""
     want = recorded["files"]
     for rel, stat in sorted(_inventory(root).items()):
-        if want.get(rel) != stat:
+        if want.get(rel) != stat and not (rel in damaged and rel in want):
             return rel
     for nested in _nested_owned(root):
         inner = _read_owner(nested)
@@ -300,14 +306,18 @@ def claim_directory(root: str | Path, owner: DirectoryOwner) -> Path:
 
 @contextlib.contextmanager
 def owned_directory(
-    final: str | Path, owner: DirectoryOwner, *, needs: int | None = None
+    final: str | Path,
+    owner: DirectoryOwner,
+    *,
+    needs: int | None = None,
+    damaged: Collection[str] = (),
 ) -> Iterator[Path]:
     """:func:`atomic_directory` for a directory ``owner`` may replace (checked before any
     work and again just before the swap); the new directory carries ``owner``'s marker. A full
     disk is one :class:`DiskFullError` naming the file being written and ``needs`` (bytes,
     when the caller knows them) instead of a bare "No space left on device"."""
     final = Path(final)
-    check_replaceable(final, owner)
+    check_replaceable(final, owner, damaged)
     with atomic_directory(final) as tmp:
         try:
             yield tmp
@@ -316,7 +326,7 @@ def owned_directory(
                 raise
             raise _disk_full(err, tmp, final, needs) from err
         record_owner(tmp, owner)
-        check_replaceable(final, owner)  # the user may have put files there meanwhile
+        check_replaceable(final, owner, damaged)  # the user may have put files there meanwhile
 
 
 def _disk_full(err: OSError, tmp: Path, final: Path, needs: int | None) -> DiskFullError:

@@ -28,12 +28,14 @@ import anchorctx
 
 ROOT = Path(anchorctx.__file__).resolve().parent
 SHARED = {"config", "experiment", "io", "manifest", "tracking", "process", "attention", "models"}
+SHARED |= {"errors"}  # one line and an exit status for an error (the CLI, the training ranks)
 STAGES = {"packing", "training", "evaluation", "analysis"}
 # What each part of the package may import from anchorctx (its own part always, except for the
 # settings modules). An entry is a part, a layer (``settings``), or a dotted module below
 # anchorctx that allows that module and its submodules only (``attention.names``).
 ALLOWED = {
     "io": set(),
+    "errors": set(),  # one line and an exit status for an error: the CLI and the training ranks
     "lazy": set(),  # PEP 562 package exports; every part may use it (`from anchorctx import lazy`)
     "config": {"io"},
     "settings": {"config", "io", "attention.names"},
@@ -78,7 +80,7 @@ ALLOWED = {
 }
 # Entry points run a stage from the command line: they may also write demo inputs first and
 # turn errors into the CLI's one-line form.
-ENTRY_EXTRA = {"demo", "cli"}
+ENTRY_EXTRA = {"demo", "cli", "errors"}
 ENTRY_FILES = {"commands.py", "worker.py"}
 # Settings modules outside a ``<part>/settings.py`` file, and the part that owns each.
 SETTINGS_MODULES = {"anchorctx.tracking_settings": "tracking"}

@@ -35,7 +35,7 @@ def broken_checkpoint(demo_corpus, tmp_path) -> Path:
 
 
 def test_lm_eval_dtype_auto_names_a_malformed_config_json(broken_checkpoint, monkeypatch, capsys):
-    import anchorctx.evaluation.lm_eval_model as lm_eval_model
+    import anchorctx.evaluation.lm_eval.model as lm_eval_model
 
     def run(argv):  # lm-eval builds the model from --model_args first; no task is needed here
         lm_eval_model.AnchorctxLM(pretrained=str(broken_checkpoint), dtype="auto", device="cpu")

@@ -162,8 +162,19 @@ def test_truncated_packed_dataset_is_named_and_packed_again(runs, tmp_path, reco
     config, data, arrow = _truncated_copy(runs[0], tmp_path)
     manifest = json.loads((data / "manifest.json").read_text())
     if not recorded:  # packed before the sizes were recorded: the stream is read instead
+        from anchorctx.io import record_owner
+        from anchorctx.packing.pipeline import PACKED_OWNER
+
         del manifest["files"]
         (data / "manifest.json").write_text(json.dumps(manifest))
+        # The edited manifest stands for prepare-data's own (its owner marker lists it as is);
+        # the truncated Arrow file stays recorded as written, so only its damage differs.
+        marker = json.loads((data / ".anchorctx-owner.json").read_text())
+        arrow_record = marker["files"][arrow.name]
+        record_owner(data, PACKED_OWNER)
+        marker = json.loads((data / ".anchorctx-owner.json").read_text())
+        marker["files"][arrow.name] = arrow_record
+        (data / ".anchorctx-owner.json").write_text(json.dumps(marker))
     with pytest.raises(DataError) as err:
         load_packed(data)
     msg = str(err.value)

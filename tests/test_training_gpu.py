@@ -62,3 +62,38 @@ def test_one_gpu_with_an_offloaded_optimizer_trains_under_zero2_and_streams_its_
     (ckpt,) = list_checkpoints(cfg.run_dir)
     model = AutoModelForCausalLM.from_pretrained(ckpt, dtype=torch.bfloat16)
     assert all(torch.isfinite(p).all() for p in model.parameters())
+
+
+@pytest.mark.gpu
+def test_two_gpus_train_the_layout_the_plan_chose(tiny_config, packed_demo):
+    """`anchorctx train` with the defaults on two GPUs: the launcher's layout plan chooses SP ×
+    DP, the ZeRO stage and DeepSpeed's settings, the ranks train with them, and the run records
+    the choice and its runners-up (memory_choice.json, the manifest)."""
+    import json
+
+    import torch
+
+    from anchorctx.training.launch import launch
+
+    if torch.cuda.device_count() < 2:
+        pytest.skip("needs two GPUs")
+    raw = tiny_config.model_dump(mode="json")
+    raw["training"].update(
+        device="cuda", engine="auto", precision="bf16", nproc=2, steps=2, global_batch_size=2
+    )
+    raw["training"].pop("sequence_parallel", None)  # the default: auto
+    raw["training"].pop("zero_stage", None)
+    raw["data"]["output_dir"] = str(packed_demo)
+    cfg = config_from_dict(raw)
+    assert launch(cfg) == 0  # what `anchorctx train` runs
+    run = cfg.run_dir
+    chosen = json.loads((run / "memory_choice.json").read_text())
+    layout = json.loads((run / "manifest.json").read_text())["layout"]
+    assert layout["sp"] * layout["dp"] == 2 and layout["plan"] == chosen
+    assert (layout["sp"], layout["zero_stage"]) == (
+        chosen["layout"]["sp"],
+        chosen["layout"]["zero_stage"],
+    )
+    assert len(chosen["alternatives"]) == 3  # the other SP × ZeRO layouts on two GPUs
+    rows = read_jsonl(run / "metrics.jsonl")
+    assert [r["step"] for r in rows] == [1, 2] and all(math.isfinite(r["loss"]) for r in rows)

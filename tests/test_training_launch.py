@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import sys
@@ -49,6 +50,9 @@ def test_cli_sp2_launch_matches_one_process(tiny_config, packed_demo, tmp_path, 
     one, two = (tmp_path / n / "anchor" for n in ("one", "two"))
     manifest = (two / "manifest.json").read_text()
     assert '"sp": 2' in manifest and '"world": 2' in manifest
+    layout = json.loads(manifest)["layout"]  # what the run trains with, DeepSpeed's settings too
+    assert (layout["sp"], layout["dp"], layout["zero_stage"]) == (2, 1, 0)
+    assert layout["deepspeed_comm"] == {} and "plan" not in layout  # CPU: nothing planned
     a = load_file(one / "checkpoints" / "step-000002" / "model.safetensors")
     b = load_file(two / "checkpoints" / "step-000002" / "model.safetensors")
     for name, ref in a.items():

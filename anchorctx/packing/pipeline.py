@@ -419,12 +419,15 @@ def prepare_data(cfg: ExperimentConfig, *, force: bool = False, progress: bool =
     with WriterLock.beside(out, f"packed dataset {out}"):
         if not force and _is_complete(out, fingerprint, note=True):
             return out  # the writer we would have waited for just finished it
-        check_replaceable(out, PACKED_OWNER)  # before tokenising: it may hold the user's data
+        # Before tokenising: it may hold the user's data. This config's own dataset, found
+        # damaged above, may have its Arrow files changed: replacing them is the repair.
+        repair = _own_arrow_files(out, fingerprint)
+        check_replaceable(out, PACKED_OWNER, repair)
         start = time.perf_counter()
         work = Path(tempfile.mkdtemp(prefix=f".{out.name}.work.", dir=out.parent))
         try:
             manifest, table = _build(
-                cfg, tok, tok_info, files, inputs, fingerprint, bad, work, out, progress
+                cfg, tok, tok_info, files, inputs, fingerprint, bad, work, out, progress, repair
             )
         finally:
             shutil.rmtree(work, ignore_errors=True)
@@ -433,7 +436,23 @@ def prepare_data(cfg: ExperimentConfig, *, force: bool = False, progress: bool =
     return out
 
 
-def _build(cfg, tok, tok_info, files, inputs, fingerprint, bad, work, out, progress):
+def _own_arrow_files(out: Path, fingerprint: str) -> tuple[str, ...]:
+    """The Arrow files of ``out`` when it is the dataset of ``fingerprint`` by its own manifest
+    (those the manifest records, or every one for a manifest from before the records); else
+    none."""
+    try:
+        manifest = read_json(out / MANIFEST)
+    except (OSError, ValueError):
+        return ()
+    if not isinstance(manifest, dict) or manifest.get("fingerprint") != fingerprint:
+        return ()
+    files = manifest.get("files")
+    if isinstance(files, dict):
+        return tuple(files)
+    return tuple(p.name for p in out.glob("*.arrow"))
+
+
+def _build(cfg, tok, tok_info, files, inputs, fingerprint, bad, work, out, progress, repair=()):
     # Imported here: datasets takes most of a second to import, which the CLI and fingerprinting
     # skip.
     import datasets
@@ -447,7 +466,7 @@ def _build(cfg, tok, tok_info, files, inputs, fingerprint, bad, work, out, progr
     packer = _pack(cfg, index, store, plan, tags, sep, anchor, work / "rows.arrow", progress)
     manifest = _manifest(cfg, tok_info, anchor, fingerprint, inputs, plan, packer, index, bad, sep)
     summary = stats.compute(index, plan, packer.stats, packer.emitted)
-    with owned_directory(out, PACKED_OWNER) as tmp:
+    with owned_directory(out, PACKED_OWNER, damaged=repair) as tmp:
         _save(datasets, work / "rows.arrow", tmp, progress)
         manifest["files"] = _file_records(tmp)
         _documents_table(index, plan, packer.emitted, files, tmp / "documents.parquet")

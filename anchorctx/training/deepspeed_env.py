@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from anchorctx.training.plan import TrainingError
+from anchorctx.training.settings import COMM_SETTINGS
 
 if TYPE_CHECKING:
     from anchorctx.experiment import ExperimentConfig
@@ -155,9 +156,6 @@ def comm_entries(comm: CommConfig, stage: int) -> dict[str, Any]:
     """``zero_optimization`` keys of ``training.comm`` for ``stage``: each field set in the
     config, else the layout plan's setting for that stage (a run launched with the defaults has
     them written into its config already; this covers a config built in process)."""
-    # Imported here: the layout plan imports the cost plan; DeepSpeed's config needs only this.
-    from anchorctx.training.layout_plan import COMM_SETTINGS
-
     planned = COMM_SETTINGS.get(stage, {})
     out = {}
     for field, (key, stages) in _COMM_KEYS.items():

@@ -33,14 +33,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from anchorctx.training.memory import BF16, Shape
+from anchorctx.training.settings import COMM_SETTINGS
 
-# DeepSpeed's zero_optimization settings the plan runs each stage with (training.comm's fields;
-# a field the config sets wins). ZeRO-2 overlaps its gradient reduce-scatter with backward
-# (DeepSpeed leaves overlap_comm off below stage 3). See docs/PERFORMANCE.md, "Layout".
-COMM_SETTINGS: dict[int, dict[str, Any]] = {
-    2: {"overlap_comm": True},
-    3: {},
-}
 # Stages the plan chooses among on GPUs. ZeRO-1 under bf16 runs DeepSpeed's BF16_Optimizer,
 # which keeps whole fp32 gradients (4P bytes, 27 GB for a 7B model) on every GPU: more memory
 # than ZeRO-2 for the same communication per step at one micro-step, so it never wins here.

@@ -55,6 +55,7 @@ from anchorctx.training import checkpoints as ckpt
 from anchorctx.training import determinism
 from anchorctx.training import metrics as M
 from anchorctx.training.data import BatchPlan
+from anchorctx.training.deepspeed_env import comm_entries
 from anchorctx.training.determinism import deterministic_mode
 from anchorctx.training.engine import (
     build_engine,
@@ -64,6 +65,7 @@ from anchorctx.training.engine import (
     shutdown_distributed,
 )
 from anchorctx.training.kernels import use_kernels
+from anchorctx.training.memory_choice import RECORD as LAYOUT_RECORD
 from anchorctx.training.nodes import check_shared_run_dir
 from anchorctx.training.plan import (
     Parallelism,
@@ -566,8 +568,24 @@ def _prepare_run_dir(run: RunContext) -> None:
                 "weight_decay_on": cfg.training.weight_decay_on,
             },
             deterministic=determinism.record(cfg.training.deterministic),
+            layout=_layout_record(cfg, par, run_dir),
         ),
     )
+
+
+def _layout_record(cfg: ExperimentConfig, par: Parallelism, run_dir: Path) -> dict[str, Any]:
+    """The layout the run trains with: SP × DP, ZeRO stage, DeepSpeed's communication settings
+    and, when the layout plan chose them, its prediction and runners-up (memory_choice.json)."""
+    record = {
+        "sp": par.sp,
+        "dp": par.dp,
+        "zero_stage": par.zero_stage,
+        "deepspeed_comm": comm_entries(cfg.training.comm, par.zero_stage),
+    }
+    chosen = run_dir / LAYOUT_RECORD
+    if chosen.is_file():
+        record["plan"] = read_json(chosen)
+    return record
 
 
 def _trim_metrics(path: Path, keep_through: int) -> None:

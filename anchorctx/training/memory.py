@@ -87,8 +87,10 @@ ZERO3_FITTED_BYTES = 5.0 * GIB
 # (mean 4.85) under it: gradients are released into the reduce bucket as backward produces
 # them, so the whole bf16 gradient the count holds is never resident at once. The smallest gap
 # is taken, not the mean: with the mean, auto kept two layers more on 32K rows, peaked at 131.9
-# of 139.8 GiB, and the allocator working at the edge cost 10% of the step (docs/PERFORMANCE.md).
-ZERO2_FITTED_BYTES = -2.8 * GIB
+# of 139.8 GiB, and the allocator working at the edge cost 8% of the step
+# (docs/benchmarks/2026-11-28-layout-2gpu.md). As a share of the bf16 gradient (2P bytes, 12.55
+# GiB there), so that it scales with the model: 2.8 / 12.55.
+ZERO2_RELEASED = 2.8 / 12.55
 # Host memory of one training process beside its offloaded tensors (CUDA and NCCL state, torch,
 # DeepSpeed's staging buffers): the same measurement's 116.9 GiB resident less 100.4 counted.
 HOST_PROCESS_BYTES = 16.5 * GIB
@@ -197,7 +199,7 @@ def predict(shape: Shape, seq_len: int, opt: Options) -> dict[str, float]:
         weights = 2 * p / n + 2 * shape.layer_params * BF16
         weights += ZERO3_FITTED_BYTES if n > 1 else 0.0  # one rank gathers nothing
     else:  # ZeRO-0/1/2: every GPU holds the whole bf16 model
-        weights = 2 * p + (ZERO2_FITTED_BYTES if opt.zero == 2 and n > 1 else 0.0)
+        weights = 2 * p - (ZERO2_RELEASED * 2 * p if opt.zero == 2 and n > 1 else 0.0)
     state = 12 * p / n if opt.zero >= 1 else 12 * p
     grads = 2 * p / n if opt.zero >= 2 else 2 * p
     kept = min(opt.keep_activations, shape.layers)

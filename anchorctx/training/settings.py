@@ -112,6 +112,17 @@ class MemoryConfig(Strict):
     )
 
 
+# DeepSpeed's zero_optimization settings the layout plan runs each stage with (CommConfig's
+# fields; a field the config sets wins). ZeRO-2 overlaps its gradient reduce-scatter with
+# backward (DeepSpeed leaves overlap_comm off below stage 3): docs/benchmarks/
+# 2026-11-28-layout-2gpu.md. Here, beside the fields, so that DeepSpeed's config reads it without
+# the layout plan's models.
+COMM_SETTINGS: dict[int, dict[str, Any]] = {
+    2: {"overlap_comm": True},
+    3: {},
+}
+
+
 class CommConfig(Strict):
     """DeepSpeed's communication settings (``zero_optimization``'s overlap and bucket sizes) and
     the inter-node bandwidth the layout plan assumes. ``None`` (the default): the layout plan's

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch.distributed as dist
 
-from anchorctx.cli import error_line, exit_code
+from anchorctx.errors import error_line, exit_code
 from anchorctx.experiment import load_config
 from anchorctx.training.loop import train
 

@@ -230,7 +230,8 @@ class ExperimentConfig(Strict):
         if raw["seed"] != self.seed and raw["evaluation"]["data_seed"] is None:
             # A training seed: the generated evaluation data stays the experiment's. Arms of
             # other seeds share its directories, and each one's evaluation would otherwise
-            # rewrite them with its own seed while the others read (docs/REPRODUCTION.md run 13).
+            # rewrite them with its own seed while the others read
+            # (docs/runs/2026-11-27-run-13-seeds-4x-samples.md).
             raw["evaluation"]["data_seed"] = self.seed
         raw["training"]["attention"] = spec.attention
         raw["variant"] = spec.name

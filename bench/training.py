@@ -11,7 +11,7 @@ One GPU, attention variants at several lengths (step time, tokens/s, MFU, peak m
 Sequence-parallel scaling at a fixed per-GPU load (SP = number of processes; compare with the
 one-GPU numbers at the same per-GPU length). Give each rank its share of the host's cores, as
 ``anchorctx train`` does: torchrun's default of one thread a rank starves an offloaded
-optimizer (docs/PERFORMANCE.md section 8):
+optimizer (docs/benchmarks/2026-11-27-sp2-512k-host-threads.md):
 
     OMP_NUM_THREADS=$(( $(nproc) / 4 )) torchrun --nproc-per-node 4 bench/training.py \
         --per-gpu-tokens 32768 --out sp4.json

@@ -33,7 +33,8 @@ _SERVER: list[Any] = []  # the SubprocessASGIServer, once started
 # A Prefect database already migrated to this Prefect's schema (scripts/test.sh makes it once,
 # beside the lint, and names it here). A server started on a copy of it is healthy after ~4.4 s
 # of CPU instead of ~10.6 s on an empty one: the migrations are most of a start, and the suite
-# starts four servers (measured on the 2-core machine, docs/PERFORMANCE.md section 6).
+# starts four servers (measured on the 2-core machine,
+# docs/benchmarks/2026-11-23-cpu-demo-and-test-suite.md).
 PREMIGRATED_DB_ENV = "ANCHORCTX_TEST_PREFECT_DB"
 
 

@@ -69,9 +69,10 @@ def test_seeds_expand_into_one_run_per_seed():
 
 def test_seed_arms_read_the_experiments_evaluation_data(tmp_path):
     """A training seed changes training only: every arm's generated evaluation data (demo
-    fixtures, held-out sets) is the experiment's. Run 13 (docs/REPRODUCTION.md) wrote them with
-    each arm's seed into the shared directories, so arms of different seeds answered different
-    RULER samples under the same keys."""
+    fixtures, held-out sets) is the experiment's. Run 13
+    (docs/runs/2026-11-27-run-13-seeds-4x-samples.md) wrote them with each arm's seed into the
+    shared directories, so arms of different seeds answered different RULER samples under the same
+    keys."""
     from anchorctx.demo.fixtures import data_seed, ensure_eval_fixtures
     from anchorctx.demo.heldout_eval import ensure_heldout_eval
 
@@ -224,7 +225,8 @@ def test_seeds_needed_by_hand():
     assert seeds_needed(-3.0, math.sqrt(7), 2.0) == {"seeds": 15, "samples_factor": 8}
     assert seeds_needed(3.0, 0.0, 0.0) == {"seeds": 2, "samples_factor": 1}
     assert seeds_needed(0.0, 1.0, 1.0) is None
-    # Run 14's anchor − intra_doc at 8K (docs/REPRODUCTION.md): three seeds whose interval held
+    # Run 14's anchor − intra_doc at 8K (docs/runs/2026-11-27-run-14-seeds-same-samples.md): three
+    # seeds whose interval held
     # 0. The normal formula said 2 seeds; with t, 5 (3 seeds: 5.36 x 0.326 = 1.75 > 1.23).
     assert seeds_needed(1.23, 0.32, 0.27) == {"seeds": 5, "samples_factor": 1}
     assert seeds_needed(0.01, 1.0, 1.0) == {"seeds": None, "samples_factor": None}

@@ -1,6 +1,6 @@
 """``training.deterministic``: the mode it turns on, the engines it admits, what the manifest and
 the report say, and two CPU runs with identical checkpoints (the GPU side:
-tests/test_determinism_gpu.py and docs/REPRODUCTION.md, "Deterministic training")."""
+tests/test_determinism_gpu.py and docs/runs/2026-11-25-deterministic-training.md)."""
 
 from __future__ import annotations
 

@@ -80,7 +80,8 @@ def test_unit_cost_counts_samples_prefill_and_decode(tmp_path, demo_corpus):
     # niah answers in up to 128 tokens, vt in 30: same prompt length, more decode.
     assert cost["niah_single_1/32768"] > cost["vt/32768"] > cost["niah_single_1/16384"]
     assert cost["vt/32768"] == 24 * sharding.sample_cost(32768, 30)
-    # Against the measured per-sample seconds it is fitted to (H200, 7B shape, docs/PERFORMANCE):
+    # Against the measured per-sample seconds it is fitted to (H200, 7B shape,
+    # docs/benchmarks/2026-11-23-eval-generation-static-engine.md):
     # prefill 1.351 s at 32K; 128 decode steps of 5.47 ms each at 32K. The fit is within 4%
     # (prefill) and 16% (decode) of each measured length, so 5% on the sum here.
     assert sharding.sample_cost(32768, 128) == pytest.approx(1.351 + 128 * 5.47e-3, rel=0.05)

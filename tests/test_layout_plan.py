@@ -39,9 +39,10 @@ def test_each_stage_and_split_pays_its_own_collectives():
     assert wide["ulysses"] > _comm(sp=4, zero=3, gpus=4)["ulysses"]
 
 
-# Full-depth Llama-2-7B shape on 2× H200, liger kernels, 2026-11-28 (docs/PERFORMANCE.md,
-# "Layout"): (SP, ZeRO, overlap_comm, row tokens, kept layers, tiled loss, variant, measured s
-# per step of one row per data-parallel group). The plan must be within 10% of each.
+# Full-depth Llama-2-7B shape on 2× H200, liger kernels, 2026-11-28
+# (docs/benchmarks/2026-11-28-layout-2gpu.md): (SP, ZeRO, overlap_comm, row tokens, kept layers,
+# tiled loss, variant, measured s per step of one row per data-parallel group). The plan must be
+# within 10% of each.
 MEASURED = (
     (2, 3, True, 16384, 32, False, "anchor", 1.086),
     (2, 3, True, 16384, 32, False, "full", 1.222),

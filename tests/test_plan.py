@@ -90,7 +90,7 @@ def test_ruler_cost_is_the_shard_cost_model():
 
 
 def test_step_time_model_reproduces_the_measured_steps():
-    """The fit (docs/PERFORMANCE.md, "Plan model") stays within 10% of every measured row."""
+    """The fit (docs/benchmarks/2026-11-24-plan-model.md) stays within 10% of every measured row."""
     h200 = cost_plan.GPUS["h200"]
     for row in cost_plan.STEP_ROWS:
         opt = memory.Options(kernels=row.kernels, keep_activations=row.keep)

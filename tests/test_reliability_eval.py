@@ -501,7 +501,8 @@ def test_row19_docker_binds_loopback_needs_a_password_and_installs_the_lock():
 
 # --------------------------------------------------------- inputs rewritten during a run
 def test_inputs_rewritten_during_an_evaluation_write_no_result(tmp_path, fake, capsys):
-    """Another process rewrites a suite's input file while it runs (docs/REPRODUCTION.md run 13:
+    """Another process rewrites a suite's input file while it runs (run 13,
+    docs/runs/2026-11-27-run-13-seeds-4x-samples.md:
     seed arms rewriting the shared evaluation data): the evaluation fails with one line naming
     the change and writes no result, whole or sharded; the next run, on stable data, completes
     from fresh records."""

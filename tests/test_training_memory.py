@@ -400,8 +400,8 @@ def test_memory_model_counts_fused_kernels():
 
 
 # Measured peaks (GiB) of the 4-layer Llama-2-7B-wide model, anchor, liger, tiled loss, one row of
-# ``tokens`` with ``kept`` layers kept (docs/PERFORMANCE.md section 8): H100 2026-11-27, H200
-# 2026-11-24 (128K, 4 kept).
+# ``tokens`` with ``kept`` layers kept (docs/benchmarks/2026-11-27-memory-model-refit.md): H100
+# 2026-11-27, H200 2026-11-24 (128K, 4 kept).
 LIGER_ROWS = [
     (65536, 1, 31.21),
     (65536, 2, 38.75),

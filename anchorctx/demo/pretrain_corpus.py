@@ -38,9 +38,9 @@ answer: this module's pseudo-word prose, or for a share of the essay-haystack ta
 sentence templates over RULER's own word lists, wonderwords' nouns, adjectives and verbs; never
 the evaluation's essays or their templates). Without them a small model learns to retrieve in
 the formats above but does not transfer to RULER's prompts (measured: 0.0 on every RULER task at 2K after 700 steps
-on an H200, docs/REPRODUCTION.md). With them the 2K score measures a model that knows the
-formats, and what the arms' continual training changes is whether retrieval reaches 4K-16K.
-They are written to ``data/task_format_<i>.jsonl`` (domain ``Retrieval`` too).
+on an H200, docs/runs/2026-11-23-runs-1-6-pretraining-recipe.md). With them the 2K score measures a
+model that knows the formats, and what the arms' continual training changes is whether retrieval
+reaches 4K-16K. They are written to ``data/task_format_<i>.jsonl`` (domain ``Retrieval`` too).
 """
 
 from __future__ import annotations
@@ -98,8 +98,9 @@ _HAYSTACK_WORDS = 60_000  # prose per haystack of the essay-haystack tasks (repe
 # documents go over English-word prose instead of pseudo-word prose. Why the option: with
 # pseudo-word haystacks the base model found needles in RULER's noise haystack (niah_single_1,
 # 94.6-96.4% at 2K on an H200) more often than in its English essay one (niah_single_2,
-# 76.8-78.6%; docs/REPRODUCTION.md, runs 4 and 5). Why off by default: with a share of 0.5 the
-# same 1200 steps did not form the key-to-value lookup at all (run 6: niah_single_1 16.1%).
+# 76.8-78.6%; runs 4 and 5 in docs/runs/2026-11-23-runs-1-6-pretraining-recipe.md). Why off by
+# default: with a share of 0.5 the same 1200 steps did not form the key-to-value lookup at all (run
+# 6: niah_single_1 16.1%).
 ESSAY_TASKS: tuple[str, ...] = (
     "niah_single_2",
     "niah_single_3",

@@ -7,7 +7,7 @@ static engine on one H200, Llama-2-7B shape), per checkpoint evaluated (the last
 memory bandwidth: :data:`anchorctx.training.cost_plan.GPUS`) and to the model's size
 (parameters over the 7B shape's; both prefill and decode move the weights' FLOPs or bytes).
 MMLU and HellaSwag (lm-eval log-likelihoods, no generation) are their requests' tokens at the
-same fit's per-token prefill rate. docs/PERFORMANCE.md, "Plan model", lists the constants.
+same fit's per-token prefill rate. docs/benchmarks/2026-11-24-plan-model.md lists the constants.
 """
 
 from __future__ import annotations

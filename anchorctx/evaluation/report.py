@@ -373,8 +373,9 @@ def write_experiment_report(
 # The base model's retrieval check: RULER's single-needle tasks at the base model's own lengths.
 # A base model that finds one needle in its own context less often than this leaves continual
 # training little retrieval to keep or lose at longer lengths, so the arms' RULER differences
-# then say little about their attention (docs/REPRODUCTION.md, run 6: a base model at 16% gave
-# four arms within 10-14 of each other). The bar is the one the GPU-small comparison was set.
+# then say little about their attention (run 6 in
+# docs/runs/2026-11-23-runs-1-6-pretraining-recipe.md: a base model at 16% gave four arms within
+# 10-14 of each other). The bar is the one the GPU-small comparison was set.
 BASE_RETRIEVAL_TASKS = ("niah_single_1", "niah_single_2")
 BASE_RETRIEVAL_BAR = 80.0
 

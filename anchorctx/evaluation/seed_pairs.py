@@ -28,7 +28,8 @@ samples could have told from 0. The seeds needed to detect the observed mean dif
 
 (``se_samples^2`` scales as one over the samples). This is the usual t approximation of a
 t-test's power: with the normal quantiles instead, three seeds whose interval held 0 were
-reported as "2 seeds are enough" (docs/REPRODUCTION.md, run 14). Of the combinations up to
+reported as "2 seeds are enough" (run 14, docs/runs/2026-11-27-run-14-seeds-same-samples.md).
+Of the combinations up to
 :data:`MAX_SEEDS` seeds and :data:`MAX_SAMPLES_FACTOR` times the samples, the one with the
 lowest added cost is reported, fewer seeds first on a tie (:func:`plan_cost`: the new seeds
 trained and evaluated on ``k`` times the samples, the seeds already run evaluated again on the

@@ -305,7 +305,8 @@ class EvaluationConfig(Strict):
     )
     # Off by default: the deterministic decode kernel (compiled FlexAttention) cost 1.11x (32K)
     # and 1.21x (128K) cuDNN's decode time per token on a 7B model at batch 1, 1.86x at 32K x 4
-    # rows (H200, docs/PERFORMANCE.md section 4); the default is the fast kernel.
+    # rows (H200, docs/benchmarks/2026-11-23-decode-attention-determinism.md); the default is the
+    # fast kernel.
     deterministic_decode: bool = Field(
         False,
         description="Static engine: decode with a run-to-run deterministic attention kernel, so "

@@ -67,12 +67,12 @@ from anchorctx.io import append_jsonl, atomic_write_text, read_jsonl
 WHOLE = "*"  # the unit of a suite that is not split
 
 
-# Seconds per sample of the static engine on one H200, Llama-2-7B shape (docs/PERFORMANCE.md,
-# section 4), fitted over 4K-128K with L in thousands of tokens: prefill ≈ a·L + b·L² (0.116 s at
-# 4K, 1.35 s at 32K, 11.6 s at 128K; the fit is within 4% of each), and one decode step per
-# sample, at the batch rows the memory rule picks, ≈ c + d·L (0.94 ms at 4K, 5.5 ms at 32K,
-# 21.6 ms at 128K; within 16%). Only ratios matter for balancing, so other models and GPUs
-# share the fit.
+# Seconds per sample of the static engine on one H200, Llama-2-7B shape
+# (docs/benchmarks/2026-11-23-eval-generation-static-engine.md), fitted over 4K-128K with L in
+# thousands of tokens: prefill ≈ a·L + b·L² (0.116 s at 4K, 1.35 s at 32K, 11.6 s at 128K; the fit
+# is within 4% of each), and one decode step per sample, at the batch rows the memory rule picks, ≈
+# c + d·L (0.94 ms at 4K, 5.5 ms at 32K, 21.6 ms at 128K; within 16%). Only ratios matter for
+# balancing, so other models and GPUs share the fit.
 PREFILL_S_PER_KTOKEN = 0.027
 PREFILL_S_PER_KTOKEN2 = 4.96e-4
 DECODE_S_PER_TOKEN = 3e-4

@@ -3,9 +3,9 @@
 Why: a shard in a process of its own pays the interpreter's start, the imports (torch and
 transformers), CUDA's initialisation and, for every batch shape, dynamo's tracing of the decode
 step and the load of its kernels from torch's on-disk cache: 17-27 s at gpu-small's evaluation
-shape, as long as the shard's generation (docs/PERFORMANCE.md, "Static decode graphs"). A worker
-pays them once. Its compiled graphs stay in memory from request to request and from checkpoint
-to checkpoint: they depend on the shapes, not on the weights
+shape, as long as the shard's generation (docs/benchmarks/2026-11-27-static-decode-graphs.md). A
+worker pays them once. Its compiled graphs stay in memory from request to request and from
+checkpoint to checkpoint: they depend on the shapes, not on the weights
 (:func:`anchorctx.models.decoder._compiled`). So a compile-ahead pass run in a worker serves the
 shards that worker runs next, without the disk cache.
 
@@ -25,9 +25,10 @@ Protocol, text lines on the worker's stdin and stdout (its stderr goes to its st
 
 - A release drops the cached model and hands the GPU memory the worker's allocator holds back
   to the device (:func:`release_memory`). What stays is what CUDA keeps per process (its
-  context and loaded kernels, ~0.8 GiB on an H100; docs/PERFORMANCE.md), and with it the compiled decode
-  graphs, cuDNN's attention graphs and the RULER samples in memory: the evaluation after the
-  training finds them. The training's memory plan keeps 6% of the GPU in reserve
+  context and loaded kernels, ~0.8 GiB on an H100;
+  docs/benchmarks/2026-11-27-one-gpu-eval-worker.md), and with it the compiled decode graphs,
+  cuDNN's attention graphs and the RULER samples in memory: the evaluation after the training finds
+  them. The training's memory plan keeps 6% of the GPU in reserve
   (:data:`anchorctx.training.memory.RESERVED_FRACTION`), which covers it.
 - A request that raises ends the worker after its reply: a failed CUDA call can leave the
   process unusable, so it is not reused. The next request starts a new worker and its log says

@@ -48,10 +48,10 @@ GPU_SMALL_SP2 = ["name=gpu-small-sp2", "training.nproc=2", "training.sequence_pa
 # 8K only with 224 samples per task (4x gpu-small's, about the same work as its 2K-16K x 56):
 # over gpu-small's lengths the seeds disagreed as much as the arms differ (run 10), and at 8K
 # with 4x the samples two to three seeds are the power the difference needs (run 13).
-# Arithmetic on an H100 by run 9's timings (docs/REPRODUCTION.md): 6 runs x (train 79-88 s +
-# evaluate 94-139 s; those evaluations also ran MMLU and HellaSwag) = 6 x 173-227 s =
-# 17.3-22.7 min; three packed 16K datasets (the seed orders the data; the two arms of one seed
-# share theirs) ~1 min of CPU; report ~0.5 min: 19-24 min. With no cached base, add run 9's
+# Arithmetic on an H100 by run 9's timings (docs/runs/2026-11-25-run-09-deterministic-h100.md): 6
+# runs x (train 79-88 s + evaluate 94-139 s; those evaluations also ran MMLU and HellaSwag) = 6 x
+# 173-227 s = 17.3-22.7 min; three packed 16K datasets (the seed orders the data; the two arms of
+# one seed share theirs) ~1 min of CPU; report ~0.5 min: 19-24 min. With no cached base, add run 9's
 # 11.2 min of pretraining and 0.9 min of base evaluation: 31-36 min, more than 25.
 GPU_SMALL_SEEDS = [
     "variants=[{name: intra_doc, attention: intra_doc, seeds: [1, 2, 3]},"
@@ -68,15 +68,15 @@ GPU_SMALL_SEEDS = [
 # replicas (`training.nproc: 2` among its overrides: the same global batch of 32 rows, 16 a GPU,
 # no accumulation, the same 1500 steps), so its base is not gpu-small's (another nproc, another
 # pretraining hash). The arms train on one GPU while the finished ones are evaluated on the other
-# (evaluation.overlap). Measured on two H100s (docs/REPRODUCTION.md, run 10): corpora and
-# packing 3.1 min, pretraining 7.1 min (321 s of steps), base evaluation 47 s, each arm's training
-# 80-85 s; but each arm's RULER (two shards, both on the one GPU training leaves free: ~100 s each
-# with process start and model load) takes about twice an arm's training, so the evaluations
-# queue until the last arm has trained. After 27 min one arm's evaluation was still unfinished:
-# plan ~30 min. On three H200s (run 13; two evaluate while one trains) it finished in 21.4 min,
-# though every arm's RULER merge generated its samples again (the seed-dependent evaluation data
-# since fixed, evaluation.data_seed). On three H100s with the fix (run 14): 21.5 min, each arm's
-# RULER 50-61 s of wall time, the last done 50 s after the last arm trained.
+# (evaluation.overlap). Measured on two H100s (run 10, docs/runs/2026-11-26-run-10-three-seeds.md):
+# corpora and packing 3.1 min, pretraining 7.1 min (321 s of steps), base evaluation 47 s, each
+# arm's training 80-85 s; but each arm's RULER (two shards, both on the one GPU training leaves
+# free: ~100 s each with process start and model load) takes about twice an arm's training, so the
+# evaluations queue until the last arm has trained. After 27 min one arm's evaluation was still
+# unfinished: plan ~30 min. On three H200s (run 13; two evaluate while one trains) it finished in
+# 21.4 min, though every arm's RULER merge generated its samples again (the seed-dependent
+# evaluation data since fixed, evaluation.data_seed). On three H100s with the fix (run 14): 21.5
+# min, each arm's RULER 50-61 s of wall time, the last done 50 s after the last arm trained.
 GPU_SMALL_SEEDS_2GPU_NAME = "gpu-small-seeds-2gpu"
 
 

@@ -560,7 +560,7 @@ def _to_compile(scope: Scope) -> tuple[ExperimentConfig, list[str]] | None:
 
     Why: the decode step compiles one graph per batch shape. The first arm's evaluation (in
     the GPUs' evaluation workers) would compile them all, ~30 s on gpu-small's 8K evaluation
-    (docs/PERFORMANCE.md, "Static decode graphs"); later arms find them in the workers'
+    (docs/benchmarks/2026-11-27-static-decode-graphs.md); later arms find them in the workers'
     memory (kept through training) or torch's on-disk caches. So the same evaluation runs
     first on GPUs that are idle anyway, compile-only, with the arm's base model (the
     architecture it will have), in the same workers. Only when the arm is about to train (no

@@ -22,7 +22,7 @@ Two layer implementations of the same arithmetic (``DECODE_STEPS``):
   (``[(H_q + 2 H_kv) D, hidden]`` and ``[2 I, hidden]``) and the norms, RoPE, the K/V write,
   SiLU·mul and residual adds fused around them by ``torch.compile`` (on CUDA): on a 7B model the
   unfused step runs ~35 small kernels per layer, ~2.2 ms per token more on an H200
-  (docs/PERFORMANCE.md, "Fused decode step").
+  (docs/benchmarks/2026-11-23-fused-decode-step.md).
 
 Merged weights cost no memory: q/k/v (and gate/up) that already lie back to back in one storage
 are viewed as one matrix; otherwise they are concatenated once and the projection modules get
@@ -285,7 +285,8 @@ def _compiled(fn, deterministic: bool = False):
     # process compiles its second shape as dynamic, so which kernel decodes a batch would
     # depend on the batches the process decoded before: two shardings of one evaluation then
     # gave different greedy tokens on 11-28 of 232 records with deterministic decoding, and
-    # the dynamic graphs decoded 2.8x slower (docs/PERFORMANCE.md, "Static decode graphs").
+    # the dynamic graphs decoded 2.8x slower
+    # (docs/benchmarks/2026-11-27-static-decode-graphs.md).
     return torch.compile(fn, fullgraph=True, dynamic=False, options=inductor_options(deterministic))
 
 
@@ -294,7 +295,7 @@ def inductor_options(deterministic: bool) -> dict[str, bool] | None:
     Inductor makes by timing candidates on the device (reduction configs, matmul padding). Two
     processes compiling one graph could otherwise pick different kernels, so the same batch
     decoded in two evaluation workers (each compiles the shapes it meets first) gave different
-    greedy tokens on 4 of 232 records (docs/PERFORMANCE.md, "Evaluation workers")."""
+    greedy tokens on 4 of 232 records (docs/benchmarks/2026-11-27-evaluation-workers.md)."""
     if not deterministic:
         return None
     import torch._inductor.config as inductor
@@ -398,10 +399,10 @@ class StaticDecoder:
         Why: on an H100, torch 2.11 runs the prefill's SDPA call on cuDNN's kernel, which builds
         a graph per input shape (and strides) on its first call, ~68 ms, then reuses it. RULER's
         prompts have nearly all distinct lengths, so a process's first evaluation pays that per
-        prompt (docs/PERFORMANCE.md, "Evaluation workers"). A compile-only pass calls this per
-        prompt length. PyTorch keeps cuDNN's attention graphs per thread, so what it builds
-        serves the evaluations of the same thread: an evaluation worker's, which serves its
-        requests in its main thread."""
+        prompt (docs/benchmarks/2026-11-27-evaluation-workers.md). A compile-only pass calls this
+        per prompt length. PyTorch keeps cuDNN's attention graphs per thread, so what it builds
+        serves the evaluations of the same thread: an evaluation worker's, which serves its requests
+        in its main thread."""
         c = min(n, chunk)
         s = self.shape
         weight = self.weight

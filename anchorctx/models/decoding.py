@@ -57,7 +57,7 @@ SYNC_EVERY = 16
 # H100/H200), "efficient" = SDPA's memory-efficient kernel, "flex" = compiled FlexAttention.
 DECODE_ATTENTIONS = ("sdpa", "efficient", "flex")
 # The kernel ``deterministic=True`` selects: the fastest of the run-to-run deterministic ones
-# (docs/PERFORMANCE.md, "Decode attention: speed against run-to-run determinism").
+# (docs/benchmarks/2026-11-23-decode-attention-determinism.md).
 DETERMINISTIC_ATTENTION = "flex"
 # Triton options of FlexAttention's decoding kernel on CUDA (``kernel_options``). Fixed split
 # count, so still deterministic; the best of bench/decode_attention_sweep.py's variants on H200
@@ -274,13 +274,14 @@ class GreedyDecoder:
     "sdpa", or ``DETERMINISTIC_ATTENTION`` when ``deterministic``). SDPA's pick on CUDA is cuDNN's
     kernel, fast but not run-to-run deterministic (measured on H200, torch 2.11: two runs of the
     same batch gave different greedy tokens after a few dozen steps on a random 7B-shaped model);
-    "efficient" and "flex" give the same tokens on every run (docs/PERFORMANCE.md has speeds).
-    On CPU "sdpa" and "efficient" are the same kernel and "flex" runs uncompiled.
+    "efficient" and "flex" give the same tokens on every run
+    (docs/benchmarks/2026-11-23-decode-attention-determinism.md has speeds). On CPU "sdpa" and
+    "efficient" are the same kernel and "flex" runs uncompiled.
 
     ``step``: the decode step's layers, one of ``DECODE_STEPS`` (default: "fused" on CUDA where
-    the model allows it, else "hf"; docs/PERFORMANCE.md section 4 has the speeds). "fused" merges
-    the model's q/k/v and gate/up parameters into one tensor each (no extra memory, see
-    :func:`anchorctx.models.decoder._merged`). The built forward is ``self.decoder``.
+    the model allows it, else "hf"; docs/benchmarks/2026-11-23-fused-decode-step.md has the speeds).
+    "fused" merges the model's q/k/v and gate/up parameters into one tensor each (no extra memory,
+    see :func:`anchorctx.models.decoder._merged`). The built forward is ``self.decoder``.
     """
 
     def __init__(

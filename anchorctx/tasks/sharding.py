@@ -92,8 +92,8 @@ def evaluation_gpus(slots: str) -> int:
     (at least one). An evaluation planned while training holds GPUs is split into this many
     shards, not one per GPU of the pool: its shards could only queue on the GPUs left, each
     paying its own setup and model load (~30 s for a 147M model on an H100 with a process per
-    shard, docs/REPRODUCTION.md run 10; 0.4-3.8 s in a GPU's worker), and arms waiting
-    behind it take the freed GPUs instead."""
+    shard, run 10 in docs/runs/2026-11-26-run-10-three-seeds.md; 0.4-3.8 s in a GPU's worker), and
+    arms waiting behind it take the freed GPUs instead."""
     total = len(slots.split(","))
     with _LOCK:
         return min(total, max(1, total - _HELD.get(slots, 0)))

@@ -2,8 +2,8 @@
 
 Memory is :func:`anchorctx.training.memory.predict` for the config's model shape, row length,
 sequence-parallel degree and ``training.memory`` options. Step time is a FLOP-rate model fitted
-to the project's own measured training steps (docs/PERFORMANCE.md, section 2; "Plan model"
-there lists every constant):
+to the project's own measured training steps (docs/benchmarks/2026-11-22-training-step.md;
+docs/benchmarks/2026-11-24-plan-model.md lists every constant):
 
 - matmul work ``W`` per GPU and row: ``6·N·t`` (forward and backward of every parameter that
   multiplies, ``N`` = decoder layers + LM head, ``t = T / SP`` tokens per GPU) plus ``2·N_dec·t``
@@ -71,10 +71,11 @@ GPUS: dict[str, GpuKind] = {
         "fitted on one H200 (docs/PERFORMANCE.md sections 1, 2, 4; 2026-11-22..24)",
     ),
     # Measured on both kinds: the 128K 4-layer step with liger, H100 2.09 / 6.47 s (anchor /
-    # full) against H200 2.026 / 6.436 s (../REFERENCE.md and docs/PERFORMANCE.md section 2,
-    # 2026-11-24): 1.018; static-engine prefill at 32K 1.398 s (H100, section 4 "The owned
-    # decoder", 2026-11-24) against 1.351 s (H200): 1.035; fused decode at 32K, batch 1,
-    # 11.53 ms against 8.32 ms: 1.386.
+    # full) against H200 2.026 / 6.436 s (../REFERENCE.md and
+    # docs/benchmarks/2026-11-22-training-step.md, 2026-11-24): 1.018; static-engine prefill at 32K
+    # 1.398 s (H100, docs/benchmarks/2026-11-24-owned-decoder-h100.md, "The owned decoder",
+    # 2026-11-24) against 1.351 s (H200): 1.035; fused decode at 32K, batch 1, 11.53 ms against 8.32
+    # ms: 1.386.
     "h100": GpuKind(
         "H100",
         79.2,
@@ -237,10 +238,11 @@ def row_tokens(cfg: ExperimentConfig, sp: int) -> int:
 
 
 # ------------------------------------------------------------------------------ step time
-# Useful attention TFLOP/s of the kernels `auto` picks (one H200, docs/PERFORMANCE.md section 1,
-# heavy-tailed rows, 2026-11-22 and 2026-11-24): by T in tokens, (forward, forward+backward).
-# Dense causal cuDNN for `full`; document masks: intra_doc flex forward, anchor triton /
-# intra_doc flex forward+backward (equal within 1% on these rows).
+# Useful attention TFLOP/s of the kernels `auto` picks (one H200,
+# docs/benchmarks/2026-11-22-attention-engines.md and 2026-11-24-attention-triton.md, heavy-tailed
+# rows, 2026-11-22 and 2026-11-24): by T in tokens, (forward, forward+backward). Dense causal cuDNN
+# for `full`; document masks: intra_doc flex forward, anchor triton / intra_doc flex
+# forward+backward (equal within 1% on these rows).
 DENSE_RATES = {32768: (594.0, 552.0), 65536: (595.0, 552.0), 131072: (559.0, 538.0)}
 DOC_RATES = {32768: (340.0, 316.0), 65536: (364.0, 336.0), 131072: (405.0, 387.0)}
 
@@ -263,8 +265,8 @@ def _interpolate(table: dict[int, Any], length: int) -> Any:
 
 @dataclass(frozen=True)
 class StepRow:
-    """One measured training step (docs/PERFORMANCE.md section 2, one H200, 4 layers of the
-    Llama-2-7B width, heavy-tailed documents, one row per step)."""
+    """One measured training step (docs/benchmarks/2026-11-22-training-step.md, one H200, 4 layers
+    of the Llama-2-7B width, heavy-tailed documents, one row per step)."""
 
     tokens: int
     variant: str

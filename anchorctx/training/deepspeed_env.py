@@ -178,7 +178,7 @@ def offload_entries(memory: MemoryConfig, par: Parallelism) -> tuple[dict, dict]
     # Not pinned unless asked (training.memory.pin_offload): DeepSpeed then page-locks its host
     # gradient buffers (tens of GB for a 7B model), which can exhaust a host whose fp32 state
     # already fills most of its RAM. The price of pageable buffers: slower copies
-    # (docs/PERFORMANCE.md, "Host copies").
+    # (docs/benchmarks/2026-11-27-sp2-512k-host-threads.md, "Host copies").
     # The optimizer engine.build_optimizer made steps the CPU partitions (training.memory.cpu_adam:
     # DeepSpeedCPUAdam, or torch's AdamW, which DeepSpeed would otherwise refuse here).
     return (

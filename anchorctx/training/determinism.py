@@ -20,7 +20,7 @@ differently, and the difference grows step by step). The sources, and what close
 
 Not covered: NCCL's reductions over several GPUs are deterministic for a fixed world size and
 algorithm choice in practice, but NCCL does not promise it; bit-identical reruns were measured
-on one GPU (docs/REPRODUCTION.md, "Deterministic training").
+on one GPU (docs/runs/2026-11-25-deterministic-training.md).
 """
 
 from __future__ import annotations

@@ -6,9 +6,9 @@ every RMSNorm becomes one kernel forward and one backward instead of the fp32 up
 rsqrt, scale and cast that transformers runs as separate kernels, each reading and writing a
 [T, hidden] tensor; the MLP's ``silu(gate) * up`` becomes one kernel instead of three over
 [T, intermediate]. At 128K tokens these passes are memory-bound traffic of ~1 GB per [T, 4096]
-bf16 tensor (docs/PERFORMANCE.md section 2 measures what fusing them saves). The arithmetic is
-the same up to float rounding (the fused kernels keep the fp32 intermediates in registers), so
-this is an option, off by default (docs/FIDELITY.md).
+bf16 tensor (docs/benchmarks/2026-11-22-training-step.md measures what fusing them saves). The
+arithmetic is the same up to float rounding (the fused kernels keep the fp32 intermediates in
+registers), so this is an option, off by default (docs/FIDELITY.md).
 
 Liger-Kernel is an optional dependency for CUDA machines (``pip install liger-kernel``), like
 flash-attn; it is not in the CPU lock.

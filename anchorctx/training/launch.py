@@ -141,7 +141,8 @@ def launch(
 # Expandable segments let the caching allocator grow a segment instead of keeping freed blocks
 # of the wrong size: without them the default 128K step on an H100 asked for 15.6 GiB with
 # 14.6 free and 15.5 GiB reserved but unallocated (fragmentation), and failed on its second step,
-# although the memory model said it fits (docs/PERFORMANCE.md). With them it ran.
+# although the memory model said it fits (docs/benchmarks/2026-11-25-memory-auto.md). With them it
+# ran.
 CUDA_ALLOC_CONF = "expandable_segments:True"
 
 
@@ -168,8 +169,8 @@ def host_threads_settings(
     one core each: DeepSpeed's CPU Adam over the offloaded optimizer state and the pageable
     copies to and from the GPU. The full-depth 7B step at 512K with SP=2 on two H200s took
     49.4 s with torchrun's 1 and 41.2 s with 32 threads a rank on a 64-core host: the optimizer
-    step went from 12.2 to 3.4 s (docs/PERFORMANCE.md). CPU runs keep torchrun's 1: their ranks'
-    own arithmetic already fills the cores."""
+    step went from 12.2 to 3.4 s (docs/benchmarks/2026-11-27-sp2-512k-host-threads.md). CPU runs
+    keep torchrun's 1: their ranks' own arithmetic already fills the cores."""
     if device != "cuda" or nproc < 2 or "OMP_NUM_THREADS" in environ:
         return None
     cores = cores if cores is not None else len(os.sched_getaffinity(0))

@@ -24,7 +24,7 @@ Each collective's time is ``latency + bus bytes / bandwidth`` (:class:`Link`), m
 ``training.comm.inter_node_gb_per_s`` (default :data:`INTER_NODE_GB_PER_S`), which the ZeRO
 collectives over all ranks then run at, and Ulysses' too when an SP group spans nodes. The share
 of each collective left exposed is fitted to the measured full-depth 7B steps
-(docs/PERFORMANCE.md, "Layout"); :data:`EXPOSED` says what each value rests on.
+(docs/benchmarks/2026-11-28-layout-2gpu.md); :data:`EXPOSED` says what each value rests on.
 """
 
 from __future__ import annotations
@@ -79,8 +79,8 @@ INTER_NODE_LATENCY_S = 20e-6
 # What each collective costs the step, as a multiple of its bandwidth time above. Fitted by
 # least squares, together with ULYSSES_CALL_S and LAYER_OVERHEAD_S, to 18 measured steps of the
 # full-depth 7B shape on 2 and 4 H200s (SP 1, 2, 4; ZeRO-2 with and without overlap_comm,
-# ZeRO-3; 8K and 16K tokens a GPU; docs/PERFORMANCE.md "Layout"): 16 within 5%, the other two
-# (4 GPUs, 8K a GPU, ZeRO-3) at -21% (anchor) and +9% (full).
+# ZeRO-3; 8K and 16K tokens a GPU; docs/benchmarks/2026-11-28-layout-2gpu.md): 16 within 5%, the
+# other two (4 GPUs, 8K a GPU, ZeRO-3) at -21% (anchor) and +9% (full).
 EXPOSED = {
     "ulysses": 1.0,  # on the compute stream between the projections and attention
     # ZeRO-3's gathers cost 2.8× their bandwidth time: ~500 calls a step of a few MB each, which

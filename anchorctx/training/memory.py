@@ -60,8 +60,9 @@ FUSED_NORM_UNITS = 4
 FUSED_MLP_UNITS = 1
 # Fitted to the fused kernels' measured peaks, on top of the counts above (least squares over
 # eight rows of the 4-layer Llama-2-7B-wide model with tiled loss: H100 at 64K with 1-4 kept
-# layers and at 128K with 1-3, 2026-11-27; H200 at 128K with 4, 2026-11-24; docs/PERFORMANCE.md
-# section 8). After the fit every row is within 0.05 GiB; before it, 3.4-15.3 GiB over.
+# layers and at 128K with 1-3, 2026-11-27; H200 at 128K with 4, 2026-11-24;
+# docs/benchmarks/2026-11-27-memory-model-refit.md). After the fit every row is within 0.05 GiB;
+# before it, 3.4-15.3 GiB over.
 # - A kept layer holds FUSED_KEPT_FITTED_UNITS [t, H] tensors fewer: 7.54 and 15.08 GiB a kept
 #   layer at 64K and 128K, where the count gives 8.53 and 17.06.
 # - A layer's working set is FUSED_WORKING_FITTED_UNITS [t, H] smaller (about 3 [t, I] and

@@ -153,19 +153,21 @@ def liger_installed() -> bool:
     return importlib.util.find_spec("liger_kernel") is not None
 
 
-# The narrowest model on which the fused kernels were measured to save time in a real step
-# (the 4-layer Llama-2-7B-wide rows, hidden 4096; docs/PERFORMANCE.md sections 2 and 8). On
-# gpu-small's 147M model (hidden 1024, 32 rows of 2K) the pretraining step is bound by the host:
-# its fastest steps are 0.33-0.38 s with either kernel, and on a quiet host the median was
-# 0.453 s without them against 0.634 s with them (docs/PERFORMANCE.md section 8, "gpu-small's
-# own pretraining step"). So below this width auto leaves the kernels to the config.
+# The narrowest model on which the fused kernels were measured to save time in a real step (the
+# 4-layer Llama-2-7B-wide rows, hidden 4096; docs/benchmarks/2026-11-22-training-step.md and
+# 2026-11-27-memory-model-refit.md). On gpu-small's 147M model (hidden 1024, 32 rows of 2K) the
+# pretraining step is bound by the host: its fastest steps are 0.33-0.38 s with either kernel, and
+# on a quiet host the median was 0.453 s without them against 0.634 s with them
+# (docs/benchmarks/2026-11-27-gpu-small-step-and-arm-evaluation.md). So below this width auto leaves
+# the kernels to the config.
 FUSED_KERNELS_MIN_HIDDEN = 4096
 
 
 def _keep_values(layers: int) -> list[int]:
     """Every kept-layer count, 0 to the depth: the step time falls with each kept layer, so the
     fastest combination keeps as many as fit, and a coarser grid (powers of two) left 5% on
-    the table where 3 of 4 layers fit (docs/PERFORMANCE.md section 8). Each is arithmetic."""
+    the table where 3 of 4 layers fit (docs/benchmarks/2026-11-27-memory-model-refit.md). Each is
+    arithmetic."""
     return list(range(layers + 1))
 
 

@@ -96,8 +96,7 @@ def default_zero_stage(cfg: ExperimentConfig, device: str, world: int) -> int:
     ranks), except one GPU stepping an offloaded optimizer. One rank partitions nothing, and
     there ZeRO-2 gave the same peak while ZeRO-3's per-module hooks and its synchronous
     gradient copies to the host cost 10% of the full-depth 7B step at 256K on an H200 (35.5
-    against 39.5 s, the same losses; docs/PERFORMANCE.md, "One GPU steps its offloaded
-    optimizer under ZeRO-2")."""
+    against 39.5 s, the same losses; docs/benchmarks/2026-11-27-zero2-one-gpu-256k.md)."""
     if device != "cuda":
         return 0
     return 2 if world == 1 and cfg.training.memory.offload_optimizer else 3

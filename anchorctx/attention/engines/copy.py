@@ -48,7 +48,7 @@ _CHUNK_ELEMENTS = 2**25  # bound on the [q tiles, kv tiles, documents] compariso
 
 class FlexCopyEngine(FlexAnchorEngine):
     """Runs when named only: no ``auto`` rank and no cost, as it was measured slower than
-    ``flex_merge`` on every row (docs/PERFORMANCE.md section 1, "Anchor copies")."""
+    ``flex_merge`` on every row (docs/benchmarks/2026-11-23-attention-flex-copy.md)."""
 
     name = "flex_copy"
 

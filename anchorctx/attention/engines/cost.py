@@ -24,12 +24,12 @@ triton           ``U + ψ·n_q``: the anchor is a register-resident key in the k
                  tiles are intra_doc's; intra_doc rows: ``U``
 ===============  =================================================================
 
-The constants are fitted to one-H200 measurements (docs/PERFORMANCE.md section 1, 2026-11-23:
-32 query heads, 8 KV heads, d 128, bf16) as ratios to intra_doc flex on the same row, against
-``x = n_q / U``: fixed 2K documents (x = 0.118), heavy-tailed (0.066 at 32K, 0.012 at 128K) and
-tiny documents (0.243). ``auto`` takes the cheapest engine that can run the call among those
-with a ``masked`` rank (``Engine.auto``) and a cost; ties keep the ``masked`` rank order.
-``n_q`` counts the query tiles of anchor rows only.
+The constants are fitted to one-H200 measurements
+(docs/benchmarks/2026-11-23-attention-flex-merge.md: 32 query heads, 8 KV heads, d 128, bf16) as
+ratios to intra_doc flex on the same row, against ``x = n_q / U``: fixed 2K documents (x = 0.118),
+heavy-tailed (0.066 at 32K, 0.012 at 128K) and tiny documents (0.243). ``auto`` takes the cheapest
+engine that can run the call among those with a ``masked`` rank (``Engine.auto``) and a cost; ties
+keep the ``masked`` rank order. ``n_q`` counts the query tiles of anchor rows only.
 """
 
 from __future__ import annotations

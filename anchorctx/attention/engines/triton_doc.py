@@ -3,9 +3,9 @@
 FlexAttention pays for the anchor variant in its tile structure: the anchor's key tile is one
 more (partial) tile for every query tile in the forward, and in the backward the program that
 owns key tile 0 accumulates dK/dV over every query tile of the row, a serial chain as long as
-the sequence (docs/PERFORMANCE.md section 1). Merging the anchor afterwards (``flex_merge``)
-removes both but adds about a dozen memory passes over [T, H, D] tensors (0.5-1 ms at 32K,
-3-4 ms at 128K: 12-28% of the intra-document kernel's time on short documents).
+the sequence (docs/benchmarks/2026-11-22-attention-engines.md). Merging the anchor afterwards
+(``flex_merge``) removes both but adds about a dozen memory passes over [T, H, D] tensors (0.5-1 ms
+at 32K, 3-4 ms at 128K: 12-28% of the intra-document kernel's time on short documents).
 
 Here the anchor is one register-resident key, not a tile:
 
@@ -75,11 +75,11 @@ class Blocks:
     dkdv_stages: int = 3
 
 
-# Measured on one H200 (docs/PERFORMANCE.md section 1, "triton"; 32 query heads, 8 KV heads,
-# d 128, bf16). Documents of 2K tokens and longer: large forward tiles and the backward in one
-# launch. Tiny documents (a few hundred tokens) waste most of a large tile on masked pairs:
-# 64×64 forward tiles, and dK/dV over 64-key tiles with four warps in a launch of its own
-# (11% faster than LONG_BLOCKS on 433 documents in 128K, 3-9% slower on 2K documents and longer).
+# Measured on one H200 (docs/benchmarks/2026-11-24-attention-triton.md; 32 query heads, 8 KV
+# heads, d 128, bf16). Documents of 2K tokens and longer: large forward tiles and the backward in
+# one launch. Tiny documents (a few hundred tokens) waste most of a large tile on masked pairs:
+# 64×64 forward tiles, and dK/dV over 64-key tiles with four warps in a launch of its own (11%
+# faster than LONG_BLOCKS on 433 documents in 128K, 3-9% slower on 2K documents and longer).
 LONG_BLOCKS = Blocks()
 SHORT_BLOCKS = Blocks(
     m=64,
@@ -100,7 +100,7 @@ HEAD_DIMS = (16, 32, 64, 128)
 # Cost rule (engines/cost.py). triton (anchor) over intra_doc flex - 1, in tiles per query tile:
 # 0.45-0.54 (fixed 2K), 0.39 (heavy-tailed 32K), below 0 on long-document and tiny-document rows
 # (0.98-0.99 and 0.95-0.97 of intra_doc's time): the upper envelope. Below flex_merge's MU on
-# every row, as measured (docs/PERFORMANCE.md section 1, "triton").
+# every row, as measured (docs/benchmarks/2026-11-24-attention-triton.md).
 PSI = 0.5
 
 

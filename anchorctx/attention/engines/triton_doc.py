@@ -134,7 +134,7 @@ class TileLists:
 
 
 @dataclass(frozen=True)
-class Plan:
+class TritonPlan:
     """Everything the kernels need about one batch of rows (built once, reused by all layers)."""
 
     docs: torch.Tensor  # int32 [B, T]; 0 everywhere on ``full`` rows
@@ -164,7 +164,7 @@ def _lists(partial: torch.Tensor, full: torch.Tensor) -> TileLists:
 
 def build_plan(
     rows: tuple[Layout, ...], device: torch.device, *, shared: bool, blocks: Blocks
-) -> Plan:
+) -> TritonPlan:
     docs = torch.stack([row_docs(row, device) for row in rows])
     tile_rows = docs[:1] if shared else docs
 
@@ -177,7 +177,7 @@ def build_plan(
     forward = lists(blocks.m, blocks.n)
     same = (blocks.dq_m, blocks.dq_n) == (blocks.m, blocks.n)
     anchor = torch.tensor([row.variant == "anchor" for row in rows], dtype=torch.int32)
-    return Plan(
+    return TritonPlan(
         docs=docs.contiguous(),
         anchor=anchor.to(device),
         forward=forward,
@@ -225,7 +225,7 @@ def _dense_last(x: torch.Tensor) -> torch.Tensor:
 # Every launch below passes its arguments by the kernel's parameter names (Triton binds them
 # as Python does): a stride given to the wrong parameter would otherwise compute wrong
 # gradients without an error.
-def attention_forward(q, k, v, plan: Plan, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+def attention_forward(q, k, v, plan: TritonPlan, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
     """(out [B, H, T, D] like q, lse float32 [B, H, T] in log2 units)."""
     fwd_kernel = _kernels()[0]
     bsz, h, t, d = q.shape
@@ -264,7 +264,7 @@ def attention_forward(q, k, v, plan: Plan, scale: float) -> tuple[torch.Tensor, 
     return out, lse
 
 
-def attention_backward(q, k, v, out, lse, dout, plan: Plan, scale: float):
+def attention_backward(q, k, v, out, lse, dout, plan: TritonPlan, scale: float):
     """(dq, dk, dv) of :func:`attention_forward`: Δ, then dK/dV and dQ in one launch."""
     _, delta_kernel, bwd_kernel, dq_kernel, dkdv_kernel = _kernels()
     bsz, h, t, d = q.shape
@@ -370,7 +370,7 @@ class _DocumentAttention(torch.autograd.Function):
     # Saved through ctx.save_for_backward, so non-reentrant activation checkpointing drops and
     # recomputes them like any other activation.
     @staticmethod
-    def forward(ctx, q, k, v, plan: Plan, scale: float):
+    def forward(ctx, q, k, v, plan: TritonPlan, scale: float):
         q, k, v = (_dense_last(x) for x in (q, k, v))
         out, lse = attention_forward(q, k, v, plan, scale)
         ctx.save_for_backward(q, k, v, out, lse)
@@ -384,7 +384,7 @@ class _DocumentAttention(torch.autograd.Function):
         return dq, dk, dv, None, None
 
 
-def document_attention(q, k, v, plan: Plan, scale: float) -> torch.Tensor:
+def document_attention(q, k, v, plan: TritonPlan, scale: float) -> torch.Tensor:
     """Differentiable document-masked attention (with the anchor on anchor rows)."""
     return _DocumentAttention.apply(q, k, v, plan, scale)
 
@@ -450,7 +450,7 @@ class TritonEngine(Engine):
         return document_attention(call.q, call.k, call.v, self.plan(call), call.scale)
 
     @staticmethod
-    def plan(call: AttentionCall, blocks: Blocks | None = None) -> Plan:
+    def plan(call: AttentionCall, blocks: Blocks | None = None) -> TritonPlan:
         if blocks is None:  # chosen once per batch, like the plan: every layer asks
             if "triton_blocks" not in call.cache:
                 call.cache["triton_blocks"] = blocks_for(call.rows)

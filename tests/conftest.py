@@ -69,12 +69,25 @@ def pytest_collection_modifyitems(config, items):
                 f"{item.nodeid} uses `prefect_harness`: add it to TOGETHER as HARNESS_GROUP "
                 f"({__file__})"
             )
+    check_listed_tests(items)
+
+
+def check_listed_tests(items) -> None:
+    """Every test SLOW_FIRST and TOGETHER name exists, so that a renamed test cannot silently
+    leave its group or lose its place: its module must exist and, when collected, define it."""
+    modules = {item.nodeid.split("::")[0]: item.module for item in items if hasattr(item, "module")}
+    for nodeid in (*SLOW_FIRST, *TOGETHER):
+        path, _, name = nodeid.partition("::")
+        name = name.split("[")[0]
+        if not (REPO / path).is_file() or (path in modules and not hasattr(modules[path], name)):
+            raise pytest.UsageError(f"{nodeid}, named in {__file__}, is not a test")
 
 
 # The slowest tests outside the served group, slowest first (CI durations on two cores, s): with
 # pytest-xdist they go out first, right after the group, so that no worker is left with a long
 # test at the end while the other idles (longest-first scheduling). A test missing here only
-# runs later; the order changes no result. Refresh from `--durations` when it drifts.
+# runs later; the order changes no result; a name here that is no longer a test stops the
+# collection (check_listed_tests). Refresh from `--durations` when it drifts.
 SLOW_FIRST = (
     "tests/test_training_multinode.py::test_a_killed_node_fails_the_other_and_the_run_resumes",
     "tests/test_eval_pool_multinode.py::test_shards_run_on_both_hosts_and_equal_one_process",
@@ -125,51 +138,42 @@ TOGETHER = {
 }
 
 
+SERVED_GROUP = "prefect-served"
+
+
+def xdist_unit(nodeid: str) -> str:
+    """The unit of tests ``nodeid`` runs in under pytest-xdist: the served group, its group in
+    TOGETHER, or itself."""
+    if nodeid.split("::")[0] in SERVED_MODULES:
+        return SERVED_GROUP
+    return TOGETHER.get(nodeid, nodeid)
+
+
+def unit_order(unit: str) -> int:
+    """Where a unit goes out: the served group first (the largest), then SLOW_FIRST's order
+    (a group at its earliest member's place), then the rest in collection order."""
+    if unit == SERVED_GROUP:
+        return -1
+    members = [n for n, group in TOGETHER.items() if group == unit] or [unit]
+    return min(SLOW_RANK.get(n.split("[")[0], len(SLOW_FIRST)) for n in members)
+
+
+SLOW_RANK = {nodeid: i for i, nodeid in enumerate(SLOW_FIRST)}
+
+
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config, log):
-    """``--dist loadgroup`` (pyproject.toml) where the tests of SERVED_MODULES are one group.
+    """``--dist loadgroup`` (pyproject.toml) runs :func:`xdist_unit`'s units, longest first.
 
     pytest-xdist's own ``xdist_group`` mark does not group under pytest 9.2 (xdist 3.8 renames
-    ``item._nodeid``, which pytest no longer reads), hence a scheduler. Every other test is its
-    own unit (but those of TOGETHER); the largest unit (the group) goes out first, then
-    SLOW_FIRST in its order, then the rest in collection order."""
+    ``item._nodeid``, which pytest no longer reads), and a mark is seen only by the workers, not
+    by the scheduler; so the groups are the tables above and the scheduler is ours, built on
+    xdist's public scheduler protocol (tests/xdist_schedule.py)."""
     if config.getvalue("dist") != "loadgroup":
         return None
-    from xdist.scheduler import LoadGroupScheduling
+    from xdist_schedule import UnitScheduling
 
-    rank = {nodeid: i for i, nodeid in enumerate(SLOW_FIRST)}
-    # A group goes out at the place of its earliest member in SLOW_FIRST (the harness group's
-    # first member in TOGETHER is a short test that SLOW_FIRST does not list).
-    for nodeid, group in TOGETHER.items():
-        here = rank.get(nodeid.split("[")[0], len(SLOW_FIRST))
-        rank[group] = min(rank.get(group, len(SLOW_FIRST)), here)
-
-    class ServedTogether(LoadGroupScheduling):
-        _ordered = False
-
-        def _split_scope(self, nodeid: str) -> str:
-            if nodeid.split("::")[0] in SERVED_MODULES:
-                return "prefect-served"
-            if nodeid in TOGETHER:
-                return TOGETHER[nodeid]
-            return super()._split_scope(nodeid)
-
-        def _assign_work_unit(self, node) -> None:
-            if not self._ordered:  # the queue is complete at the first assignment
-                self._ordered = True
-                units = list(self.workqueue.items())
-                units.sort(key=lambda unit: self._priority(unit[0]))  # stable: ties keep order
-                self.workqueue.clear()
-                self.workqueue.update(units)
-            super()._assign_work_unit(node)
-
-        @staticmethod
-        def _priority(scope: str) -> int:
-            if scope == "prefect-served":
-                return -1
-            return rank.get(scope.split("[")[0], len(rank))
-
-    return ServedTogether(config, log)
+    return UnitScheduling(config, xdist_unit, unit_order)
 
 
 def shared_dir(tmp_path_factory, name: str) -> Path:

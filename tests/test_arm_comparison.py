@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import random
 from pathlib import Path
 
 import numpy as np
@@ -17,7 +16,6 @@ from anchorctx.evaluation.arm_comparison import (
     at_chance,
     attention_work,
     chance_interval,
-    row_pairs,
     trained_row_indices,
     write_arm_comparison,
 )
@@ -37,21 +35,6 @@ def brute_pairs(seg_lens: list[int], seg_doc: list[int], t: int, variant: str) -
 
 
 # ---------------------------------------------------------------------- attention work
-@pytest.mark.parametrize("variant", VARIANTS)
-def test_row_pairs_match_brute_force_mask(variant):
-    rng = random.Random(0)
-    for _ in range(25):
-        n = rng.randint(1, 6)
-        seg_lens = [rng.randint(1, 40) for _ in range(n)]
-        # Interleaved chunks of one document share an id (ids repeat).
-        seg_doc = [rng.randint(0, max(0, n - 2)) for _ in range(n)]
-        total = sum(seg_lens)
-        t = rng.randint(1, total)  # the row cut to seq_len, possibly mid-segment
-        pairs, full = row_pairs(seg_lens, seg_doc, t, variant)
-        assert pairs == brute_pairs(seg_lens, seg_doc, t, variant)
-        assert full == brute_pairs(seg_lens, seg_doc, t, "full") == t * (t + 1) // 2
-
-
 def _dataset(rows: list[tuple[list[int], list[int]]]):
     import datasets
 

@@ -14,7 +14,6 @@ from anchorctx.config import ConfigError
 from anchorctx.evaluation.averaging import summarize_run
 from anchorctx.evaluation.paired import Z95
 from anchorctx.evaluation.seed_pairs import (
-    _cornish_fisher,
     plan_cost,
     run_seconds,
     seed_differences,
@@ -176,7 +175,7 @@ def test_gpu_small_seeds_preset_keeps_gpu_small_base():
 
 
 # ---------------------------------------------------------------------------- the statistics
-def test_t_quantiles_exact_and_expanded():
+def test_t_quantiles_are_scipys():
     # Published two-sided 95% points, and the 80% point at 2 degrees of freedom in closed form:
     # t_p = (2p - 1) sqrt(2 / (4 p (1 - p))) = 0.6 sqrt(3.125); at 1, tan(pi (p - 1/2)).
     assert t95(1) == pytest.approx(12.706204736174694, rel=1e-12)
@@ -185,10 +184,13 @@ def test_t_quantiles_exact_and_expanded():
     assert t95(60) == pytest.approx(2.000297822014, abs=1e-9)
     assert t_quantile(0.8, 2) == pytest.approx(0.6 * math.sqrt(3.125), rel=1e-12)
     assert t_quantile(0.8, 1) == pytest.approx(math.tan(math.pi * 0.3), rel=1e-12)
-    # Where the expansion takes over (above 200 degrees of freedom) it agrees with the exact
-    # sum to 1e-6; the published t_.975 at 200 is 1.971896.
-    for p in (0.8, 0.975):
-        assert _cornish_fisher(p, 200) == pytest.approx(t_quantile(p, 200), abs=1e-6)
+    # scipy.stats.t's quantile function, whatever the degrees of freedom; the published
+    # t_.975 at 200 is 1.971896.
+    from scipy.stats import t
+
+    for df in (*range(1, 40), 100, 200, 201, 5000):
+        for p in (0.8, 0.975):
+            assert t_quantile(p, df) == t.ppf(p, df), (p, df)
     assert t95(200) == pytest.approx(1.971896, abs=1e-6)
     assert t95(10**6) == pytest.approx(Z95, abs=1e-5)
     for bad in ((0.975, 0), (0.4, 5), (1.0, 5)):

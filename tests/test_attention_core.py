@@ -142,6 +142,35 @@ def test_layout_matches_table(variant, kind):
         assert layout.cu_seqlens.tolist() == [0, *torch.tensor(lens).cumsum(0).tolist()]
 
 
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_row_pairs_count_many_rows_at_once_as_the_reference_mask(variant):
+    """Rows given flat, each cut to its first tokens mid-segment and padded to a multiple by a
+    segment of its own: every row's pairs and documents equal its reference mask's."""
+    from anchorctx.attention.pairs import row_pairs
+
+    rng = random.Random(hash(variant) % 1000)
+    for multiple in (1, 3):
+        rows, cuts = [], []
+        for _ in range(25):
+            n = rng.randint(1, 6)
+            lens = [rng.randint(1, 40) for _ in range(n)]
+            # Interleaved chunks of one document share an id (ids repeat).
+            rows.append((lens, [rng.randint(0, max(0, n - 2)) for _ in range(n)]))
+            cuts.append(rng.randint(1, sum(lens)))
+        flat = [[x for row in rows for x in row[i]] for i in (0, 1)]
+        got = row_pairs(*flat, [len(lens) for lens, _ in rows], cuts, multiple)
+        for i, ((lens, docs), cut) in enumerate(zip(rows, cuts)):
+            t = -(-cut // multiple) * multiple
+            doc_ids = [d for n, d in zip(lens, docs) for _ in range(n)][:cut] + [99] * (t - cut)
+            seg_lens = [sum(1 for _ in group) for _, group in itertools.groupby(doc_ids)]
+            seg_doc = [d for d, _ in itertools.groupby(doc_ids)]
+            allowed = reference_allowed(seg_lens, seg_doc, variant)
+            assert got.of(variant)[i] == int(allowed.sum()), (multiple, i)
+            assert got.tokens[i] == t and got.documents[i] == len(set(doc_ids))
+    with pytest.raises(LayoutError, match="do not describe rows"):
+        row_pairs([3, 2], [0, 1], [1])
+
+
 def test_layout_examples():
     layout = build_layout([3, 2, 2], "intra_doc_reset", seg_doc=[0, 1, 0])
     assert layout.position_ids.tolist() == [0, 1, 2, 0, 1, 0, 1]

@@ -178,3 +178,30 @@ def test_tensors_beyond_32_bit_offsets_are_refused():
     view = torch.empty(1, t, 32, 128, device="meta").transpose(1, 2)[:, :8]
     assert triton_doc.index_limit_error(small, small) is None
     assert f"k (1, 8, {t}, 128)" in triton_doc.index_limit_error(small, view)
+
+
+@pytest.mark.parametrize("blocks", [SMALL, SMALL_SPLIT], ids=["one-launch", "split"])
+def test_every_launch_names_every_kernel_parameter(monkeypatch, blocks):
+    """The launch sites pass each argument by the kernel's parameter name, none by position:
+    a stride given to the wrong parameter would compute wrong gradients without an error."""
+    kernels = triton_doc._kernels()
+    calls = []
+
+    class Recorder:
+        def __init__(self, kernel):
+            self.kernel = kernel
+
+        def __getitem__(self, grid):
+            def launch(*args, **kwargs):
+                calls.append(self.kernel.arg_names)
+                assert not args, f"{len(args)} positional arguments"
+                assert set(self.kernel.arg_names) <= set(kwargs), "parameters not named"
+                return self.kernel[grid](**kwargs)
+
+            return launch
+
+    monkeypatch.setattr(triton_doc, "_kernels", lambda: tuple(Recorder(k) for k in kernels))
+    q, k, v, masks, layouts = make_case(31, *CASES[1], "anchor", grad=True)
+    out = _run(q, k, v, layouts, scale=0.3, blocks=blocks)
+    _check(out, reference(q, k, v, masks, 0.3), q, k, v)
+    assert len(calls) == (4 if blocks.split_backward else 3)

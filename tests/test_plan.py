@@ -233,18 +233,19 @@ def test_pairs_follow_the_rows_training_builds(packed_demo):
     build_layout's for each document mask."""
     from anchorctx.attention import build_layout
     from anchorctx.packing import load_packed
-    from anchorctx.training.data import make_row
+    from anchorctx.training.data import make_row, packed_segments, trained_pairs
 
     dataset, _ = load_packed(packed_demo)
-    segments = cost_plan.read_segments(packed_demo)
-    for seq_len, sp in ((512, 1), (512, 3), (300, 8)):
-        doc, anchor = cost_plan.row_pairs(*segments, seq_len, sp)
-        assert len(doc) == len(dataset)
+    segments = packed_segments(dataset)
+    for seq_len, sp in ((512, 1), (512, 3), (300, 8), (1000, 1)):
+        pairs = trained_pairs(*segments, seq_len, sp)
+        assert len(pairs.tokens) == len(dataset)
         for i in range(0, len(dataset), 7):
             row = make_row(dataset[i], seq_len, sp, "anchor", pad_id=0)
-            for variant, want in (("intra_doc", doc[i]), ("anchor", doc[i] + anchor[i])):
+            assert pairs.tokens[i] == len(row.input_ids), (seq_len, sp, i)
+            for variant in ("full", "intra_doc", "anchor"):
                 layout = build_layout(row.seg_lens, variant, row.seg_doc)
-                assert layout.attended_pairs == want, (seq_len, sp, i, variant)
+                assert layout.attended_pairs == pairs.of(variant)[i], (seq_len, sp, i, variant)
 
 
 def test_without_a_packed_dataset_d_is_assumed_and_said(tmp_path, capsys):

@@ -69,7 +69,7 @@ def _tree(path: Path) -> list[str]:
         ("variants=[{{name: a, attention: anchor}}, {{name: a, attention: full}}]", "variants"),
     ],
 )
-def test_row2_names_that_become_paths_stay_inside_run_root(tmp_path, capsys, override, key):
+def test_names_that_become_paths_stay_inside_run_root(tmp_path, capsys, override, key):
     """`--set variant=/abs/path`, `name=..`, `variant=..` used to write (and with --force move)
     directories outside run_root; now every name that becomes a directory is one path component,
     refused where the config is read, before `train` writes anything."""
@@ -87,7 +87,7 @@ def test_row2_names_that_become_paths_stay_inside_run_root(tmp_path, capsys, ove
     assert _tree(tmp_path) == before  # nothing written, nothing moved aside
 
 
-def test_row2_run_directory_is_checked_inside_run_root(tmp_path):
+def test_run_directory_is_checked_inside_run_root(tmp_path):
     """The run directory itself is built by one checked helper: even a config that skipped
     validation cannot name a directory outside run_root."""
     good = config_from_dict({**MINIMAL, "run_root": str(tmp_path)}, ["variant=anchor"])
@@ -129,7 +129,7 @@ variants:
 """
 
 
-def test_row6_billion_laughs_fails_fast_with_bounded_memory(tmp_path, capsys):
+def test_billion_laughs_fails_fast_with_bounded_memory(tmp_path, capsys):
     """A ~500-byte YAML whose aliases expand to 9**9 values took 1.8 GB before it was refused;
     now the loader counts the expanded values on the composed nodes (one visit each) and refuses
     the document before building anything from it."""
@@ -178,7 +178,7 @@ def test_row6_billion_laughs_fails_fast_with_bounded_memory(tmp_path, capsys):
         (["training.nproc=1", "training.sequence_parallel=2"], "needs at least 2 processes"),
     ],
 )
-def test_row7_batch_sizes_are_checked_at_config_time(capsys, overrides, needle):
+def test_batch_sizes_are_checked_at_config_time(capsys, overrides, needle):
     """`training.global_batch_size=1e9` passed every check; the batch sizes are now bounded and
     split over the processes the config names as the launcher would (configs/demo.yaml: CPU,
     micro 2, global 4)."""
@@ -204,7 +204,7 @@ def test_row7_batch_sizes_are_checked_at_config_time(capsys, overrides, needle):
         ("pretrain={overrides: {training.lr: .nan}}", "training.lr"),
     ],
 )
-def test_row8_float_settings_are_finite_and_in_range(capsys, override, key):
+def test_float_settings_are_finite_and_in_range(capsys, override, key):
     """`training.lr=.inf` trained with NaN; every float setting (in lists, tuples, mappings,
     arm and pretraining overrides too) is now finite and in range when the config is read."""
     _fails(capsys, ["config", "configs/demo.yaml", "--set", override], "configs/demo.yaml", key)
@@ -231,13 +231,13 @@ def test_row8_float_settings_are_finite_and_in_range(capsys, override, key):
         ("model.tiny.vocab_size=0", "model.tiny.vocab_size"),
     ],
 )
-def test_row18_values_are_checked_when_the_config_is_read(capsys, override, needle):
+def test_values_are_checked_when_the_config_is_read(capsys, override, needle):
     """`betas=[2,-1]`, `seed=-1` and a bad model shape passed `anchorctx config` and failed at
     run time (a shape after pages of transformers output); `steps=true` trained one step."""
     _fails(capsys, ["config", "configs/demo.yaml", "--set", override], needle)
 
 
-def test_row18_duplicate_yaml_keys_are_an_error_naming_file_key_and_line(tmp_path, capsys):
+def test_duplicate_yaml_keys_are_an_error_naming_file_key_and_line(tmp_path, capsys):
     """PyYAML keeps the last of two equal keys; YAML forbids them and so does anchorctx."""
     config = _config(
         tmp_path,

@@ -60,7 +60,7 @@ def _files(root: Path) -> set[Path]:
 
 
 # ------------------------------------------------------------------------------------ row 3
-def test_row3_external_checkpoint_is_evaluated_under_run_root(tmp_path, fake, capsys):
+def test_external_checkpoint_is_evaluated_under_run_root(tmp_path, fake, capsys):
     """`evaluate --checkpoint DIR` of a model outside run_root: results under
     run_root/<name>/external/<dir>-<hash>, nothing beside the checkpoint."""
     models = tmp_path / "models"
@@ -91,7 +91,7 @@ def test_row3_external_checkpoint_is_evaluated_under_run_root(tmp_path, fake, ca
 
 
 # ----------------------------------------------------------------------------------- row 10
-def test_row10_empty_harness_files_are_one_error_and_never_cached(tmp_path, fake, capsys):
+def test_empty_harness_files_are_one_error_and_never_cached(tmp_path, fake, capsys):
     ck = save_tiny_checkpoint(tmp_path / "runs" / "t" / "full" / "checkpoints" / "step-1", seed=0)
     hs = tmp_path / "hellaswag"
     hs.mkdir()
@@ -132,7 +132,7 @@ def test_row10_empty_harness_files_are_one_error_and_never_cached(tmp_path, fake
 
 
 # ----------------------------------------------------------------------------------- row 11
-def test_row11_report_refuses_a_hand_edited_result(tmp_path, fake, capsys):
+def test_report_refuses_a_hand_edited_result(tmp_path, fake, capsys):
     cfg = _cfg(tmp_path)
     for step in (1, 2):
         ck = save_tiny_checkpoint(
@@ -183,7 +183,7 @@ RULER_BAD = [
 
 
 @pytest.mark.parametrize(("kind", "name", "content", "what"), RULER_BAD)
-def test_row12_malformed_ruler_and_longbench_inputs_name_file_key_and_field(
+def test_malformed_ruler_and_longbench_inputs_name_file_key_and_field(
     tmp_path, kind, name, content, what
 ):
     from anchorctx.evaluation.ruler import data as D
@@ -208,7 +208,7 @@ def test_row12_malformed_ruler_and_longbench_inputs_name_file_key_and_field(
             plan_samples(["qa_1"], [1024], 2, {"squad_path": path}, {})
 
 
-def test_row12_malformed_longbench_file_names_file_line_field_and_key(tmp_path):
+def test_malformed_longbench_file_names_file_line_field_and_key(tmp_path):
     from anchorctx.evaluation.longbench.runner import DATA_KEY, LongBenchDataError, load_rows
 
     good = {"input": "q", "context": "c", "answers": ["a"], "_id": "1"}
@@ -231,7 +231,7 @@ def test_row12_malformed_longbench_file_names_file_line_field_and_key(tmp_path):
 
 
 # ----------------------------------------------------------------------------------- row 14
-def test_row14_torn_last_record_is_cut_and_computed_again(tmp_path, fake):
+def test_torn_last_record_is_cut_and_computed_again(tmp_path, fake):
     ck = save_tiny_checkpoint(tmp_path / "runs" / "t" / "full" / "checkpoints" / "step-1", seed=0)
     cfg = _cfg(tmp_path)
     fake.fail_after = 4
@@ -299,9 +299,7 @@ class FlakyClient:
         return []
 
 
-def test_row16_lost_server_is_one_line_and_cancel_still_kills_training(
-    tmp_path, monkeypatch, capsys
-):
+def test_lost_server_is_one_line_and_cancel_still_kills_training(tmp_path, monkeypatch, capsys):
     from prefect.settings import PREFECT_API_URL, temporary_settings
     from prefect.states import Cancelling, Completed, Running
     from prefect.utilities.engine import capture_sigterm
@@ -450,7 +448,7 @@ def _interpolate(text: str, env: dict[str, str]) -> str:
     return re.sub(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?:(:?[-?])([^}]*))?\}", one, text)
 
 
-def test_row19_docker_binds_loopback_needs_a_password_and_installs_the_lock():
+def test_docker_binds_loopback_needs_a_password_and_installs_the_lock():
     raw = (REPO / "docker" / "compose.yaml").read_text()
     with pytest.raises(ValueError, match="POSTGRES_PASSWORD"):
         _interpolate(raw, {})  # no default password: compose refuses to start

@@ -29,6 +29,7 @@ import torch
 
 from anchorctx.attention.errors import LayoutError
 from anchorctx.attention.names import VARIANTS
+from anchorctx.attention.pairs import row_pairs
 
 DOCUMENT_MASKED: frozenset[str] = frozenset({"intra_doc", "intra_doc_reset", "anchor"})
 
@@ -69,29 +70,12 @@ class Layout:
             pos += n
         return tuple(starts)
 
-    def doc_token_counts(self) -> dict[int, int]:
-        """Tokens per document id (chunks of one document summed)."""
-        counts: dict[int, int] = {}
-        for n, d in zip(self.seg_lens, self.seg_doc):
-            counts[d] = counts.get(d, 0) + n
-        return counts
-
     @property
     def attended_pairs(self) -> int:
-        """Number of allowed (query, key) pairs: the work a sparse kernel has to do.
-
-        All tokens of one document see each other causally wherever its chunks sit, so a
-        document of ``N`` tokens contributes ``N(N+1)/2``; the anchor adds one key for every
-        token outside the anchor's own document.
-        """
-        t = self.seq_len
-        if self.variant == "full":
-            return t * (t + 1) // 2
-        counts = self.doc_token_counts()
-        pairs = sum(n * (n + 1) // 2 for n in counts.values())
-        if self.variant == "anchor":
-            pairs += t - counts[self.seg_doc[0]]
-        return pairs
+        """Number of allowed (query, key) pairs: the work a sparse kernel has to do
+        (:func:`anchorctx.attention.pairs.row_pairs`, the one count)."""
+        pairs = row_pairs(self.seg_lens, self.seg_doc, [self.num_segments])
+        return int(pairs.of(self.variant)[0])
 
     def attention_flops(self, num_heads: int, head_dim: int, *, backward: bool = False) -> float:
         """Useful (masked) attention FLOPs of one layer on this row.

@@ -6,9 +6,9 @@ so the report also shows the quantities that *do* depend on the arm:
 - **training loss** of every arm, read from ``<run_dir>/metrics.jsonl`` (one plot);
 - **attention work**: the attended query–key pairs of the rows the arm trained on, relative to
   full causal attention on the same rows. The rows are the ones the training loop drew (the
-  same :class:`~anchorctx.training.data.BatchPlan` order, seed and global batch), truncated to
-  ``data.seq_len``; the pairs come from the attention layer's own layout rules
-  (:attr:`anchorctx.attention.Layout.attended_pairs`, counted in closed form, never T×T);
+  same :class:`~anchorctx.training.data.BatchPlan` order, seed and global batch), cut to
+  ``data.seq_len`` as training cuts them; the pairs are the attention layer's one count
+  (:func:`anchorctx.attention.pairs.row_pairs`, in closed form, never T×T);
 - **the BF16-vs-FP32 RoPE discrepancy** (paper Section 2, :mod:`anchorctx.analysis.rope_precision`)
   on the experiment's model, run once per experiment and reused while its settings are unchanged;
 - **chance levels**: a score is labelled "at chance" when it lies inside the central 95% region
@@ -194,22 +194,6 @@ def trained_row_indices(dataset: Any, *, seed: int, global_batch: int, steps: in
     return [i for step in range(steps) for i in plan.row_indices(step)]
 
 
-def _row_layout(seg_lens, seg_doc, seq_len: int, variant: str):
-    # Imported here: attention and training data import torch (see trained_row_indices).
-    from anchorctx.attention import build_layout
-    from anchorctx.training.data import truncate_segments
-
-    lens, docs = truncate_segments(seg_lens, seg_doc, seq_len)
-    return build_layout(lens, variant, docs)
-
-
-def row_pairs(seg_lens, seg_doc, seq_len: int, variant: str) -> tuple[int, int]:
-    """(attended pairs of ``variant``, full causal pairs) of one packed row cut to ``seq_len``."""
-    layout = _row_layout(seg_lens, seg_doc, seq_len, variant)
-    t = layout.seq_len
-    return layout.attended_pairs, t * (t + 1) // 2
-
-
 def attention_work(
     ds: Any, *, variant: str, seed: int, global_batch: int, steps: int, seq_len: int
 ) -> dict[str, Any]:
@@ -217,24 +201,25 @@ def attention_work(
 
     ``ds``: the packed dataset (a ``datasets.Dataset`` with ``seg_lens`` and ``seg_doc``).
     """
+    # Imported here: the training data module imports torch (see trained_row_indices).
+    import numpy as np
+
+    from anchorctx.training.data import packed_segments, trained_pairs
+
     indices = trained_row_indices(ds, seed=seed, global_batch=global_batch, steps=steps)
-    ds = ds.select_columns(["seg_lens", "seg_doc"])
-    per_row: dict[int, tuple[int, int, int]] = {}
-    for i in sorted(set(indices)):
-        rec = ds[i]
-        layout = _row_layout(rec["seg_lens"], rec["seg_doc"], seq_len, variant)
-        t = layout.seq_len
-        per_row[i] = (layout.attended_pairs, t * (t + 1) // 2, layout.num_documents)
-    pairs = sum(per_row[i][0] for i in indices)
-    full = sum(per_row[i][1] for i in indices)
+    rows = np.asarray(indices, dtype=np.int64)
+    # sp 1: the useful pairs, without the padding a sequence-parallel run adds.
+    per_row = trained_pairs(*packed_segments(ds), seq_len, 1)
+    pairs = int(per_row.of(variant)[rows].sum())
+    full = int(per_row.of("full")[rows].sum())
     return {
         "variant": variant,
         "rows": len(indices),
-        "distinct_rows": len(per_row),
+        "distinct_rows": len(set(indices)),
         "pairs": pairs,
         "full_pairs": full,
         "fraction": pairs / full if full else float("nan"),
-        "mean_documents_per_row": sum(per_row[i][2] for i in indices) / max(1, len(indices)),
+        "mean_documents_per_row": float(per_row.documents[rows].sum()) / max(1, len(indices)),
     }
 
 

@@ -201,7 +201,7 @@ def _lm_eval_suite(name: str) -> Suite:
             raise EvaluationError(f"suite {name!r}: {err}") from None
 
     return Suite(
-        lm_eval_suites.run_suite(name),
+        lm_eval_suites.suite_runner(name),
         "lm_eval",
         ignore=others,
         common=("dtype", "engine", "deterministic_decode"),

@@ -34,7 +34,7 @@ Of the combinations up to
 lowest added cost is reported, fewer seeds first on a tie (:func:`plan_cost`: the new seeds
 trained and evaluated on ``k`` times the samples, the seeds already run evaluated again on the
 larger set; each at an arm's measured training and evaluation times, :func:`with_costs`, or
-both 1 where no run measured them). ``t`` quantiles are exact (:func:`t_quantile`).
+both 1 where no run measured them). ``t`` quantiles are scipy's (:func:`t_quantile`).
 """
 
 from __future__ import annotations
@@ -43,7 +43,6 @@ import functools
 import math
 from itertools import combinations
 from pathlib import Path
-from statistics import NormalDist
 from typing import Any
 
 from anchorctx.evaluation.averaging import length_label, markdown_table
@@ -54,55 +53,21 @@ from anchorctx.io import read_json, read_jsonl
 POWER = 0.8  # the power the seeds needed are planned for
 MAX_SEEDS = 64  # the largest number of seeds a plan may name
 MAX_SAMPLES_FACTOR = 16  # ... and the largest factor on the RULER samples per task
-# Above this many degrees of freedom t_quantile uses the Cornish-Fisher expansion around the
-# normal quantile, whose error there is below 1e-6 (the exact sum has df/2 terms).
-_EXACT_DF = 200
-
-
-def _t_central(t: float, df: int) -> float:
-    """P(|T| <= t) of Student's t with ``df`` degrees of freedom, t >= 0: the finite sums of
-    Abramowitz & Stegun 26.7.3 (odd df) and 26.7.4 (even df) in theta = atan(t / sqrt(df))."""
-    theta = math.atan(t / math.sqrt(df))
-    c2 = math.cos(theta) ** 2
-    if df % 2:  # odd: (2/pi) (theta + sin cos (1 + 2/3 cos^2 + 2*4/(3*5) cos^4 + ...))
-        if df == 1:
-            return 2 * theta / math.pi
-        term = total = 1.0
-        for i in range(1, (df - 1) // 2):
-            term *= c2 * (2 * i) / (2 * i + 1)
-            total += term
-        return 2 / math.pi * (theta + math.sin(theta) * math.cos(theta) * total)
-    term = total = 1.0  # even: sin (1 + 1/2 cos^2 + 1*3/(2*4) cos^4 + ...)
-    for i in range(df // 2 - 1):
-        term *= c2 * (2 * i + 1) / (2 * i + 2)
-        total += term
-    return math.sin(theta) * total
 
 
 @functools.lru_cache(maxsize=1024)
 def t_quantile(p: float, df: int) -> float:
-    """The ``p`` quantile (0.5 < p < 1) of Student's t with ``df`` degrees of freedom: bisection
-    on the exact distribution function to 1e-12, or above :data:`_EXACT_DF` degrees of freedom
-    the Cornish-Fisher expansion around the normal quantile."""
+    """The ``p`` quantile (0.5 < p < 1) of Student's t with ``df`` degrees of freedom: scipy's
+    ``stdtrit``, the function ``scipy.stats.t.ppf`` evaluates."""
     if df < 1:
         raise ValueError(f"t quantile: degrees of freedom must be at least 1, not {df}")
     if not 0.5 < p < 1:
         raise ValueError(f"t quantile: p must lie in (0.5, 1), not {p}")
-    if df > _EXACT_DF:
-        return _cornish_fisher(p, df)
-    target, lo, hi = 2 * p - 1, 0.0, 1.0
-    while _t_central(hi, df) < target:
-        hi *= 2
-    while hi - lo > 1e-12 * max(1.0, hi):
-        mid = (lo + hi) / 2
-        lo, hi = (mid, hi) if _t_central(mid, df) < target else (lo, mid)
-    return (lo + hi) / 2
+    # Imported here: scipy.special takes most of a second to import (scipy.stats several), and
+    # only the seed statistics need it, not every import of the report.
+    from scipy.special import stdtrit
 
-
-def _cornish_fisher(p: float, df: int) -> float:
-    """The t quantile's expansion in 1/df around the normal quantile, to the second order."""
-    z = NormalDist().inv_cdf(p)
-    return z + (z**3 + z) / (4 * df) + (5 * z**5 + 16 * z**3 + 3 * z) / (96 * df**2)
+    return float(stdtrit(df, p))
 
 
 def t95(df: int) -> float:

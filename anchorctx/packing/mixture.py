@@ -44,7 +44,7 @@ from anchorctx.packing.tokens import DocIndex
 
 
 @dataclass
-class Plan:
+class DocumentPlan:
     """Planned document occurrences in packing order; position = the document id (seg_doc)."""
 
     doc: np.ndarray  # int64 [M]: index into DocIndex
@@ -146,7 +146,7 @@ def _long_share(docs, lengths, quota, rng, cfg: DataConfig):
 
 def plan_documents(
     cfg: DataConfig, index: DocIndex, seed: int, bad: BadInput, n_files: int | None = None
-) -> Plan:
+) -> DocumentPlan:
     """Which documents (and how many of their tokens) go into the packed dataset, in order.
 
     ``n_files``: the number of resolved input files (``upsampled`` streams them as shards; files
@@ -171,7 +171,7 @@ def plan_documents(
             parts.append(_plain(docs, index.length[docs], min(quota, tokens[domain]), rng))
     doc, take, rep = (np.concatenate([p[i] for p in parts]) for i in range(3))
     order = np.random.default_rng([seed, 2]).permutation(doc.size)
-    return Plan(doc[order], take[order], rep[order].astype(np.int32), shares, budget)
+    return DocumentPlan(doc[order], take[order], rep[order].astype(np.int32), shares, budget)
 
 
 def _check_budget(cfg, budget: int, shares, tokens, bad: BadInput) -> int:
@@ -198,7 +198,7 @@ def _check_budget(cfg, budget: int, shares, tokens, bad: BadInput) -> int:
     return budget
 
 
-def describe(plan: Plan) -> dict[str, Any]:
+def describe(plan: DocumentPlan) -> dict[str, Any]:
     out = {
         "budget": plan.budget,
         "target_shares": {d: round(s, 6) for d, s in plan.target_shares.items()},
@@ -311,7 +311,7 @@ def buffered_stream(
 
 def plan_per_source(
     cfg: DataConfig, index: DocIndex, seed: int, n_files: int | None = None
-) -> Plan:
+) -> DocumentPlan:
     """Fu et al.'s ``per_source`` down-sampling of short documents (see the module docstring)."""
     shares, origin = source_shares(cfg, index)
     total = int(index.length.sum())
@@ -359,7 +359,7 @@ def plan_per_source(
         "shares_from": origin,
         "by_source": by_source,
     }
-    return Plan(
+    return DocumentPlan(
         doc,
         index.length[doc].astype(np.int64),
         np.zeros(doc.size, dtype=np.int32),

@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from anchorctx.packing.mixture import Plan
+from anchorctx.packing.mixture import DocumentPlan
 from anchorctx.packing.tokens import DocIndex
 
 # Token kinds, for loss masking and statistics.
@@ -50,12 +50,12 @@ class Units:
     last: np.ndarray  # bool [U], the document's last piece (gets the separator)
 
 
-def whole_documents(plan: Plan) -> Units:
+def whole_documents(plan: DocumentPlan) -> Units:
     ones = np.ones(len(plan), dtype=bool)
     return Units(np.arange(len(plan)), np.zeros(len(plan), np.int64), plan.take.copy(), ones, ones)
 
 
-def interleaved_chunks(plan: Plan, chunks: tuple[int, int], seed: int) -> Units:
+def interleaved_chunks(plan: DocumentPlan, chunks: tuple[int, int], seed: int) -> Units:
     """Cut each document into ``chunks[0]..chunks[1]`` pieces at random points; shuffle pieces
     across documents keeping each document's order (paper Section 5.2)."""
     rng = np.random.default_rng([seed, 3])
@@ -164,7 +164,7 @@ class RowPacker:
 
 def pack_rows(
     units: Units,
-    plan: Plan,
+    plan: DocumentPlan,
     index: DocIndex,
     tokens: np.ndarray,
     packer: RowPacker,

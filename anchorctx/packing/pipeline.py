@@ -230,7 +230,7 @@ _SCAN_CHUNK = 1 << 26
 
 
 def check_anchor_free(
-    index: DocIndex, tokens: np.ndarray, plan: mixture.Plan, anchor: int, files: list
+    index: DocIndex, tokens: np.ndarray, plan: mixture.DocumentPlan, anchor: int, files: list
 ) -> None:
     """AnchorContext asserts that the anchor id never occurs inside document content: the one
     anchor of a row must be the token at index 0. A planned document containing it (e.g. its text
@@ -289,7 +289,7 @@ def _pack(
     cfg: ExperimentConfig,
     index: DocIndex,
     store: TokenStore,
-    plan: mixture.Plan,
+    plan: mixture.DocumentPlan,
     tags: dict,
     sep: np.ndarray,
     anchor: int,
@@ -329,7 +329,9 @@ def _counted(rows: Iterator[dict], bar: Any, seq_len: int) -> Iterator[dict]:
 
 
 # ------------------------------------------------------------------------------------ outputs
-def _documents_table(index: DocIndex, plan: mixture.Plan, emitted: np.ndarray, files, path: Path):
+def _documents_table(
+    index: DocIndex, plan: mixture.DocumentPlan, emitted: np.ndarray, files, path: Path
+):
     """Document id (seg_doc) -> input file and line, tokens used: every token is traceable."""
     src = plan.doc
     table = pa.table(
@@ -381,7 +383,7 @@ def _manifest(cfg, tok_info, anchor, fingerprint, inputs, plan, packer, index, b
     )
 
 
-def _by_domain(index: DocIndex, plan: mixture.Plan, packer: pack.RowPacker) -> dict:
+def _by_domain(index: DocIndex, plan: mixture.DocumentPlan, packer: pack.RowPacker) -> dict:
     dom = index.domain[plan.doc[packer.emitted]]
     docs = np.bincount(dom, minlength=len(index.domains))
     return {

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from anchorctx.io import atomic_write_bytes, atomic_write_json, atomic_write_text
-from anchorctx.packing.mixture import Plan, bucket_tokens
+from anchorctx.packing.mixture import DocumentPlan, bucket_tokens
 from anchorctx.packing.pack import PackStats
 from anchorctx.packing.tokens import DocIndex
 
@@ -31,7 +31,9 @@ def _shares(docs: dict[str, int], tokens: dict[str, int]) -> dict[str, dict[str,
     }
 
 
-def compute(index: DocIndex, plan: Plan, pack: PackStats, emitted: np.ndarray) -> dict[str, Any]:
+def compute(
+    index: DocIndex, plan: DocumentPlan, pack: PackStats, emitted: np.ndarray
+) -> dict[str, Any]:
     codes = np.arange(len(index.domains))
     in_docs = np.bincount(index.domain, minlength=codes.size)
     in_tok = np.bincount(index.domain, weights=index.length, minlength=codes.size)
@@ -71,7 +73,7 @@ def table9_markdown(stats: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def length_histogram(index: DocIndex, plan: Plan, emitted: np.ndarray, path: Path) -> Path:
+def length_histogram(index: DocIndex, plan: DocumentPlan, emitted: np.ndarray, path: Path) -> Path:
     """Figure 8: document lengths (tokens) of the input corpus and of the packed sample (left);
     the share of tokens in each length bucket, input vs packed (right: what upsampling moved)."""
     # Imported here: matplotlib loads only when a figure is drawn, and the Agg backend must be
@@ -103,7 +105,7 @@ def length_histogram(index: DocIndex, plan: Plan, emitted: np.ndarray, path: Pat
     return path
 
 
-def _bucket_bars(ax: Any, lengths: list[np.ndarray], plan: Plan) -> None:
+def _bucket_bars(ax: Any, lengths: list[np.ndarray], plan: DocumentPlan) -> None:
     names = list(bucket_tokens(lengths[0]))
     x = np.arange(len(names))
     for k, (data, label) in enumerate(zip(lengths, ["input corpus", "packed sample"])):

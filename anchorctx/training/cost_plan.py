@@ -71,11 +71,10 @@ GPUS: dict[str, GpuKind] = {
         "fitted on one H200 (docs/PERFORMANCE.md sections 1, 2, 4; 2026-11-22..24)",
     ),
     # Measured on both kinds: the 128K 4-layer step with liger, H100 2.09 / 6.47 s (anchor /
-    # full) against H200 2.026 / 6.436 s (../REFERENCE.md and
-    # docs/benchmarks/2026-11-22-training-step.md, 2026-11-24): 1.018; static-engine prefill at 32K
-    # 1.398 s (H100, docs/benchmarks/2026-11-24-owned-decoder-h100.md, "The owned decoder",
-    # 2026-11-24) against 1.351 s (H200): 1.035; fused decode at 32K, batch 1, 11.53 ms against 8.32
-    # ms: 1.386.
+    # full) against H200 2.026 / 6.436 s (docs/benchmarks/2026-11-22-training-step.md,
+    # 2026-11-24): 1.018; static-engine prefill at 32K 1.398 s (H100,
+    # docs/benchmarks/2026-11-24-owned-decoder-h100.md, "The owned decoder", 2026-11-24) against
+    # 1.351 s (H200): 1.035; fused decode at 32K, batch 1, 11.53 ms against 8.32 ms: 1.386.
     "h100": GpuKind(
         "H100",
         79.2,
@@ -505,65 +504,36 @@ def locate_packed(cfg: ExperimentConfig) -> tuple[Path | None, dict[str, Any], s
     return path, manifest, ""
 
 
-def read_segments(path: Path) -> tuple[Any, Any, Any]:
-    """The ``seg_lens`` and ``seg_doc`` columns of a packed dataset, flat (int64), and the
-    segments per row: read from its memory-mapped Arrow files, the token ids left untouched."""
-    import numpy as np
-    import pyarrow as pa
-
-    state = json.loads((path / "state.json").read_text())
-    lens, docs, counts = [], [], []
-    for entry in state["_data_files"]:
-        with pa.memory_map(str(path / entry["filename"])) as source:
-            table = pa.ipc.open_stream(source).read_all().select(["seg_lens", "seg_doc"])
-            seg_lens = table.column("seg_lens").combine_chunks()
-            seg_doc = table.column("seg_doc").combine_chunks()
-            lens.append(seg_lens.flatten().to_numpy().astype(np.int64))
-            docs.append(seg_doc.flatten().to_numpy().astype(np.int64))
-            counts.append(seg_lens.value_lengths().to_numpy().astype(np.int64))
-    return np.concatenate(lens), np.concatenate(docs), np.concatenate(counts)
-
-
-def row_pairs(lens: Any, docs: Any, counts: Any, seq_len: int, sp: int) -> tuple[Any, Any]:
-    """Per row, the attended (query, key) pairs of the row training builds from it
-    (:func:`anchorctx.training.data.make_row`: its first ``seq_len`` tokens, padded to a
-    multiple of ``sp`` by one segment of its own): ``(document-masked, anchor's extra)``.
-    Document-masked: each document's ``n(n+1)/2``, its chunks counted as one document; the
-    anchor adds one key for every token outside the first segment's document, as
-    :attr:`anchorctx.attention.layout.Layout.attended_pairs` counts them."""
-    import numpy as np
-
-    rows = len(counts)
-    row = np.repeat(np.arange(rows), counts)
-    first = np.cumsum(counts) - counts  # index of each row's first segment
-    ends = np.cumsum(lens)
-    start = ends - lens - (ends - lens)[first][row]  # a segment's first token within its row
-    totals = np.bincount(row, weights=lens, minlength=rows).astype(np.int64)
-    real = np.minimum(seq_len, totals - 1)  # the row's inputs: all of its tokens but the last
-    take = np.clip(real[row] - start, 0, lens)
-    width = int(docs.max()) + 1 if len(docs) else 1
-    keys, group = np.unique(row * width + docs, return_inverse=True)
-    n = np.bincount(group, weights=take).astype(np.int64)
-    doc = np.bincount(keys // width, weights=n * (n + 1) // 2, minlength=rows).astype(np.int64)
-    pad = -(-real // sp) * sp - real
-    doc += pad * (pad + 1) // 2
-    anchor = real + pad - n[group[first]]
-    return doc, anchor
-
-
-def run_weights(rows: int, samples: int, seed: int) -> Any:
+def row_reads(rows: int, samples: int, seed: int) -> Any:
     """How often the run reads each row: ``samples`` row reads in the order of
     :class:`anchorctx.training.data.BatchPlan` (every row once per whole epoch, then the first
-    ones of epoch ``e``'s permutation, seeded ``[seed, e]``); every row once for no steps."""
+    ones of the next epoch's :func:`~anchorctx.training.data.epoch_permutation`); every row
+    once for no steps."""
     import numpy as np
+
+    # Imported here: the training data module imports torch, which only a plan with a packed
+    # dataset on disk needs (and plan_parallelism has imported by then).
+    from anchorctx.training.data import epoch_permutation
 
     if samples <= 0:
         return np.ones(rows, dtype=np.int64)
     epochs, rest = divmod(samples, rows)
-    weights = np.full(rows, epochs, dtype=np.int64)
+    reads = np.full(rows, epochs, dtype=np.int64)
     if rest:
-        weights[np.random.default_rng([seed, epochs]).permutation(rows)[:rest]] += 1
-    return weights
+        reads[epoch_permutation(seed, epochs, rows)[:rest]] += 1
+    return reads
+
+
+def _dataset_pairs(path: Path, seq_len: int, sp: int) -> Any:
+    """The attended pairs of every row training builds from the packed dataset at ``path``
+    (:func:`anchorctx.training.data.trained_pairs`), its Arrow files read through ``datasets``
+    (:func:`~anchorctx.packing.pipeline.load_packed` checks them against the manifest)."""
+    # Imported here: datasets and the training data module (torch) load only for a plan with
+    # a packed dataset on disk.
+    from anchorctx.packing.pipeline import load_packed
+    from anchorctx.training.data import packed_segments, trained_pairs
+
+    return trained_pairs(*packed_segments(load_packed(path)[0]), seq_len, sp)
 
 
 def document_lengths(
@@ -590,20 +560,17 @@ def document_lengths(
     key = ("pairs", str(path), cfg.data.seq_len, sp)
     if key not in cache:
         try:
-            cache[key] = row_pairs(*read_segments(path), cfg.data.seq_len, sp)
-        except (OSError, ValueError, KeyError) as err:  # pyarrow's errors are of these kinds
+            cache[key] = _dataset_pairs(path, cfg.data.seq_len, sp)
+        except (OSError, ValueError, KeyError) as err:  # DataError, pyarrow's errors: these kinds
             cache[key] = f"packed dataset {path} not readable: {err}"
     if isinstance(cache[key], str):
         return assumed_lengths(tokens, cache[key])
-    doc, anchor = cache[key]
-    if not len(doc):
+    per_row = cache[key].of(cfg.training.attention)
+    if not len(per_row):
         return assumed_lengths(tokens, f"packed dataset {path} has no rows")
-    per_row = doc + anchor if cfg.training.attention == "anchor" else doc
-    weights = run_weights(
-        len(per_row), cfg.training.steps * cfg.training.global_batch_size, cfg.seed
-    )
-    rows = int(weights.sum())
-    pairs = float(weights @ per_row) / rows
+    reads = row_reads(len(per_row), cfg.training.steps * cfg.training.global_batch_size, cfg.seed)
+    rows = int(reads.sum())
+    pairs = float(reads @ per_row) / rows
     d = 2 * pairs / tokens
     return DocLengths(
         "packed dataset",

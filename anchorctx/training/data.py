@@ -26,6 +26,7 @@ import numpy as np
 import torch
 
 from anchorctx.attention import build_layout
+from anchorctx.attention.pairs import RowPairs, row_pairs
 from anchorctx.training.loss import count_targets, shifted_targets
 from anchorctx.training.plan import Parallelism, padded_length
 
@@ -77,6 +78,38 @@ def truncate_segments(seg_lens: Sequence[int], seg_doc: Sequence[int], t: int):
         docs.append(int(d))
         total += take
     return lens, docs
+
+
+def epoch_permutation(seed: int, epoch: int, rows: int) -> np.ndarray:
+    """The order in which epoch ``epoch`` of a run seeded ``seed`` visits a dataset's ``rows``
+    rows (the module docstring's ``permutation(seed, e)``)."""
+    return np.random.default_rng([seed, epoch]).permutation(rows)
+
+
+def packed_segments(dataset: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Every row's ``seg_lens`` and ``seg_doc`` of a packed dataset, flat (int64), and the
+    segments per row: read as Arrow columns (memory-mapped for a dataset on disk), the token
+    ids left untouched."""
+    table = dataset.select_columns(["seg_lens", "seg_doc"]).with_format("arrow")[:]
+    seg_lens = table.column("seg_lens").combine_chunks()
+    seg_doc = table.column("seg_doc").combine_chunks()
+    return (
+        seg_lens.flatten().to_numpy().astype(np.int64),
+        seg_doc.flatten().to_numpy().astype(np.int64),
+        seg_lens.value_lengths().to_numpy().astype(np.int64),
+    )
+
+
+def trained_pairs(seg_lens: Any, seg_doc: Any, counts: Any, seq_len: int, sp: int) -> RowPairs:
+    """The attended pairs of the rows training builds from packed rows given by their segments
+    (:func:`~anchorctx.attention.pairs.row_pairs`): as :func:`make_row` builds them, each row's
+    first ``seq_len`` tokens but never its last (a target only), padded to a multiple of
+    ``sp`` by one segment of its own."""
+    counts = np.asarray(counts, dtype=np.int64)
+    lens = np.asarray(seg_lens, dtype=np.int64)
+    totals = np.zeros(len(counts), dtype=np.int64)
+    np.add.at(totals, np.repeat(np.arange(len(counts)), counts), lens)
+    return row_pairs(lens, seg_doc, counts, np.minimum(seq_len, totals - 1), sp)
 
 
 def make_row(
@@ -135,9 +168,7 @@ class BatchPlan:
 
     def _permutation(self, epoch: int) -> np.ndarray:
         if epoch not in self._perm_cache:
-            self._perm_cache = {
-                epoch: np.random.default_rng([self.seed, epoch]).permutation(self.num_rows)
-            }
+            self._perm_cache = {epoch: epoch_permutation(self.seed, epoch, self.num_rows)}
         return self._perm_cache[epoch]
 
     def row_indices(self, step: int) -> list[int]:

@@ -134,7 +134,7 @@ class TileLists:
 
 
 @dataclass(frozen=True)
-class Plan:
+class TritonPlan:
     """Everything the kernels need about one batch of rows (built once, reused by all layers)."""
 
     docs: torch.Tensor  # int32 [B, T]; 0 everywhere on ``full`` rows
@@ -164,7 +164,7 @@ def _lists(partial: torch.Tensor, full: torch.Tensor) -> TileLists:
 
 def build_plan(
     rows: tuple[Layout, ...], device: torch.device, *, shared: bool, blocks: Blocks
-) -> Plan:
+) -> TritonPlan:
     docs = torch.stack([row_docs(row, device) for row in rows])
     tile_rows = docs[:1] if shared else docs
 
@@ -177,7 +177,7 @@ def build_plan(
     forward = lists(blocks.m, blocks.n)
     same = (blocks.dq_m, blocks.dq_n) == (blocks.m, blocks.n)
     anchor = torch.tensor([row.variant == "anchor" for row in rows], dtype=torch.int32)
-    return Plan(
+    return TritonPlan(
         docs=docs.contiguous(),
         anchor=anchor.to(device),
         forward=forward,
@@ -201,16 +201,31 @@ def _kernels():
 LOG2E = 1.4426950408889634
 
 
-def _strides(x: torch.Tensor) -> tuple[int, int, int]:
-    """(batch, head, token) strides of a [B, H, T, D] tensor whose last dim is contiguous."""
-    return x.stride(0), x.stride(1), x.stride(2)
+def _strides(x: torch.Tensor, name: str) -> dict[str, int]:
+    """The (batch, head, token) strides of a [B, H, T, D] tensor whose last dim is contiguous,
+    as the kernels' parameters ``{name}b``, ``{name}h``, ``{name}t``."""
+    return {f"{name}b": x.stride(0), f"{name}h": x.stride(1), f"{name}t": x.stride(2)}
+
+
+def _list_args(lists: TileLists, name: str) -> dict[str, torch.Tensor]:
+    """Tile lists as the kernels' parameters ``{name}FC``, ``{name}FI``, ``{name}PC``,
+    ``{name}PI`` (full tiles' counts and indices, partial tiles' counts and indices)."""
+    return {
+        f"{name}FC": lists.full_count,
+        f"{name}FI": lists.full_index,
+        f"{name}PC": lists.part_count,
+        f"{name}PI": lists.part_index,
+    }
 
 
 def _dense_last(x: torch.Tensor) -> torch.Tensor:
     return x if x.stride(-1) == 1 else x.contiguous()
 
 
-def attention_forward(q, k, v, plan: Plan, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+# Every launch below passes its arguments by the kernel's parameter names (Triton binds them
+# as Python does): a stride given to the wrong parameter would otherwise compute wrong
+# gradients without an error.
+def attention_forward(q, k, v, plan: TritonPlan, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
     """(out [B, H, T, D] like q, lse float32 [B, H, T] in log2 units)."""
     fwd_kernel = _kernels()[0]
     bsz, h, t, d = q.shape
@@ -220,26 +235,23 @@ def attention_forward(q, k, v, plan: Plan, scale: float) -> tuple[torch.Tensor, 
     lists = plan.forward
     nq, width = lists.full_index.shape[1], lists.full_index.shape[2]  # width: index row stride
     fwd_kernel[(nq, bsz * h)](
-        q,
-        k,
-        v,
-        out,
-        lse,
-        plan.docs,
-        plan.anchor,
-        lists.full_count,
-        lists.full_index,
-        lists.part_count,
-        lists.part_index,
-        *_strides(q),
-        *_strides(k),
-        *_strides(v),
-        *_strides(out),
-        lists.batch_stride,
-        t,
-        nq,
-        width,
-        scale * LOG2E,
+        Q=q,
+        K=k,
+        V=v,
+        OUT=out,
+        LSE=lse,
+        DOCS=plan.docs,
+        ANCHOR=plan.anchor,
+        **_list_args(lists, ""),
+        **_strides(q, "sq"),
+        **_strides(k, "sk"),
+        **_strides(v, "sv"),
+        **_strides(out, "so"),
+        list_b=lists.batch_stride,
+        T=t,
+        NQ=nq,
+        W=width,
+        qk_scale=scale * LOG2E,
         H=h,
         G=h // k.shape[1],
         D=d,
@@ -252,7 +264,7 @@ def attention_forward(q, k, v, plan: Plan, scale: float) -> tuple[torch.Tensor, 
     return out, lse
 
 
-def attention_backward(q, k, v, out, lse, dout, plan: Plan, scale: float):
+def attention_backward(q, k, v, out, lse, dout, plan: TritonPlan, scale: float):
     """(dq, dk, dv) of :func:`attention_forward`: Δ, then dK/dV and dQ in one launch."""
     _, delta_kernel, bwd_kernel, dq_kernel, dkdv_kernel = _kernels()
     bsz, h, t, d = q.shape
@@ -261,7 +273,15 @@ def attention_backward(q, k, v, out, lse, dout, plan: Plan, scale: float):
     dout = _dense_last(dout)
     delta = torch.empty(bsz, h, t, device=q.device, dtype=torch.float32)
     delta_kernel[(ceil(t, 128), bsz * h)](
-        out, dout, delta, *_strides(out), *_strides(dout), t, H=h, D=d, BM=128
+        OUT=out,
+        DO=dout,
+        DELTA=delta,
+        **_strides(out, "so"),
+        **_strides(dout, "sd"),
+        T=t,
+        H=h,
+        D=d,
+        BM=128,
     )
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     ql, kl = plan.dq, plan.dkdv
@@ -273,82 +293,67 @@ def attention_backward(q, k, v, out, lse, dout, plan: Plan, scale: float):
     # below (deterministic); without an anchor the kernels never touch them.
     shape = (2, bsz, h, nq, d) if plan.has_anchor else (2, 1)
     shares = torch.empty(shape, device=q.device, dtype=torch.float32)
-    tensors = (q, k, v, dout, lse, delta)
-    strides = (*_strides(q), *_strides(k), *_strides(v), *_strides(dout))
-    dq_lists = (ql.full_count, ql.full_index, ql.part_count, ql.part_index)
-    kv_lists = (kl.full_count, kl.full_index, kl.part_count, kl.part_index)
-    anchor = (plan.anchor, shares[0], shares[1])
-    common = {"H": h, "G": h // hk, "D": d}
-    scales = (scale * LOG2E, scale)
+    inputs = {"Q": q, "K": k, "V": v, "DO": dout, "LSE": lse, "DELTA": delta, "DOCS": plan.docs}
+    strides = {
+        **_strides(q, "sq"),
+        **_strides(k, "sk"),
+        **_strides(v, "sv"),
+        **_strides(dout, "sd"),
+        "T": t,
+        "qk_scale": scale * LOG2E,
+        "sm_scale": scale,
+        "H": h,
+        "G": h // hk,
+        "D": d,
+    }
+    dq_part = {  # what the dQ programs read and write
+        "DQ": dq,
+        "ANCHOR": plan.anchor,
+        "DK0": shares[0],
+        "DV0": shares[1],
+        **_list_args(ql, "Q"),
+        **_strides(dq, "sdq"),
+        "qlist_b": ql.batch_stride,
+        "NQ": nq,
+        "W_DQ": nkq,
+        "BM_DQ": bl.dq_m,
+        "BN_DQ": bl.dq_n,
+    }
+    dkdv_part = {  # what the dK/dV programs read and write
+        "DK": dk,
+        "DV": dv,
+        **_list_args(kl, "K"),
+        **_strides(dk, "sdk"),
+        **_strides(dv, "sdv"),
+        "klist_b": kl.batch_stride,
+        "NK1": nk1,
+        "W_KV": nq1,
+        "BM_KV": bl.m_kv,
+        "BN_KV": bl.n_kv,
+    }
     if bl.split_backward:
         dkdv_kernel[(nk1, bsz * hk)](
-            *tensors,
-            dk,
-            dv,
-            plan.docs,
-            *kv_lists,
-            *strides,
-            *_strides(dk),
-            *_strides(dv),
-            kl.batch_stride,
-            t,
-            nk1,
-            nq1,
-            *scales,
-            **common,
-            BM_KV=bl.m_kv,
-            BN_KV=bl.n_kv,
+            **inputs,
+            **strides,
+            **dkdv_part,
             num_warps=bl.dkdv_warps,
             num_stages=bl.dkdv_stages,
         )
         dq_kernel[(nq, bsz * h)](
-            *tensors,
-            dq,
-            plan.docs,
-            *anchor,
-            *dq_lists,
-            *strides,
-            *_strides(dq),
-            ql.batch_stride,
-            t,
-            nq,
-            nkq,
-            *scales,
-            **common,
-            BM_DQ=bl.dq_m,
-            BN_DQ=bl.dq_n,
+            **inputs,
+            **strides,
+            **dq_part,
             HAS_ANCHOR=plan.has_anchor,
             num_warps=bl.dq_warps,
             num_stages=bl.dq_stages,
         )
     else:
         bwd_kernel[(n_dkdv + nq * bsz * h,)](
-            *tensors,
-            dq,
-            dk,
-            dv,
-            plan.docs,
-            *anchor,
-            *dq_lists,
-            *kv_lists,
-            *strides,
-            *_strides(dq),
-            *_strides(dk),
-            *_strides(dv),
-            ql.batch_stride,
-            kl.batch_stride,
-            t,
-            nq,
-            nkq,
-            nk1,
-            nq1,
-            n_dkdv,
-            *scales,
-            **common,
-            BM_DQ=bl.dq_m,
-            BN_DQ=bl.dq_n,
-            BM_KV=bl.m_kv,
-            BN_KV=bl.n_kv,
+            **inputs,
+            **strides,
+            **dq_part,
+            **dkdv_part,
+            N_DKDV=n_dkdv,
             HAS_ANCHOR=plan.has_anchor,
             num_warps=bl.bwd_warps,
             num_stages=bl.bwd_stages,
@@ -365,7 +370,7 @@ class _DocumentAttention(torch.autograd.Function):
     # Saved through ctx.save_for_backward, so non-reentrant activation checkpointing drops and
     # recomputes them like any other activation.
     @staticmethod
-    def forward(ctx, q, k, v, plan: Plan, scale: float):
+    def forward(ctx, q, k, v, plan: TritonPlan, scale: float):
         q, k, v = (_dense_last(x) for x in (q, k, v))
         out, lse = attention_forward(q, k, v, plan, scale)
         ctx.save_for_backward(q, k, v, out, lse)
@@ -379,7 +384,7 @@ class _DocumentAttention(torch.autograd.Function):
         return dq, dk, dv, None, None
 
 
-def document_attention(q, k, v, plan: Plan, scale: float) -> torch.Tensor:
+def document_attention(q, k, v, plan: TritonPlan, scale: float) -> torch.Tensor:
     """Differentiable document-masked attention (with the anchor on anchor rows)."""
     return _DocumentAttention.apply(q, k, v, plan, scale)
 
@@ -445,7 +450,7 @@ class TritonEngine(Engine):
         return document_attention(call.q, call.k, call.v, self.plan(call), call.scale)
 
     @staticmethod
-    def plan(call: AttentionCall, blocks: Blocks | None = None) -> Plan:
+    def plan(call: AttentionCall, blocks: Blocks | None = None) -> TritonPlan:
         if blocks is None:  # chosen once per batch, like the plan: every layer asks
             if "triton_blocks" not in call.cache:
                 call.cache["triton_blocks"] = blocks_for(call.rows)

@@ -756,8 +756,9 @@ def run_unit(lm: Any, cfg: ExperimentConfig, unit: Unit, tmp: Path) -> dict[str,
     return evaluate(lm, manager, unit.task, limit=cfg.evaluation.lm_eval.limit)
 
 
-def run_suite(suite: str) -> Callable[..., dict[str, Any]]:
-    """The runner of suite ``lm_eval:<task>`` (results.SUITES's signature)."""
+def suite_runner(suite: str) -> Callable[..., dict[str, Any]]:
+    """The runner of suite ``lm_eval:<task>`` (results.SUITES's signature, that of the
+    ``run_suite`` functions of ruler and longbench)."""
 
     def runner(
         model: Any,

@@ -110,8 +110,8 @@ class PretrainConfig(Strict):
         default_factory=dict,
         description="Dotted overrides that turn the experiment's config into the pretraining "
         "run's, e.g. {'data.seq_len': 2048, 'training.steps': 3000, 'training.lr': 1e-3}. "
-        "Applied after the fixed changes: attention full, model.rope_theta and "
-        "max_position_embeddings unset (the model's own RoPE base), no domain tags.",
+        "Applied after the fixed changes: attention full, model.rope_theta, "
+        "max_position_embeddings and rope_scaling unset (the model's own RoPE), no domain tags.",
     )
 
 
@@ -272,7 +272,7 @@ class ExperimentConfig(Strict):
         raw = self.model_dump(mode="json")
         raw["variants"], raw["variant"] = [], None
         raw["training"]["attention"] = "full"
-        raw["model"].update(rope_theta=None, max_position_embeddings=None)
+        raw["model"].update(rope_theta=None, max_position_embeddings=None, rope_scaling={})
         raw["data"]["domain_tags"] = False
         corpus = str(pretrain.corpus.dir / "data")  # pretrain_corpus' layout
         if corpus not in {src["path"] for src in raw["data"]["sources"]}:
@@ -280,6 +280,8 @@ class ExperimentConfig(Strict):
         for key, value in pretrain.overrides.items():
             set_dotted(raw, key, value, what=f"pretrain override {key!r}")
         identity = {k: v for k, v in raw.items() if k not in _NOT_PRETRAINING}
+        # rope_scaling is always the default here: left out so earlier runs keep their hash.
+        identity["model"] = {k: v for k, v in raw["model"].items() if k != "rope_scaling"}
         digest = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()
         # The base model is evaluated at the lengths it was trained for (RULER beyond its
         # pretraining length measures nothing but its RoPE base); none of them: no RULER.

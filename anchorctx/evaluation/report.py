@@ -3,16 +3,18 @@
 Reads each arm's ``<experiment_dir>/<variant>/eval/summary.json`` (written by
 :func:`anchorctx.evaluation.averaging.summarize_run`) and writes, under the experiment dir:
 
-- ``report.md``  — Table 5 (RULER score by length per variant), Table 7 (LongBench categories),
-  Table 12 (MMLU, HellaSwag), lm-eval's long-context tasks (suites ``lm_eval:<task>``); mean ±
-  std over each variant's last k checkpoints;
+- ``report.md``  — Table 5 (RULER score by length per variant), Table 12 (LongBench categories),
+  Table 7 (MMLU, HellaSwag), lm-eval's long-context tasks (suites ``lm_eval:<task>``); mean ±
+  std over each variant's last k checkpoints; where the experiment is a paper preset, the paper's
+  published numbers beside them (:mod:`anchorctx.evaluation.paper_numbers`);
 - ``report.json`` — the same tables as numbers;
 - ``ruler_by_length.png`` — RULER score against context length (log2 axis), one line per variant.
 
 A suite a variant was not evaluated on shows as "—"; a suite no variant has is left out. Nothing
 is ever filled in. Variants whose results of one suite were evaluated with different settings or
 input data are flagged under the scores, naming the first difference
-(:func:`settings_differences`): their cells are not comparable.
+(:func:`settings_differences`): their cells are not comparable. Arms whose RULER means are over
+different task sets (e.g. 11 and 13 tasks) are shown in separate tables, never side by side.
 """
 
 from __future__ import annotations
@@ -43,6 +45,13 @@ from anchorctx.evaluation.paired import (
     ruler_intervals,
     ruler_sample_identity,
     ruler_sample_scores,
+)
+from anchorctx.evaluation.paper_numbers import (
+    beside,
+    beside_markdown,
+    load_paper_numbers,
+    paper_cells,
+    references,
 )
 from anchorctx.evaluation.seed_pairs import (
     seed_cost,
@@ -95,7 +104,7 @@ def ruler_table(summaries: dict[str, dict[str, Any] | None]) -> dict[str, Any]:
 
 
 def longbench_table(summaries: dict[str, dict[str, Any] | None]) -> dict[str, Any]:
-    """Table 7: LongBench category averages for each variant."""
+    """Table 12: LongBench category averages for each variant."""
     rows = {v: (_suite(s, "longbench") or {}).get("categories", {}) for v, s in summaries.items()}
     columns: list[str] = []
     for row in rows.values():
@@ -115,7 +124,7 @@ def headline(suite: str, s: dict[str, Any] | None) -> dict[str, Any] | None:
 
 
 def general_table(summaries: dict[str, dict[str, Any] | None]) -> dict[str, Any]:
-    """Table 12: MMLU and HellaSwag for each variant."""
+    """Table 7: MMLU and HellaSwag for each variant."""
     rows: dict[str, dict[str, Any]] = {}
     for variant, summary in summaries.items():
         row = {
@@ -346,9 +355,12 @@ def write_experiment_report(
             plot_ruler(tables["ruler"], experiment_dir / "ruler_by_length.png", intervals["arms"])
         )
     check = base_retrieval_check(_suite(summaries[base], "ruler")) if base is not None else None
+    paper = paper_comparison(experiment_dir.name, tables, summaries, intervals)
     markdown = _report_markdown(
         experiment_dir, variants, summaries, tables, paths, comparison, base, check, intervals
     )
+    if paper:
+        markdown += "\n" + paper_markdown(paper, tables, arms) + "\n"
     paths["markdown"] = str(atomic_write_text(experiment_dir / "report.md", markdown))
     paths["json"] = str(experiment_dir / "report.json")
     runs = {v: _run_info(s) for v, s in summaries.items()}
@@ -362,6 +374,7 @@ def write_experiment_report(
             "ruler_intervals": intervals,
             "runs": runs,
             "settings_differences": settings_differences({v: summaries[v] for v in arms}),
+            "paper": paper,
             "tables": tables,
             "paths": paths,
             "comparison": comparison,
@@ -464,7 +477,7 @@ def _report_markdown(
     if differences:
         lines += ["", "**Not comparable across variants** (evaluated with different settings):"]
         lines += [f"- {suite}: {diff}" for suite, diff in differences.items()]
-    lines += ["", _markdown("Table 5 — RULER by length", tables["ruler"], variants, length_label)]
+    lines += ["", ruler_markdown(tables["ruler"], variants, summaries)]
     if "ruler_plot" in paths:
         lines += ["", f"![RULER score by length]({Path(paths['ruler_plot']).name})"]
     if intervals and intervals["arms"]:
@@ -485,12 +498,96 @@ def _report_markdown(
                         intervals["seed_differences"], intervals.get("seed_costs")
                     ).rstrip(),
                 ]
-    lines += ["", _markdown("Table 7 — LongBench categories", tables["longbench"], variants)]
-    lines += ["", _markdown("Table 12 — MMLU and HellaSwag", tables["general"], variants)]
+    lines += ["", _markdown("Table 12 — LongBench categories", tables["longbench"], variants)]
+    lines += ["", _markdown("Table 7 — MMLU and HellaSwag", tables["general"], variants)]
     if tables["lm_eval"]["rows"]:
         title = "lm-eval long-context tasks (lm-eval's task definitions, model anchorctx)"
         lines += ["", _markdown(title, tables["lm_eval"], variants, _lm_eval_label)]
     return "\n".join(lines) + "\n"
+
+
+# -------------------------------------------------------------------- RULER task sets
+def ruler_task_sets(
+    summaries: dict[str, dict[str, Any] | None], variants: list[str]
+) -> list[tuple[tuple[str, ...] | None, list[str]]]:
+    """Variants grouped by the tasks their RULER mean is over (``average_tasks``), in order of
+    first appearance; None: a summary written before it recorded them."""
+    groups: dict[tuple[str, ...] | None, list[str]] = {}
+    for v in variants:
+        ruler = _suite(summaries.get(v), "ruler")
+        if ruler is None:
+            continue
+        tasks = ruler.get("average_tasks")
+        groups.setdefault(tuple(tasks) if tasks is not None else None, []).append(v)
+    return list(groups.items())
+
+
+def ruler_markdown(
+    table: dict[str, Any], variants: list[str], summaries: dict[str, dict[str, Any] | None]
+) -> str:
+    """Table 5; arms whose RULER means are over different task sets are shown apart, one table
+    per set: a 13-task mean beside an 11-task mean would read as a difference between arms."""
+    groups = ruler_task_sets(summaries, variants)
+    if len(groups) <= 1:
+        return _markdown("Table 5 — RULER by length", table, variants, length_label)
+    parts = [
+        "**Not comparable across variants**: their RULER means are over different task sets, "
+        "so each set has its own table."
+    ]
+    for tasks, members in groups:
+        rows = {v: r for v, r in table["rows"].items() if v in members}
+        what = f"{len(tasks)} tasks: {', '.join(tasks)}" if tasks is not None else "tasks unknown"
+        sub = {**table, "rows": rows}
+        parts.append(_markdown(f"Table 5 — RULER by length ({what})", sub, members, length_label))
+    return "\n\n".join(parts)
+
+
+# ------------------------------------------------------------------- the paper's numbers
+def paper_comparison(
+    experiment: str,
+    tables: dict[str, Any],
+    summaries: dict[str, dict[str, Any] | None],
+    intervals: dict[str, Any] | None,
+) -> dict[str, Any]:
+    """Per report table, the paper's cells beside ours (:func:`paper_numbers.beside`) for the
+    paper tables the experiment ``experiment`` reproduces; {} when it reproduces none."""
+    numbers = load_paper_numbers()
+    refs = references(experiment, numbers)
+    if not refs:
+        return {}
+    tasks = {
+        v: (ruler or {}).get("average_tasks")
+        for v, s in summaries.items()
+        if (ruler := _suite(s, "ruler")) is not None
+    }
+    out: dict[str, Any] = {}
+    for name in ("ruler", "longbench", "general"):
+        cells = paper_cells(numbers, refs, name)
+        if cells:
+            ivs = (intervals or {}).get("arms") if name == "ruler" else None
+            out[name] = beside(tables[name], cells, tasks if name == "ruler" else {}, ivs)
+    return out
+
+
+PAPER_TITLES = {
+    "ruler": "RULER by length",
+    "longbench": "LongBench categories",
+    "general": "MMLU and HellaSwag",
+}
+
+
+def paper_markdown(paper: dict[str, Any], tables: dict[str, Any], arms: list[str]) -> str:
+    lines = [
+        "## Beside the paper",
+        "",
+        "The paper's published numbers (anchorctx/evaluation/paper_numbers.json, read from "
+        "arXiv 2411.13476v2) beside ours for the arms this preset reproduces. A RULER cell is "
+        "compared only where our mean is over the paper's task set.",
+    ]
+    for name, compared in paper.items():
+        columns = list(tables[name]["columns"])
+        lines += ["", beside_markdown(PAPER_TITLES[name], compared, columns, arms)]
+    return "\n".join(lines)
 
 
 # ------------------------------------------------------------------- arm comparison

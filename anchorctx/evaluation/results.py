@@ -103,6 +103,8 @@ SCORE_NEUTRAL_SOURCES = (
     "evaluation/cost_plan.py",
     "evaluation/integrity.py",
     "evaluation/paired.py",
+    "evaluation/paper_numbers.json",
+    "evaluation/paper_numbers.py",
     "evaluation/report.py",
     "evaluation/seed_pairs.py",
     "evaluation/sharding.py",

@@ -222,6 +222,7 @@ def build_hf_config(
         _apply_anchor(hf, tokenizer, model_cfg)
     if model_cfg.rope_theta is not None:
         _set_rope_theta(hf, model_cfg.rope_theta)
+    apply_rope_scaling(hf, model_cfg)
     limit = position_limit(model_cfg, seq_len)
     if limit is not None and limit > getattr(hf, "max_position_embeddings", 0):
         hf.max_position_embeddings = int(limit)
@@ -233,7 +234,10 @@ def position_limit(model_cfg: ModelConfig, seq_len: int | None) -> int | None:
     """The position limit a model trained with ``model_cfg`` at ``seq_len`` gets (at least; a
     larger one of the model's own stays): ``model.max_position_embeddings``, else the training
     length when the RoPE base is set for it; None: the model's own."""
-    return model_cfg.max_position_embeddings or (seq_len if model_cfg.rope_theta else None)
+    if model_cfg.max_position_embeddings:
+        return model_cfg.max_position_embeddings
+    extended = model_cfg.rope_theta is not None or model_cfg.rope_scaling.type in ("yarn", "ntk")
+    return seq_len if extended else None
 
 
 def _apply_anchor(
@@ -248,6 +252,92 @@ def _apply_anchor(
         if note not in _NOTED:  # once per process: training builds the config twice
             _NOTED.add(note)
             log.warning("anchorctx: %s", note)
+
+
+def rope_type(hf: PretrainedConfig) -> str:
+    """The RoPE scaling type of an HF config ("default": plain RoPE), transformers 4 or 5."""
+    params = getattr(hf, "rope_parameters", None)
+    if not isinstance(params, dict):
+        params = getattr(hf, "rope_scaling", None)
+    if not isinstance(params, dict):
+        return "default"
+    return str(params.get("rope_type") or params.get("type") or "default")
+
+
+def rope_theta(hf: PretrainedConfig) -> float:
+    params = getattr(hf, "rope_parameters", None)
+    if isinstance(params, dict) and params.get("rope_theta") is not None:
+        return float(params["rope_theta"])
+    return float(getattr(hf, "rope_theta", None) or 10000.0)
+
+
+def ntk_theta(theta: float, factor: float, head_dim: int) -> float:
+    """NTK-aware scaling as the paper configures it (LocalLLaMA 2023): the base raised by
+    ``factor ** (d / (d - 2))``, so the lowest frequency is slowed by ``factor``."""
+    return theta * factor ** (head_dim / (head_dim - 2))
+
+
+def apply_rope_scaling(hf: PretrainedConfig, model_cfg: ModelConfig) -> None:
+    """``model.rope_scaling`` on the HF config (see
+    :class:`~anchorctx.models.settings.RopeScalingConfig`). The checkpoint's own scaling is kept
+    (``keep``), dropped (``none``) or replaced (``yarn``, ``ntk``); each case that changes or
+    keeps a checkpoint's non-default scaling under an overridden base is logged once."""
+    want = model_cfg.rope_scaling
+    where = str(model_cfg.path) if model_cfg.path is not None else "model.tiny"
+    had = rope_type(hf)
+    if want.type == "keep":
+        if had != "default" and model_cfg.rope_theta is not None:
+            _note(
+                f"model.rope_theta={model_cfg.rope_theta:g} keeps {where}'s {had!r} rope_scaling "
+                "(model.rope_scaling.type: keep); set model.rope_scaling.type=none for plain "
+                "RoPE with this base"
+            )
+        return
+    theta = rope_theta(hf)
+    if want.type == "none":
+        _set_rope_parameters(hf, {"rope_type": "default", "rope_theta": theta})
+        if had != "default":
+            _note(f"dropped {where}'s {had!r} rope_scaling (model.rope_scaling.type: none)")
+        return
+    if had != "default":
+        _note(f"replaced {where}'s {had!r} rope_scaling by {want.type!r} (model.rope_scaling)")
+    assert want.factor is not None  # RopeScalingConfig requires it for yarn and ntk
+    if want.type == "ntk":
+        head_dim = getattr(hf, "head_dim", None) or hf.hidden_size // hf.num_attention_heads
+        raised = ntk_theta(theta, want.factor, head_dim)
+        _set_rope_parameters(hf, {"rope_type": "default", "rope_theta": raised})
+        _note(
+            f"NTK-aware RoPE on {where}: base {theta:g} x {want.factor:g}^({head_dim}/"
+            f"{head_dim - 2}) = {raised:.6g}"
+        )
+        return
+    original = want.original_max_position_embeddings or int(hf.max_position_embeddings)
+    _set_rope_parameters(
+        hf,
+        {
+            "rope_type": "yarn",
+            "factor": float(want.factor),
+            "original_max_position_embeddings": original,
+            "rope_theta": theta,
+        },
+    )
+
+
+def _set_rope_parameters(hf: PretrainedConfig, params: dict[str, Any]) -> None:
+    # transformers 5 keeps the base and the scaling in ``rope_parameters`` (``rope_scaling`` is
+    # its alias); 4.x keeps ``rope_theta`` and ``rope_scaling`` (None: plain RoPE) apart.
+    if isinstance(getattr(hf, "rope_parameters", None), dict):
+        hf.rope_parameters = dict(params)
+    else:
+        scaling = {k: v for k, v in params.items() if k != "rope_theta"}
+        hf.rope_scaling = None if scaling["rope_type"] == "default" else scaling
+    hf.rope_theta = float(params["rope_theta"])
+
+
+def _note(note: str) -> None:
+    if note not in _NOTED:  # once per process: training builds the config twice
+        _NOTED.add(note)
+        log.warning("anchorctx: %s", note)
 
 
 def _set_rope_theta(hf: PretrainedConfig, theta: float) -> None:

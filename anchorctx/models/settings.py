@@ -51,6 +51,43 @@ class TinyModelConfig(Strict):
         return self
 
 
+class RopeScalingConfig(Strict):
+    """``model.rope_scaling``: the RoPE extension method (paper Table 2), applied where the HF
+    config is built (:func:`anchorctx.models.loading.build_hf_config`) and saved with every
+    checkpoint, so evaluation uses what training used.
+
+    - ``keep`` (default): the checkpoint's own ``rope_scaling`` (e.g. Llama-3.1's ``llama3``)
+      stays, also when ``model.rope_theta`` overrides the base; that case is logged once.
+    - ``none``: drop the checkpoint's ``rope_scaling``: plain RoPE with the (possibly
+      overridden) base, as the paper's "base 1e7" on Llama-3-8B means.
+    - ``yarn``: transformers' ``yarn`` scaling with ``factor`` over
+      ``original_max_position_embeddings`` (paper: 16 = 64K / 4K for Llama-2).
+    - ``ntk``: NTK-aware scaling as the paper configures it: the base is raised to
+      ``base * factor ** (d / (d - 2))`` (d: head dimension), positions are not scaled.
+    """
+
+    type: Literal["keep", "none", "yarn", "ntk"] = "keep"
+    factor: float | None = Field(
+        None, gt=1, description="yarn / ntk: new length / original length (paper: 16)."
+    )
+    original_max_position_embeddings: int | None = Field(
+        None,
+        gt=0,
+        description="yarn: the pretrained context length. Default: the checkpoint's "
+        "max_position_embeddings before any override.",
+    )
+
+    @model_validator(mode="after")
+    def _factor_fits_type(self) -> RopeScalingConfig:
+        if self.type in ("yarn", "ntk") and self.factor is None:
+            raise ValueError(f"factor is required with type={self.type!r} (e.g. 16)")
+        if self.type in ("keep", "none") and self.factor is not None:
+            raise ValueError(f"factor={self.factor} applies only to type yarn or ntk")
+        if self.type != "yarn" and self.original_max_position_embeddings is not None:
+            raise ValueError("original_max_position_embeddings applies only to type yarn")
+        return self
+
+
 class ModelConfig(Strict):
     path: Path | None = Field(None, description="Local Hugging Face model directory.")
     tiny: TinyModelConfig | None = Field(None, description="In-config random model (demo/tests).")
@@ -60,6 +97,10 @@ class ModelConfig(Strict):
     rope_theta: float | None = Field(None, gt=0, description="RoPE base override (Table 1).")
     max_position_embeddings: int | None = Field(
         None, gt=0, description="Default when rope_theta is overridden: data.seq_len."
+    )
+    rope_scaling: RopeScalingConfig = Field(
+        default_factory=RopeScalingConfig,
+        description="RoPE extension (Table 2): keep | none | yarn | ntk; see RopeScalingConfig.",
     )
     dtype: Dtype = "bfloat16"
     rope_fp32: bool = Field(

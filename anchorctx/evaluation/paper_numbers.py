@@ -1,0 +1,119 @@
+"""The paper's published numbers beside an experiment's own (report.md's "Beside the paper").
+
+``paper_numbers.json`` holds the numbers of arXiv 2411.13476v2, each cell under its table, row
+(``label``, the project's ``arm`` name, the dataset or family ``group``) and column (the report's
+own column keys: RULER lengths as token counts, LongBench categories, ``MMLU``/``HellaSwag``),
+with how they were read (``source``), the paper's own inconsistencies (``notes``) and the tables
+left out (``left_out``). ``presets`` names, per paper preset (its experiment ``name``), the
+tables and groups its arms reproduce; a config under another name is compared with nothing.
+
+A RULER cell is compared only where the arm's RULER mean is over the paper's task set (11 tasks
+for Llama-2, 13 for the Table 6 families): a mean over other tasks is a different number.
+"""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+from typing import Any
+
+from anchorctx.evaluation.averaging import length_label, markdown_table
+from anchorctx.io import read_json
+
+PAPER_NUMBERS = Path(__file__).with_name("paper_numbers.json")
+CITATION = "arXiv 2411.13476v2"
+
+
+@functools.cache
+def load_paper_numbers(path: Path = PAPER_NUMBERS) -> dict[str, Any]:
+    return read_json(path)
+
+
+def references(experiment: str, numbers: dict[str, Any] | None = None) -> list[tuple[str, Any]]:
+    """``[(table, group), ...]`` the experiment named ``experiment`` reproduces (none: [])."""
+    numbers = numbers or load_paper_numbers()
+    return [(str(t), g) for t, g in numbers["presets"].get(experiment, [])]
+
+
+def paper_cells(
+    numbers: dict[str, Any], refs: list[tuple[str, Any]], report_table: str
+) -> dict[str, dict[str, dict[str, Any]]]:
+    """``{arm: {column: {"value", "table", "tasks"}}}`` of the paper's cells that fall in the
+    report's table ``report_table`` (``ruler``, ``longbench``, ``general``); the first table in
+    ``refs`` that has a cell gives it."""
+    out: dict[str, dict[str, dict[str, Any]]] = {}
+    for table_id, group in refs:
+        table = numbers["tables"][table_id]
+        where = table.get("column_tables", {})
+        for row in table["rows"]:
+            if group is not None and row.get("group") != group:
+                continue
+            for column, value in row["values"].items():
+                if where.get(column, table["suite"]) != report_table:
+                    continue
+                cell = {"value": value, "table": table_id, "tasks": table.get("tasks")}
+                out.setdefault(row["arm"], {}).setdefault(column, cell)
+    return out
+
+
+def beside(
+    table: dict[str, Any],
+    cells: dict[str, dict[str, dict[str, Any]]],
+    arm_tasks: dict[str, list[str] | None],
+    intervals: dict[str, dict[str, dict[str, float]]] | None = None,
+) -> dict[str, dict[str, dict[str, Any]]]:
+    """Per arm and column with a paper cell: ours (mean), the paper's, ours − paper, our 95%
+    interval where the run has one, and ``compared: False`` with ``why`` where the arm's RULER
+    tasks are not the paper's."""
+    out: dict[str, dict[str, dict[str, Any]]] = {}
+    for arm, by_col in cells.items():
+        for column, cell in by_col.items():
+            ours = table["rows"].get(arm, {}).get(column)
+            entry: dict[str, Any] = {"paper": cell["value"], "table": cell["table"]}
+            if ours is not None:
+                entry["ours"] = ours["mean"]
+                if (iv := (intervals or {}).get(arm, {}).get(column)) is not None:
+                    entry["interval"] = [iv["lo"], iv["hi"]]
+                tasks, want = arm_tasks.get(arm), cell["tasks"]
+                if want is not None and tasks is not None and sorted(tasks) != sorted(want):
+                    entry["compared"] = False
+                    entry["why"] = f"our mean is over {len(tasks)} tasks, the paper's {len(want)}"
+                else:
+                    entry["compared"] = True
+                    entry["difference"] = round(ours["mean"] - cell["value"], 2)
+            out.setdefault(arm, {})[column] = entry
+    return out
+
+
+def _cell_text(entry: dict[str, Any] | None) -> str:
+    if entry is None:
+        return "—"
+    paper = f"{entry['paper']:.2f}"
+    if "ours" not in entry:
+        return f"— / {paper}"
+    text = f"{entry['ours']:.2f} / {paper}"
+    if not entry["compared"]:
+        return f"{text} (not compared: {entry['why']})"
+    text += f" ({entry['difference']:+.2f})"
+    if "interval" in entry:
+        lo, hi = entry["interval"]
+        text += f" [{lo:.2f}, {hi:.2f}]"
+    return text
+
+
+def beside_markdown(
+    title: str, compared: dict[str, dict[str, dict[str, Any]]], columns: list[str], arms: list[str]
+) -> str:
+    """One table: per arm, ``ours / paper (ours − paper) [our 95% interval]`` in each column
+    the paper has; arms the paper has and the run lacks are listed with ``—`` for ours."""
+    shown = [c for c in columns if any(c in compared.get(a, {}) for a in compared)]
+    shown += [c for a in compared for c in compared[a] if c not in shown]
+    rows = [a for a in arms if a in compared] + [a for a in compared if a not in arms]
+    tables = sorted({e["table"] for a in rows for e in compared[a].values()}, key=int)
+    header = ["arm"] + [length_label(c) if c.isdigit() else c for c in shown]
+    body = [[a] + [_cell_text(compared[a].get(c)) for c in shown] for a in rows]
+    cited = ", ".join(f"Table {t}" for t in tables)
+    return (
+        f"### {title} — ours / paper ({CITATION}, {cited}); (ours − paper) [our 95% interval]\n\n"
+        + markdown_table(header, body)
+    )

@@ -308,3 +308,37 @@ def test_lm_eval_suites_are_listed_as_not_estimated():
     assert plan.gpu_hours == ruler_only.gpu_hours and ruler_only.unestimated == ()
     text = eval_plan.format_plan(eval_plan.plan_experiment(cfg, "h200", gpus=8))
     assert "not estimated (no cost model; not in the totals): lm_eval:babilong" in text
+
+
+def test_an_sp_the_heads_do_not_allow_is_refused_as_training_refuses_it():
+    """Issue #58 row 10: SP 3 on a 4-head model planned on 3 GPUs was printed as SP 1 × DP 3."""
+    four_heads = memory.Shape(
+        layers=2, hidden=256, intermediate=512, heads=4, kv_heads=4, vocab=512
+    )
+    cfg = _cfg("training.sequence_parallel=3", "training.global_batch_size=3")
+    with pytest.raises(cost_plan.PlanError, match=r"sequence_parallel=3 does not divide .* 4 "):
+        cost_plan.layout(cfg, four_heads, 3, 1)
+    # Fewer GPUs than the config names: planned on them (a config written for 8 GPUs).
+    assert cost_plan.layout(cfg, four_heads, 2, 1).sp in (1, 2)
+
+
+def test_host_memory_must_be_a_positive_number(capsys):
+    """Issue #58 row 9: `--host-gib -5` (or nan) said the run needs a larger GPU."""
+    for bad in ("-5", "nan", "0", "lots"):
+        with pytest.raises(SystemExit) as exit_:
+            main(["plan", PAPER, "--gpus", "8", "--host-gib", bad])
+        assert exit_.value.code == 2
+        err = capsys.readouterr().err
+        assert "--host-gib" in err and "larger GPU" not in err
+
+
+def test_the_json_plan_is_strict_json():
+    """`plan --json` printed `Infinity` where a value was unbounded: strict JSON has None."""
+    from anchorctx.evaluation.commands import _finite
+
+    data = {"a": float("inf"), "b": [1.0, float("nan")], "c": {"d": 2}}
+    assert json.loads(json.dumps(_finite(data), allow_nan=False)) == {
+        "a": None,
+        "b": [1.0, None],
+        "c": {"d": 2},
+    }

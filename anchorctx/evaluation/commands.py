@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from pathlib import Path
 from typing import Any
@@ -31,6 +32,28 @@ def _positive(text: str) -> int:
     value = int(text)
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
+    return value
+
+
+def _positive_gib(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number of GiB, got {text}") from None
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a positive number of GiB, got {text}")
+    return value
+
+
+def _finite(value: Any) -> Any:
+    """``value`` with every non-finite float as None: the plan's JSON is strict JSON (no
+    ``Infinity``, which most parsers refuse)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite(v) for v in value]
     return value
 
 
@@ -256,7 +279,7 @@ def plan_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--host-gib",
-        type=float,
+        type=_positive_gib,
         default=DEFAULT_HOST_GIB,
         metavar="GIB",
         help=f"Host memory per GPU for offloaded state (default {DEFAULT_HOST_GIB:g}).",
@@ -290,7 +313,10 @@ def plan(args: argparse.Namespace) -> int:
         host_gib=args.host_gib,
         shape_name=args.shape,
     )
-    print(json.dumps(result.to_dict(), indent=2) if args.json else format_plan(result))
+    if args.json:
+        print(json.dumps(_finite(result.to_dict()), indent=2, allow_nan=False))
+    else:
+        print(format_plan(result))
     return 0
 
 

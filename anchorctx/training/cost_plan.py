@@ -31,6 +31,7 @@ import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
 from anchorctx.training import layout_plan, memory
@@ -186,6 +187,21 @@ def choose_sp(want: int, shape: Shape, world: int) -> int:
     return 1
 
 
+def heads_problem(shape: Shape, sp: int) -> str | None:
+    """Why Ulysses cannot split ``shape``'s heads over ``sp`` GPUs, in training's own words
+    (:func:`anchorctx.training.plan.check_heads`); None when it can."""
+    # Imported here: plan.py resolves devices through torch, which only a plan needs.
+    from anchorctx.training.plan import TrainingError, check_heads
+
+    text = SimpleNamespace(num_attention_heads=shape.heads, num_key_value_heads=shape.kv_heads)
+    config = SimpleNamespace(get_text_config=lambda: text)  # check_heads reads a HF config
+    try:
+        check_heads(config, sp)
+    except TrainingError as err:
+        return str(err)
+    return None
+
+
 def layout(cfg: ExperimentConfig, shape: Shape, gpus: int, nodes: int):
     """:func:`~anchorctx.training.plan.plan_parallelism`'s layout on ``gpus × nodes`` GPUs."""
     # Imported here: plan.py resolves devices through torch, which only a plan that gets this
@@ -194,8 +210,17 @@ def layout(cfg: ExperimentConfig, shape: Shape, gpus: int, nodes: int):
 
     world = gpus * nodes
     t = cfg.training
-    # An unresolved auto (nothing fits, so the layout plan chose none): one row per GPU.
-    sp = choose_sp(1 if t.sequence_parallel == "auto" else t.sequence_parallel, shape, world)
+    want = t.sequence_parallel
+    if want != "auto" and want <= world:
+        # On at least as many GPUs as it names, the config's SP is run as written: refused
+        # exactly as training refuses it (plan_parallelism below: the process count).
+        if problem := heads_problem(shape, want):
+            raise PlanError(problem)
+        sp = want
+    else:
+        # A config written for more GPUs plans on fewer (choose_sp); an unresolved auto (the
+        # layout plan found nothing that fits): one row per GPU.
+        sp = choose_sp(1 if want == "auto" else want, shape, world)
     # Planned as on CUDA, on this (perhaps GPU-less) machine: the device and engine only select
     # CPU defaults in plan_parallelism; the layout rules are what is used.
     planned = cfg.model_copy(

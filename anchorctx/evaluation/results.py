@@ -104,6 +104,7 @@ SCORE_NEUTRAL_SOURCES = (
     "evaluation/integrity.py",
     "evaluation/paired.py",
     "evaluation/report.py",
+    "evaluation/schedule.py",
     "evaluation/seed_pairs.py",
     "evaluation/sharding.py",
     "evaluation/tracking.py",

@@ -275,7 +275,7 @@ def evaluate_flow(
     checkpoints = list_checkpoint_paths(run)
     if not checkpoints:
         raise FileNotFoundError(f"no checkpoints under {run / 'checkpoints'}: run `train` first")
-    suites = list(suites or cfg.evaluation.suites)
+    suites = list(check_suites(suites, "suites") or cfg.evaluation.suites)
     ensure_eval_fixtures_task(cfg)
     ensure_heldout_eval_task(cfg)
     results = _evaluate_all(cfg, checkpoints, suites, force, gpus)

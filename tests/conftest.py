@@ -131,6 +131,7 @@ TOGETHER = {
     "tests/test_eval_sharding.py::test_flow_shards_over_gpu_slots_in_child_processes": (
         HARNESS_GROUP
     ),
+    "tests/test_flows_control.py::test_full_experiment_evaluates_an_lm_eval_suite": (HARNESS_GROUP),
     # The second compiles nothing: Inductor's in-process cache has the first's kernels (~13 s
     # of CPU each when the two compile at once on two workers).
     "tests/test_decoding.py::test_fused_step_shares_weights_and_compiles[llama]": "inductor",

@@ -297,10 +297,11 @@ def _config_json(tmp_path: Path, cfg: ExperimentConfig) -> Path:
 
 def test_first_arm_compiles_ahead_before_it_evaluates(tmp_path, demo_corpus, monkeypatch):
     """full-experiment submits the compile-ahead pass of its first arm (with the arms' base
-    model) on GPUs idle anyway: with overlap, the evaluation GPUs while that arm trains;
-    without, every GPU while the data is packed, after the base model's evaluation. Not when
-    the arm has trained already, evaluates nothing that decodes, evaluates on CPU, or nothing
-    trains."""
+    model) where the schedule puts it (tests/test_schedule.py has every decision): with
+    overlap, on the evaluation GPUs while that arm trains; without, on every GPU while the data
+    is packed, after the base model's evaluation. Whether the arm has trained is read from its
+    run directory."""
+    from anchorctx.evaluation.schedule import Machine, decide_schedule
     from anchorctx.flows import experiment
 
     base = tmp_path / "base"
@@ -323,36 +324,25 @@ def test_first_arm_compiles_ahead_before_it_evaluates(tmp_path, demo_corpus, mon
 
     monkeypatch.setattr(experiment.compile_ahead_task, "submit", submit)
 
-    def scope(stages=None, suites=None, cfg=cfg):
-        return experiment.Scope.of(cfg, None, stages, suites, False, None, None)
+    def ahead(gpus: list[str]):
+        schedule = decide_schedule(cfg, cfg.arms(), experiment.STAGES, None, Machine(lambda: gpus))
+        return schedule.compile_ahead
 
-    def ahead(gpus=("0", "1", "2"), after=None, **kw):
-        target = experiment._to_compile(scope(**kw))
-        return target and experiment._compile_ahead(target, list(gpus), after)
-
-    assert ahead(after="base evaluation") == "future"
+    # One GPU: before training, after the base model's evaluation; nothing beside training.
+    one = ahead(["0"])
+    assert experiment._compile_ahead(one, beside_training=True) is None
+    assert experiment._compile_ahead(one, beside_training=False, after="base") == "future"
     ((arm, checkpoint, suites, gpus, after),) = submitted
     assert arm.variant_name == "full" and checkpoint == str(base)
-    assert suites == ["ruler"] and gpus == ["0", "1", "2"] and after == ["base evaluation"]
-    assert ahead(gpus=()) is None  # no GPU
-    assert ahead(stages=["evaluate"]) is None  # nothing trains first
-    assert ahead(suites=["mmlu"]) is None  # nothing decodes
-    raw["evaluation"]["device"] = "cpu"
-    assert ahead(cfg=config_from_dict(raw)) is None
+    assert suites == ["ruler"] and gpus == ["0"] and after == ["base"]
+    # Three GPUs (the arms train on one): beside the first arm's training, on the pool's GPUs.
+    three = ahead(["0", "1", "2"])
+    assert experiment._compile_ahead(three, beside_training=False) is None
+    assert experiment._compile_ahead(three, beside_training=True) == "future"
+    assert submitted[-1][3:] == (["0", "1", "2"], None)
     step = arm.run_dir / "checkpoints" / "step-000002"
     save_checkpoint(step, demo_corpus.tokenizer_dir, seed=2, step=2)
-    assert ahead() is None  # trained (or resuming): its training may end at once
-    assert len(submitted) == 1
-    # Where: beside the first arm's training with overlap (arms on one GPU of three), else
-    # before it, while the data is packed (one GPU).
-    step.parent.parent.rename(tmp_path / "trained")  # untrained again
-    monkeypatch.setattr(experiment, "visible_gpus", lambda: ["0", "1", "2"])
-    assert experiment._overlaps(scope())
-    assert experiment._compile_before_training(scope(), None) is None
-    monkeypatch.setattr(experiment, "visible_gpus", lambda: ["0"])
-    assert not experiment._overlaps(scope())
-    assert experiment._compile_before_training(scope(), "base evaluation") == "future"
-    assert submitted[-1][3:] == (["0"], ["base evaluation"])
+    assert ahead(["0"]) is None  # trained (or resuming): its training may end at once
 
 
 def test_compile_ahead_plans_the_shards_evaluation_will_run(

@@ -189,3 +189,63 @@ def test_run_suite_takes_lm_eval_tasks_and_refuses_typos(capsys):
     with pytest.raises(SystemExit):
         _run_args("--suite", "lm_eval:babilong_qa99")
     assert "'lm_eval:babilong_qa99' is not a suite" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------- suites of the registry
+LM_EVAL_SUITE = "lm_eval:babilong"  # one of lm-eval's long-context tasks (a registered suite)
+
+
+def test_flow_suites_are_the_registrys_and_a_typo_is_one_line(tiny_config):
+    from anchorctx.evaluation.results import SUITES, get_suite
+    from anchorctx.evaluation.settings import PROJECT_SUITES
+
+    assert set(PROJECT_SUITES) == set(SUITES)  # the names the flow checks are the registry's
+    every = [*SUITES, LM_EVAL_SUITE]
+    assert fx.check_suites(every, "suites") == every
+    assert get_suite(LM_EVAL_SUITE) is not None
+    assert fx.check_suites(None, "suites") is None
+    with pytest.raises(ValueError) as err:
+        fx.Scope.of(tiny_config, None, None, ["lm_eval:babilong_qa99"], False, None, None)
+    message = str(err.value)
+    assert message.startswith("suites: 'lm_eval:babilong_qa99' is not a suite: expected ruler, ")
+    assert "lm_eval:babilong" in message and "\n" not in message
+
+
+def test_a_served_deployment_takes_lm_eval_suites(tiny_config):
+    """A deployment's run parameters are checked by the server against the flow's parameter
+    schema (Prefect's ``enforce_parameter_schema``), with the same function as here: every
+    registered suite passes it (the flow checks the names, one line for a typo)."""
+    from prefect.utilities.callables import parameter_schema
+    from prefect.utilities.schema_tools import validate
+
+    schema = parameter_schema(fx.full_experiment).model_dump(exclude_unset=True)
+    params = {"cfg": tiny_config.model_dump(mode="json"), "suites": ["ruler", LM_EVAL_SUITE]}
+    assert validate(params, schema, raise_on_error=True) == []
+
+
+def test_full_experiment_evaluates_an_lm_eval_suite(tmp_path, monkeypatch, prefect_harness):
+    """``suites=["lm_eval:<task>"]`` through full-experiment (Prefect validates the parameters,
+    as for a served run): only that suite of the arm's is evaluated, into its result file. Its
+    runner is a fake: lm-eval's own scoring has its tests (tests/test_lm_eval_suites.py)."""
+    from test_eval_core_results import FakeSuite, save_tiny_checkpoint
+
+    from anchorctx.evaluation import results
+    from anchorctx.experiment import config_from_dict
+
+    base = save_tiny_checkpoint(tmp_path / "base", seed=0)
+    cfg = config_from_dict(
+        {
+            "name": "lm",
+            "run_root": str(tmp_path / "runs"),
+            "model": {"path": str(base)},
+            "evaluation": {"device": "cpu", "dtype": "float32", "suites": ["ruler", LM_EVAL_SUITE]},
+        }
+    )
+    ckpt = save_tiny_checkpoint(cfg.run_dir / "checkpoints" / "step-000001", seed=1, step=1)
+    fake = FakeSuite()
+    monkeypatch.setattr(results, "_lm_eval_suite", lambda name: results.Suite(fake))
+    with prefect_harness():
+        fx.full_experiment(cfg, stages=["evaluate"], suites=[LM_EVAL_SUITE])
+    assert fake.calls == 1
+    assert results.load_result(results.result_path(ckpt, LM_EVAL_SUITE))["suite"] == LM_EVAL_SUITE
+    assert not results.result_path(ckpt, "ruler").exists()  # not in this run's suites

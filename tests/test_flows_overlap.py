@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from anchorctx.evaluation import results
+from anchorctx.evaluation.schedule import Machine, decide_schedule, overlap_training_gpus
 from anchorctx.experiment import ExperimentConfig, config_from_dict
 from anchorctx.io import read_jsonl
-from anchorctx.tasks.sharding import overlap_training_gpus
 
 
 def _raw(root: Path, demo_corpus, overlap: str) -> dict:
@@ -232,10 +232,10 @@ def test_prefetch_goes_through_the_sample_store_only(tmp_path, demo_corpus, monk
     def prefetch(gpus: list[str], store: bool):
         raw = _raw(tmp_path / "runs", demo_corpus, "auto")
         raw["evaluation"]["ruler"]["sample_store"] = store
-        monkeypatch.setattr(fx, "visible_gpus", lambda: gpus)
-        scope = fx.Scope.of(config_from_dict(raw), None, None, None, False, None, None)
+        cfg = config_from_dict(raw)
         # The tokenizer the samples are made with must exist (demo_corpus built it).
-        return fx._prefetch_samples(scope, threading.Event())
+        schedule = decide_schedule(cfg, cfg.arms(), fx.STAGES, None, Machine(lambda: gpus))
+        return fx._prefetch_samples(schedule.prefetch, threading.Event())
 
     assert prefetch(["0"], store=True) == 1  # through the store, for the GPU's worker
     assert prefetch(["0", "1"], store=True) == 1
@@ -257,16 +257,17 @@ def test_prefetch_thread_starts_after_transformers_is_resolved(tmp_path, demo_co
     code = f"""
 import sys, threading, types
 import anchorctx.flows.experiment as fx
+from anchorctx.evaluation.schedule import Machine, decide_schedule
 from anchorctx.experiment import load_config
 cfg = load_config({str(cfg_path)!r}, ["evaluation.device=cuda"])
 seen = []
 def submit(*args):
     t = vars(sys.modules["transformers"])
     seen.append(all(n in t for n in ("AutoTokenizer", "AutoConfig", "AutoModelForCausalLM")))
-fx.visible_gpus = lambda: [0]
 fx.ensure_eval_fixtures_task = lambda arm: None
 fx.prefetch_ruler_task = types.SimpleNamespace(submit=submit)
-fx._prefetch_samples(fx.Scope.of(cfg, None, None, None, False, None, None), threading.Event())
+schedule = decide_schedule(cfg, cfg.arms(), fx.STAGES, None, Machine(lambda: ["0"]))
+fx._prefetch_samples(schedule.prefetch, threading.Event())
 print(seen)
 """
     done = subprocess.run(

@@ -258,13 +258,13 @@ def test_the_two_gpu_seeds_deployment_pretrains_on_both_and_overlaps_the_arms():
     """full-experiment/gpu-small-seeds-2gpu: gpu-small-seeds from nothing on two GPUs. The
     pretraining is two data-parallel replicas (the same global batch and steps, no accumulation);
     the six seed arms train on one GPU each while the other evaluates; its own directory."""
+    from anchorctx.evaluation.schedule import overlap_training_gpus
     from anchorctx.flows.deployments import (
         GPU_SMALL_SEEDS,
         GPU_SMALL_SEEDS_2GPU_NAME,
         build_deployments,
         gpu_small_seeds_two_gpus,
     )
-    from anchorctx.tasks.sharding import overlap_training_gpus
     from anchorctx.training.plan import plan_parallelism
 
     seeds = load_config(CONFIG, GPU_SMALL_SEEDS)

@@ -106,6 +106,7 @@ SCORE_NEUTRAL_SOURCES = (
     "evaluation/paper_numbers.json",
     "evaluation/paper_numbers.py",
     "evaluation/report.py",
+    "evaluation/schedule.py",
     "evaluation/seed_pairs.py",
     "evaluation/sharding.py",
     "evaluation/tracking.py",

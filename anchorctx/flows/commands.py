@@ -6,7 +6,7 @@ import argparse
 import sys
 from uuid import UUID
 
-from anchorctx.evaluation.settings import suite_argument
+from anchorctx.evaluation.settings import PROJECT_SUITES, suite_argument
 
 EPHEMERAL_TRAP = """\
 PREFECT_API_URL is not set. Without it every process starts its own throw-away (ephemeral)
@@ -128,7 +128,7 @@ def run_arguments(parser: argparse.ArgumentParser) -> None:
         default=[],
         type=suite_argument,
         metavar="SUITE",
-        help="Evaluate only this suite (repeatable): ruler, longbench, mmlu, hellaswag or "
+        help=f"Evaluate only this suite (repeatable): {', '.join(PROJECT_SUITES)} or "
         "lm_eval:<task or group> (lm-eval's long-context tasks, e.g. lm_eval:babilong).",
     )
     parser.add_argument(

@@ -14,6 +14,10 @@
       ├─ evaluate            per arm: every checkpoint × suite as mapped, content-cached tasks
       └─ report              variants side by side; tables, plot and summary as artifacts
 
+What runs where and when (RULER sample prefetch, the base model's evaluation beside data
+packing, overlap of evaluation with training, compile-ahead) is decided once, before anything
+runs, by :func:`anchorctx.evaluation.schedule.decide_schedule`; this module only carries it out.
+
 Every flow takes the validated :class:`~anchorctx.config.ExperimentConfig` as its ``cfg``
 parameter (the UI renders it as a form) and a ``force`` flag that recomputes instead of
 reusing cached results. A cache record only proves that a result *was* computed: it is reused
@@ -42,7 +46,16 @@ from prefect.futures import PrefectFuture, as_completed
 from prefect.runtime import flow_run
 from prefect.task_runners import ThreadPoolTaskRunner
 
-from anchorctx.evaluation.results import get_suite
+from anchorctx.evaluation.schedule import (
+    CompileAhead,
+    Machine,
+    Overlap,
+    Prefetch,
+    Schedule,
+    decide_schedule,
+    evaluated_suites,
+)
+from anchorctx.evaluation.settings import suite_name
 from anchorctx.evaluation.tracking import log_evaluation, log_report
 from anchorctx.experiment import ExperimentConfig
 from anchorctx.flows.sharded import compile_sharded, evaluate_sharded, wait_all
@@ -79,7 +92,6 @@ from anchorctx.tasks.sharding import (
     TrainingGpus,
     evaluation_workers,
     hold_training_gpus,
-    overlap_training_gpus,
     release_workers,
     visible_gpus,
 )
@@ -118,7 +130,6 @@ def _run_name(stage: str, per_arm: bool = True) -> str:
 
 Stage = Literal["pretrain", "data", "train", "evaluate", "report"]
 STAGES: tuple[str, ...] = ("pretrain", "data", "train", "evaluate", "report")
-Suite = Literal["ruler", "longbench", "mmlu", "hellaswag"]
 
 
 # --------------------------------------------------------------------------- prepare-data
@@ -264,7 +275,7 @@ def evaluate_flow(
     checkpoints = list_checkpoint_paths(run)
     if not checkpoints:
         raise FileNotFoundError(f"no checkpoints under {run / 'checkpoints'}: run `train` first")
-    suites = list(suites or cfg.evaluation.suites)
+    suites = list(check_suites(suites, "suites") or cfg.evaluation.suites)
     ensure_eval_fixtures_task(cfg)
     ensure_heldout_eval_task(cfg)
     results = _evaluate_all(cfg, checkpoints, suites, force, gpus)
@@ -383,7 +394,7 @@ def full_experiment(
     train_timeout_s: float | None = None,
     arms: list[str] | None = None,
     stages: list[Stage] | None = None,
-    suites: list[Suite] | None = None,
+    suites: list[str] | None = None,
     force_stages: list[Stage] | None = None,
 ) -> dict[str, Any]:
     """Prepare data, train every arm, evaluate every checkpoint, compare the variants.
@@ -393,18 +404,21 @@ def full_experiment(
     ``stages`` runs only these stages (default: pretrain, which runs only with a ``pretrain``
     section, then data, train, evaluate, report; training still
     resolves its packed dataset, a cache hit when it exists); ``suites`` evaluates only these
-    of each arm's ``evaluation.suites`` (default: all of them). ``force`` recomputes instead of
+    of each arm's ``evaluation.suites`` (default: all of them; any suite of the registry,
+    ``lm_eval:<task>`` included). ``force`` recomputes instead of
     reusing, within that scope, in ``force_stages`` (default: every stage that runs). A forced
     run that is cancelled or fails leaves the previous results in place.
     """
     scope = Scope.of(cfg, arms, stages, suites, force, force_stages, train_timeout_s)
     ensure_demo_corpus_task(cfg)  # before data keys: they fingerprint the corpus files
     ensure_pretrain_corpus_task(cfg)  # the arms' sources may list it too
+    # Decided once the demo inputs exist (prefetch needs the tokenizer); the rest only runs it.
+    schedule = decide_schedule(cfg, scope.arms, scope.stages, scope.suites, Machine(visible_gpus))
     stop_prefetch = threading.Event()
-    prefetch = _prefetch_samples(scope, stop_prefetch)
+    prefetch = _prefetch_samples(schedule.prefetch, stop_prefetch)
     try:
         with evaluation_workers():  # one per GPU, kept from arm to arm (tasks/sharding.py)
-            return _run_experiment(scope)
+            return _run_experiment(scope, schedule)
     finally:
         stop_prefetch.set()  # a failed or cancelled run does not wait for samples it won't use
         if prefetch is not None:
@@ -439,7 +453,8 @@ class Scope:
         selected = select_arms(all_arms, arms)
         run_stages = frozenset(check_stages(stages, "stages") or STAGES)
         forced = (check_stages(force_stages, "force_stages") or run_stages) if force else ()
-        return cls(cfg, all_arms, selected, run_stages, frozenset(forced), suites, train_timeout_s)
+        only = check_suites(suites, "suites")
+        return cls(cfg, all_arms, selected, run_stages, frozenset(forced), only, train_timeout_s)
 
     def runs(self, *stages: str) -> bool:
         """Whether any of ``stages`` runs."""
@@ -450,71 +465,54 @@ class Scope:
 
     def suites_of(self, arm: ExperimentConfig) -> list[str]:
         """The suites this run evaluates ``arm`` on."""
-        return [x for x in arm.evaluation.suites if not self.suites or x in self.suites]
+        return evaluated_suites(arm, self.suites)
 
 
-def _prefetch_samples(scope: Scope, stop: threading.Event) -> PrefectFuture | None:
+def _prefetch_samples(prefetch: Prefetch | None, stop: threading.Event) -> PrefectFuture | None:
     """Start generating the arms' RULER samples in this process while the GPU trains (a
-    future), or None: nothing to gain (no training before the evaluation, no RULER, evaluation
-    on CPU, where the thread would only compete with training for the cores, or on a work
-    pool's nodes). The evaluations run in the GPUs' worker processes, which read the samples
-    from the experiment's sample store (``evaluation.ruler.sample_store``; without it there is
-    nothing to share)."""
-    cfg, arms, ev = scope.cfg, scope.arms, scope.cfg.evaluation
-    if not (scope.runs("pretrain", "train") and scope.runs("evaluate")):
+    future), as the schedule says, or None (:class:`anchorctx.evaluation.schedule.Prefetch`)."""
+    if prefetch is None:
         return None
-    if ev.device == "cpu" or ev.work_pool or "ruler" not in (scope.suites or ev.suites):
-        return None
-    if not any("ruler" in a.evaluation.suites for a in arms):
-        return None
-    if not arms[0].evaluation.ruler.sample_store:
-        return None
-    # Before pretraining the arms' model (the base checkpoint) does not exist yet; its
-    # tokenizer is the pretraining config's, so the samples are the same (the sample cache
-    # keys them by vocabulary: were it to differ, the evaluation just generates its own).
-    tok = cfg.pretraining() if cfg.pretrain is not None else arms[0]
-    if not Path(tok.model.tokenizer_path).is_dir():
-        return None
-    ensure_eval_fixtures_task(arms[0])
+    ensure_eval_fixtures_task(prefetch.arm)
     # transformers' lazy module is not thread-safe: two threads resolving it at once fail with
     # "cannot import name 'AutoTokenizer'". Resolve what both import before the second starts.
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer  # noqa: F401
 
-    return prefetch_ruler_task.submit(arms[0], tok, stop)
+    return prefetch_ruler_task.submit(prefetch.arm, prefetch.tokenizer, stop)
 
 
-def _run_experiment(scope: Scope) -> dict[str, Any]:
-    """The stages in order: pretrain, data, train and evaluate per arm, report."""
-    base_eval = _pretrain(scope)
+def _run_experiment(scope: Scope, schedule: Schedule) -> dict[str, Any]:
+    """The stages in order: pretrain, data, train and evaluate per arm, report; run as
+    ``schedule`` says (:mod:`anchorctx.evaluation.schedule`)."""
+    base_eval = _pretrain(scope, schedule.evaluate_base)
     if scope.runs("data", "train"):
         _check_base_model(scope.cfg)  # the arms' tokenizer and weights are the pretrained model's
-    # Without overlap, the GPUs are idle while the arms' data is packed: compile there (after
-    # the base model's evaluation, which would compete for the memory); with overlap the
-    # evaluation GPUs are idle while the first arm trains (_train_and_evaluate).
-    ahead = _compile_before_training(scope, base_eval)
+    # After the base model's evaluation, which would compete for the GPUs' memory.
+    ahead = _compile_ahead(schedule.compile_ahead, beside_training=False, after=base_eval)
     try:
         datasets = _prepare_datasets(scope)
     finally:
         if base_eval is not None:  # before the arms train: they would share the GPU with it
             wait_all([base_eval], "base model evaluations")
         _settle(ahead)  # before the arms train too: its passes hold GPUs and memory
-    _train_and_evaluate(scope, datasets)
+    _train_and_evaluate(scope, schedule, datasets)
     out: dict[str, Any] = {"experiment_dir": str(scope.cfg.experiment_dir)}
     if scope.runs("report"):
         out["report"] = _report(scope, datasets)
     return out
 
 
-def _pretrain(scope: Scope) -> PrefectFuture | None:
+def _pretrain(scope: Scope, evaluate: bool) -> PrefectFuture | None:
     """Pretrain the arms' base model (a ``pretrain`` section only); returns the base model's
-    evaluation, running beside the arms' data packing (GPU beside CPU), or None."""
+    evaluation (with ``evaluate``), running beside the arms' data packing (GPU beside CPU), or
+    None."""
     cfg = scope.cfg
     if cfg.pretrain is None or not scope.runs("pretrain"):
         return None
     pretrain_flow(cfg, force=scope.forces("pretrain"), timeout_s=scope.train_timeout_s)
-    pre = cfg.pretraining()
-    if not (scope.runs("evaluate") and pre.evaluation.suites):
+    if not evaluate:
         return None
+    pre = cfg.pretraining()
     return evaluate_arm_task.submit(pre, pre.evaluation.suites, scope.forces("pretrain"), None)
 
 
@@ -532,14 +530,13 @@ def _prepare_datasets(scope: Scope) -> dict[str, str]:
     return datasets
 
 
-def _train_and_evaluate(scope: Scope, datasets: dict[str, str]) -> None:
+def _train_and_evaluate(scope: Scope, schedule: Schedule, datasets: dict[str, str]) -> None:
     """Train each arm, then evaluate it: in this flow, or, with overlap (:func:`_overlap`), as
     a task beside the next arm's training on the GPUs training does not hold."""
     evaluations: list[PrefectFuture] = []
-    with _overlap(scope) as split:
-        ahead = None
-        if split is not None and (target := _to_compile(scope)) is not None:
-            ahead = _compile_ahead(target, split.gpus)  # beside the first arm's training
+    with _overlap(schedule.overlap) as split:
+        # Submitted once training holds its GPUs: the passes take the evaluation GPUs' slots.
+        ahead = _compile_ahead(schedule.compile_ahead, beside_training=True)
         for arm in scope.arms:
             if scope.runs("train"):
                 _train_arm(scope, arm, datasets[data_key(arm)], split)
@@ -555,51 +552,18 @@ def _train_and_evaluate(scope: Scope, datasets: dict[str, str]) -> None:
     wait_all(evaluations, "arm evaluations")
 
 
-def _to_compile(scope: Scope) -> tuple[ExperimentConfig, list[str]] | None:
-    """The first arm and its suites to compile ahead (:func:`_compile_ahead`), or None.
-
-    Why: the decode step compiles one graph per batch shape. The first arm's evaluation (in
-    the GPUs' evaluation workers) would compile them all, ~30 s on gpu-small's 8K evaluation
-    (docs/benchmarks/2026-11-27-static-decode-graphs.md); later arms find them in the workers'
-    memory (kept through training) or torch's on-disk caches. So the same evaluation runs
-    first on GPUs that are idle anyway, compile-only, with the arm's base model (the
-    architecture it will have), in the same workers. Only when the arm is about to train (no
-    checkpoint yet) from a model on disk, evaluates on GPUs, and evaluates a suite that
-    decodes."""
-    if not (scope.runs("train") and scope.runs("evaluate")):
-        return None
-    arm = scope.arms[0]
-    suites = [s for s in scope.suites_of(arm) if get_suite(s).decodes]
-    if not suites or arm.model.path is None:
-        return None
-    if arm.evaluation.device == "cpu" or arm.evaluation.work_pool:
-        return None
-    if list_checkpoint_paths(arm.run_dir):  # trained or resuming: its training may be short
-        return None
-    return arm, suites
-
-
 def _compile_ahead(
-    target: tuple[ExperimentConfig, list[str]], gpus: list[str], after: PrefectFuture | None = None
+    ahead: CompileAhead | None, *, beside_training: bool, after: PrefectFuture | None = None
 ) -> PrefectFuture | None:
-    """Submit the compile-ahead task of ``target`` (:func:`_to_compile`) on ``gpus``, to start
-    once ``after`` is done; None without GPUs."""
-    if not gpus:
+    """Submit the schedule's compile-ahead pass if it runs at this point (beside the first
+    arm's training or before it), to start once ``after`` is done; else None."""
+    if ahead is None or ahead.beside_training != beside_training:
         return None
-    arm, suites = target
     waits = [after] if after is not None else None
-    return compile_ahead_task.submit(arm, str(arm.model.path), suites, gpus, wait_for=waits)
-
-
-def _compile_before_training(scope: Scope, after: PrefectFuture | None) -> PrefectFuture | None:
-    """Without overlap, compile ahead on every GPU while the arms' data is packed (after
-    ``after``, the base model's evaluation, which would compete for their memory); with
-    overlap, :func:`_train_and_evaluate` does it on the evaluation GPUs beside the first arm's
-    training instead. The cheap checks first: listing the GPUs may import torch."""
-    target = _to_compile(scope)
-    if target is None or _overlaps(scope):
-        return None
-    return _compile_ahead(target, visible_gpus(), after)
+    arm = ahead.arm
+    return compile_ahead_task.submit(
+        arm, str(arm.model.path), ahead.suites, ahead.gpus, wait_for=waits
+    )
 
 
 def _settle(ahead: PrefectFuture | None) -> None:
@@ -631,29 +595,17 @@ def _train_arm(
     return train_flow(arm, force=force, timeout_s=scope.train_timeout_s, dataset=dataset, gpus=gpus)
 
 
-def _may_overlap(scope: Scope) -> bool:
-    return {"train", "evaluate"} <= scope.stages and len(scope.arms) > 1
-
-
-def _overlaps(scope: Scope) -> bool:
-    """Whether :func:`_overlap` will hold training GPUs apart (and evaluate beside them)."""
-    if not _may_overlap(scope):
-        return False
-    return overlap_training_gpus(scope.cfg, scope.arms, visible_gpus()) is not None
-
-
 @contextlib.contextmanager
-def _overlap(scope: Scope) -> Iterator[TrainingGpus | None]:
-    """Training's share of the GPU slot pool while the arms train (evaluation.overlap), or
+def _overlap(overlap: Overlap | None) -> Iterator[TrainingGpus | None]:
+    """Training's share of the GPU slot pool while the arms train (the schedule's overlap), or
     None: each arm is trained, then evaluated. The GPUs go back to the pool on exit."""
-    if not _may_overlap(scope):
+    if overlap is None:
         yield None
         return
-    with hold_training_gpus(scope.cfg, scope.arms) as split:
-        if split is not None:
-            held = split.held or "none"
-            what = "finished arms evaluate on the others meanwhile, then on all of"
-            get_run_logger().info("overlap: training on GPU(s) %s; %s %s", held, what, split.gpus)
+    with hold_training_gpus(overlap.gpus, len(overlap.train)) as split:
+        held = split.held or "none"
+        what = "finished arms evaluate on the others meanwhile, then on all of"
+        get_run_logger().info("overlap: training on GPU(s) %s; %s %s", held, what, split.gpus)
         yield split
 
 
@@ -726,6 +678,17 @@ def check_stages(stages: list[str] | None, key: str) -> list[str]:
     if unknown:
         raise ValueError(f"{key}: unknown stage(s) {unknown}; stages are {list(STAGES)}")
     return list(stages or [])
+
+
+def check_suites(suites: list[str] | None, key: str) -> list[str] | None:
+    """``suites`` if each is a registered suite (``lm_eval:<task>`` included), else a one-line
+    error naming the valid ones."""
+    for name in suites or []:
+        try:
+            suite_name(name)
+        except ValueError as err:
+            raise ValueError(f"{key}: {err}") from None
+    return None if suites is None else list(suites)
 
 
 def _publish_report(

@@ -25,7 +25,6 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from prefect import get_run_logger, task
 from prefect.exceptions import MissingContextError
@@ -33,9 +32,6 @@ from prefect.runtime import task_run
 
 from anchorctx.evaluation.worker import EvalWorker
 from anchorctx.process import ProcessFailed
-
-if TYPE_CHECKING:
-    from anchorctx.experiment import ExperimentConfig
 
 _POOLS: dict[str, queue.Queue[str]] = {}
 _HELD: dict[str, int] = {}  # per pool: device ids training holds out of it (take_gpus)
@@ -99,26 +95,6 @@ def evaluation_gpus(slots: str) -> int:
         return min(total, max(1, total - _HELD.get(slots, 0)))
 
 
-def overlap_training_gpus(
-    cfg: ExperimentConfig, arms: Sequence[ExperimentConfig], gpus: Sequence[str]
-) -> list[str] | None:
-    """The GPUs full-experiment trains on while evaluating finished arms on the others, or
-    None: no overlap (off, evaluation on CPU or a work pool, fewer than two GPUs, or training
-    needs every GPU: ``training.nproc`` unset, multi-node or a hostfile)."""
-    ev = cfg.evaluation
-    if ev.overlap == "off" or ev.work_pool or ev.device == "cpu" or len(gpus) < 2:
-        return None
-    need = 0
-    for arm in arms:
-        t = arm.training
-        if t.device == "cpu":  # trains on CPU processes: every GPU evaluates
-            continue
-        if t.nproc is None or t.nnodes > 1 or t.hostfile is not None:
-            return None
-        need = max(need, t.nproc)
-    return list(gpus[:need]) if need < len(gpus) else None
-
-
 @dataclass(frozen=True)
 class TrainingGpus:
     """full-experiment's GPUs while arms train: ``held`` (training's, possibly none: training
@@ -129,19 +105,13 @@ class TrainingGpus:
 
 
 @contextmanager
-def hold_training_gpus(
-    cfg: ExperimentConfig, arms: Sequence[ExperimentConfig]
-) -> Iterator[TrainingGpus | None]:
-    """Hold training's GPUs (:func:`overlap_training_gpus`) out of the slot pool for the
-    block, so evaluation shards meanwhile run on the others; None: no overlap. On exit, even
-    on failure, they go back: shards waiting for a slot start on them at once."""
-    gpus = visible_gpus()
-    train = overlap_training_gpus(cfg, arms, gpus)
-    if train is None:
-        yield None
-        return
+def hold_training_gpus(gpus: Sequence[str], count: int) -> Iterator[TrainingGpus]:
+    """Hold ``count`` GPUs of the slot pool of ``gpus`` for training for the block (the
+    schedule's overlap, ``evaluation.schedule.Overlap``), so evaluation shards meanwhile run on
+    the others. On exit, even on failure, they go back: shards waiting for a slot start on them
+    at once."""
     slots = gpu_slots(gpus)
-    held = take_gpus(slots, len(train))
+    held = take_gpus(slots, count)
     try:
         yield TrainingGpus(list(gpus), held)
     finally:

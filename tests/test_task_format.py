@@ -421,7 +421,8 @@ def experiment(tmp_path) -> Path:
 
 def test_report_has_a_base_model_section_and_first_row(experiment):
     """With the base model's summary: its own section with its per-task RULER table, the first
-    row of Table 5 and Table 12; report.json names it apart from the arms."""
+    row of Table 5 and Table 7 (MMLU, HellaSwag: the paper's numbering); report.json names it
+    apart from the arms."""
     from anchorctx.evaluation.report import write_experiment_report
 
     _fake_run(
@@ -436,11 +437,11 @@ def test_report_has_a_base_model_section_and_first_row(experiment):
     assert "| niah_single_1 | 80.00 |" in section and "| vt | 60.00 |" in section
     assert "| task | 2K |" in section and "4K" not in section  # at its pretraining length only
     assert "95.00" not in section  # no arm's score in the base's section
-    table5 = _section(md, "### Table 5", "### Table 7")
+    table5 = _section(md, "### Table 5", "### Table 12")
     assert _table_rows(table5) == [BASE, *ARMS]
     assert f"| {BASE} | 70.00 | — |" in table5
     assert "| full | 80.00 | 30.00 |" in table5 and "| anchor | 85.00 | 45.00 |" in table5
-    assert _table_rows(_section(md, "### Table 12", "\n\n#"))[0] == BASE
+    assert _table_rows(_section(md, "### Table 7", "\n\n#"))[0] == BASE
     # niah_single_1 at 80 meets the bar (>=); its check is named in the section and the JSON.
     assert "**Retrieval check: met** (niah_single_1 80.0 at 2K; the bar is 80 on each)" in section
     report = json.loads((experiment / "report.json").read_text())
@@ -488,7 +489,7 @@ def test_report_without_the_base_summary_has_no_base(experiment):
     out = write_experiment_report(experiment, ARMS, base=BASE)
     md = out["markdown"]
     assert "## Base model" not in md and BASE not in md
-    assert _table_rows(_section(md, "### Table 5", "### Table 7")) == ARMS
+    assert _table_rows(_section(md, "### Table 5", "### Table 12")) == ARMS
     report = json.loads((experiment / "report.json").read_text())
     assert report["base"] is None and report["variants"] == ARMS and report["base_check"] is None
     assert set(report["runs"]) == set(ARMS)

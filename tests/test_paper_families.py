@@ -156,3 +156,23 @@ def test_cwe_names_a_missing_english_words_file_in_one_line(tmp_path):
     text = str(err.value)
     assert "\n" not in text
     assert f"evaluation.ruler.english_words_path points to a missing file: {missing}" in text
+
+
+def test_a_named_english_words_file_is_checked_before_the_suite(root, tmp_path):
+    from anchorctx.evaluation.ruler.runner import plan_samples
+
+    present = {"english_words_path": root / "data" / "ruler" / "english_words.json"}
+    plan, not_run = plan_samples(["cwe"], [1024], 2, present, {})
+    assert not not_run and plan[("cwe", 1024)] == [0, 1]
+    missing = tmp_path / "english_words.json"
+    plan, not_run = plan_samples(["cwe"], [1024], 2, {"english_words_path": missing}, {})
+    assert not plan and "\n" not in not_run["cwe"]
+    assert (
+        f"evaluation.ruler.english_words_path points to a missing file: {missing}"
+        in (not_run["cwe"])
+    )
+    missing.write_text("[]")
+    with pytest.raises(D.DataFormatError, match=r"evaluation\.ruler\.english_words_path"):
+        plan_samples(["cwe"], [1024], 2, {"english_words_path": missing}, {})
+    plan, not_run = plan_samples(["cwe"], [1024], 2, {}, {})  # unnamed: wonderwords suffice
+    assert not not_run and ("cwe", 1024) in plan

@@ -17,8 +17,9 @@ def demo_assets_arguments(parser: argparse.ArgumentParser) -> None:
         "Write seeded, offline stand-ins for every input configs/paper/*.yaml names, each in its "
         "published layout: a Llama-2-7B-shaped Hugging Face checkpoint (sharded fp16 "
         "safetensors with their index, random weights) with a Llama-style SentencePiece "
-        "tokenizer, SlimPajama chunks (chunkN/example_train_K.jsonl.zst), RULER's essay, SQuAD "
-        "v2 and HotpotQA files, LongBench v1, MMLU and HellaSwag. Then print the --set "
+        "tokenizer; small random stand-ins of Table 6's Llama-3-8B, Mistral-7B-v0.3 and "
+        "Qwen-1.5-1.8B with their config.json fields and tokenizer conventions; SlimPajama chunks (chunkN/example_train_K.jsonl.zst), RULER's essay, SQuAD "
+        "v2, HotpotQA and english_words.json files, LongBench v1, MMLU and HellaSwag. Then print the --set "
         "overrides that point a paper config at them (also saved as DIR/paper-assets.yaml). "
         "The content is synthetic: it rehearses the pipeline, not the paper's numbers. "
         "Every path key of the paper configs is covered (model, tokenizer, data sources, "
@@ -53,7 +54,7 @@ def demo_assets_arguments(parser: argparse.ArgumentParser) -> None:
 def demo_assets(args: argparse.Namespace) -> int:
     # Imported here: the generators (numpy, zstandard, safetensors) load only when this
     # command runs, not for every ``anchorctx --help``.
-    from anchorctx.demo.paper_assets import paper_overrides, write_paper_assets
+    from anchorctx.demo.paper_assets import TABLE6_PRESETS, paper_overrides, write_paper_assets
 
     write_paper_assets(
         args.paper,
@@ -63,6 +64,7 @@ def demo_assets(args: argparse.Namespace) -> int:
         force=args.force,
         progress=not args.quiet,
     )
-    print("anchorctx config configs/paper/llama2-7b-64k.yaml \\")
-    print(" \\\n".join(f"  --set {o}" for o in paper_overrides(args.paper)))
+    for preset in ("llama2-7b-64k", *TABLE6_PRESETS):
+        print(f"anchorctx config configs/paper/{preset}.yaml \\")
+        print(" \\\n".join(f"  --set {o}" for o in paper_overrides(args.paper, preset)))
     return 0

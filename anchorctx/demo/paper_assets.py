@@ -77,7 +77,7 @@ from anchorctx.io import (
 )
 from anchorctx.models.safetensors_stream import write_safetensors
 
-ASSETS_VERSION = 1
+ASSETS_VERSION = 2  # 2: Table 6 families and english_words.json
 MODEL_DIR = "models/Llama-2-7b-hf"
 # config key -> path under the assets directory; the paths are the paper configs' own defaults.
 PAPER_FILES: dict[str, str] = {
@@ -86,10 +86,18 @@ PAPER_FILES: dict[str, str] = {
     "evaluation.ruler.essay_path": "data/ruler/PaulGrahamEssays.json",
     "evaluation.ruler.squad_path": "data/ruler/squad_v2_dev.json",
     "evaluation.ruler.hotpotqa_path": "data/ruler/hotpotqa_dev_distractor.json",
+    "evaluation.ruler.english_words_path": "data/ruler/english_words.json",
     "evaluation.ruler.nltk_data": "data/nltk_data",
     "evaluation.longbench.data_dir": "data/LongBench",
     "evaluation.harness.mmlu_dir": "data/mmlu",
     "evaluation.harness.hellaswag_dir": "data/hellaswag",
+}
+# Table 6's presets (configs/paper/<stem>.yaml) -> the family whose stand-in their model.path
+# names (anchorctx.demo.paper_families.FAMILIES); every other key is PAPER_FILES'.
+TABLE6_PRESETS: dict[str, str] = {
+    "llama3-8b-128k": "llama3",
+    "mistral-7b-v0.3-128k": "mistral",
+    "qwen1.5-1.8b-128k": "qwen",
 }
 SPECIALS = ("<unk>", "<s>", "</s>")  # ids 0, 1, 2, as in Llama's tokenizer.model
 # Who may replace the assets directory and each directory in it: this command, whatever the
@@ -114,6 +122,7 @@ class AssetSizes:
     chunks: int = 2
     files_per_chunk: int = 4
     essay_words: int = 160_000  # more than a 128K-token haystack needs
+    english_words: int = 30_000  # CWE's list near 128K: more than wonderwords' ~8.2K words
     squad_titles: int = 120
     squad_paragraphs: int = 10
     hotpotqa_questions: int = 300
@@ -136,6 +145,7 @@ TINY = AssetSizes(
     chunks=2,
     files_per_chunk=2,
     essay_words=4000,
+    english_words=9000,
     squad_titles=6,
     squad_paragraphs=5,
     hotpotqa_questions=16,
@@ -153,10 +163,21 @@ def asset_paths(out: str | Path) -> dict[str, Path]:
     return {key: Path(out) / rel for key, rel in PAPER_FILES.items()}
 
 
-def paper_overrides(out: str | Path) -> list[str]:
-    """``--set`` overrides that point ``configs/paper/*.yaml`` at the assets in ``out``."""
+def family_paths(out: str | Path) -> dict[str, Path]:
+    """Table 6 family (``llama3``, ``mistral``, ``qwen``) -> its stand-in model directory."""
+    from anchorctx.demo.paper_families import FAMILIES
+
+    return {name: Path(out) / family.directory for name, family in FAMILIES.items()}
+
+
+def paper_overrides(out: str | Path, preset: str | None = None) -> list[str]:
+    """``--set`` overrides that point ``configs/paper/*.yaml`` at the assets in ``out``; for a
+    Table 6 preset (its file stem, :data:`TABLE6_PRESETS`) ``model.path`` names its family's."""
     root = Path(out).resolve()
-    return [f"{key}={root / rel}" for key, rel in PAPER_FILES.items()]
+    files = dict(PAPER_FILES)
+    if preset is not None and preset in TABLE6_PRESETS:
+        files["model.path"] = str(family_paths(".")[TABLE6_PRESETS[preset]])
+    return [f"{key}={root / rel}" for key, rel in files.items()]
 
 
 # ------------------------------------------------------------------------------ checkpoint
@@ -256,21 +277,33 @@ def _shard_plan(tensors: list[tuple[str, tuple[int, ...]]], shards: int) -> list
     return [p for p in plan if p]
 
 
-def write_checkpoint_weights(model_dir: Path, sizes: AssetSizes, seed: int) -> dict[str, Any]:
-    """Sharded fp16 safetensors and their index; returns the index."""
-    tensors = llama_tensors(sizes)
+def write_checkpoint_weights(
+    model_dir: Path,
+    sizes: AssetSizes,
+    seed: int,
+    tensors: list[tuple[str, tuple[int, ...]]] | None = None,
+) -> dict[str, Any]:
+    """Sharded fp16 safetensors and their index (Llama's tensors unless ``tensors`` names
+    others); returns the index. One shard is ``model.safetensors`` with no index, as Hugging Face
+    publishes a single-file model."""
+    tensors = llama_tensors(sizes) if tensors is None else tensors
     plan = _shard_plan(tensors, sizes.shards)
     weight_map: dict[str, str] = {}
     total = 0
     for k, indices in enumerate(plan, 1):
-        name = f"model-{k:05d}-of-{len(plan):05d}.safetensors"
+        name = (
+            "model.safetensors"
+            if len(plan) == 1
+            else f"model-{k:05d}-of-{len(plan):05d}.safetensors"
+        )
         meta = [tensors[i] for i in indices]
         data = (piece for i in indices for piece in _tensor_chunks(seed, i, *tensors[i]))
         entries = [(n, "F16", shape, 2 * int(np.prod(shape))) for n, shape in meta]
         total += write_safetensors(model_dir / name, entries, data)
         weight_map.update({tensors[i][0]: name for i in indices})
     index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
-    dump_json(model_dir / "model.safetensors.index.json", index)
+    if len(plan) > 1:
+        dump_json(model_dir / "model.safetensors.index.json", index)
     return index
 
 
@@ -320,13 +353,16 @@ def _training_lines(texts: list[str], limit: int = 4000) -> Iterator[str]:
                 yield line[:limit]
 
 
-def train_sentencepiece(texts: list[str], vocab_size: int) -> tuple[bytes, int]:
+def train_sentencepiece(
+    texts: list[str], vocab_size: int, control_symbols: tuple[str, ...] = ()
+) -> tuple[bytes, int]:
     """A Llama-style SentencePiece BPE model trained on ``texts``: (model bytes, pieces).
 
     The trainer options are those recorded in Llama-2's ``tokenizer.model`` (its trainer_spec):
     BPE, byte fallback, digits split, a dummy prefix, no normalisation, ``<unk>``/``<s>``/``</s>``
     at 0/1/2 and no pad piece. ``vocab_size`` is a soft limit: a small corpus yields fewer pieces
-    (the second value says how many), never an error.
+    (the second value says how many), never an error. ``control_symbols`` follow ``</s>`` (Mistral
+    v0.3's ``[INST]``.. control tokens).
     """
     try:
         # Imported here: sentencepiece is needed only to write a new tokenizer.model.
@@ -354,6 +390,7 @@ def train_sentencepiece(texts: list[str], vocab_size: int) -> tuple[bytes, int]:
         bos_id=1,
         eos_id=2,
         pad_id=-1,
+        control_symbols=list(control_symbols),
         num_threads=2,
         minloglevel=2,
     )
@@ -419,6 +456,24 @@ def _ruler(out: Path, sizes: AssetSizes, seed: int) -> None:
     dump_json(out / "squad_v2_dev.json", squad)
     hotpot = hotpotqa_json(FixtureWriter(seed + 2), sizes.hotpotqa_questions, sizes.hotpotqa_pool)
     dump_json(out / "hotpotqa_dev_distractor.json", hotpot)
+    dump_json(out / "english_words.json", english_words_json(seed + 6, sizes.english_words))
+
+
+def english_words_json(seed: int, n: int) -> dict[str, str]:
+    """RULER's english_words.json layout (an object whose *values* are the words): wonderwords'
+    words, then seeded pseudo-words up to ``n``, so CWE near 128K has more than wonderwords."""
+    # Imported here: the word lists are evaluation data; only this file needs them.
+    from anchorctx.evaluation.ruler.data import wonderwords_lists
+
+    words = sorted({w for group in wonderwords_lists() for w in group})
+    seen, rng = set(words), np.random.default_rng([seed, 11])
+    letters = np.array(list("abcdefghijklmnopqrstuvwxyz"))
+    while len(words) < n:
+        word = "".join(rng.choice(letters, size=int(rng.integers(5, 10))))
+        if word not in seen:
+            seen.add(word)
+            words.append(word)
+    return {str(i): w for i, w in enumerate(words[:n])}
 
 
 def _nltk_data(out: Path, sizes: AssetSizes, seed: int) -> None:
@@ -475,6 +530,9 @@ def overrides_yaml(out: Path) -> str:
         "# Overrides that point configs/paper/*.yaml at the stand-ins in this directory:",
         "#   anchorctx config configs/paper/llama2-7b-64k.yaml \\",
         *(f"#     --set {o} \\" for o in paper_overrides(out)),
+        "# Table 6's presets (configs/paper/{llama3-8b,mistral-7b-v0.3,qwen1.5-1.8b}-128k.yaml):",
+        "# the same, with model.path one of",
+        *(f"#   --set model.path={p}" for p in family_paths(out.resolve()).values()),
         "# The files are synthetic (random weights, pseudo-word text): they rehearse the",
         "# pipeline and cannot reproduce the paper's numbers. Replace each with the real file.",
     ]
@@ -546,8 +604,28 @@ def _write_all(
         index = write_checkpoint_weights(tmp, sizes, seed)
     files = sorted(set(index["weight_map"].values()))
     say(f"checkpoint: {len(files)} shards, {index['metadata']['total_size'] / 2**30:.2f} GiB")
+    families = _write_families(root, texts, seed)
+    say("Table 6 families: " + ", ".join(f"{k} ({v['vocab']} tokens)" for k, v in families.items()))
     atomic_write_text(root / "paper-assets.yaml", overrides_yaml(root))
-    summary = {"tokenizer_pieces": pieces, "documents": counts, "shards": files}
+    summary = {
+        "tokenizer_pieces": pieces,
+        "documents": counts,
+        "shards": files,
+        "families": {k: {"vocab": v["vocab"]} for k, v in families.items()},
+    }
     atomic_write_json(marker, {"params": params, "summary": summary})
     record_owner(root, ASSETS_OWNER)  # the two files above are now this writer's to replace
     return paths
+
+
+def _write_families(root: Path, texts: list[str], seed: int) -> dict[str, dict[str, Any]]:
+    """Table 6's stand-ins (small shapes in every size: their conventions are the point), each
+    directory replaced only when this command wrote it."""
+    from anchorctx.demo.paper_families import FAMILIES, family_bytes, write_family
+
+    out = {}
+    for name, path in family_paths(root).items():
+        family = FAMILIES[name]
+        with owned_directory(path, ASSETS_OWNER, needs=family_bytes(family)) as tmp:
+            out[name] = write_family(tmp, family, texts, seed)
+    return out

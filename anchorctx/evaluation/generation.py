@@ -16,6 +16,7 @@ import contextlib
 import contextvars
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import torch
 from tqdm.auto import tqdm
@@ -63,15 +64,23 @@ class CheckpointError(FileNotFoundError):
 
 
 def load_eval_model(
-    checkpoint: str | Path, *, device: str | None = "auto", dtype: str = "bfloat16"
+    checkpoint: str | Path,
+    *,
+    device: str | None = "auto",
+    dtype: str = "bfloat16",
+    model_overrides: dict[str, Any] | None = None,
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    """Model (stock SDPA attention, eval mode) and tokenizer from a checkpoint directory."""
+    """Model (stock SDPA attention, eval mode) and tokenizer from a checkpoint directory.
+
+    ``model_overrides`` are ``model.*`` settings applied on top of the checkpoint's own config,
+    e.g. ``rope_scaling`` for a base model evaluated with a RoPE extension it was never trained
+    with (Table 2's Free* rows; :func:`anchorctx.evaluation.results.eval_model_overrides`)."""
     path = Path(checkpoint)
     if problem := model_dir_problem(path, tokenizer=True):
         raise CheckpointError(f"not a Hugging Face checkpoint with tokenizer ({problem}): {path}")
     read_model_config(path)  # the tokenizer may read it first, naming no line or column
     tokenizer = AutoTokenizer.from_pretrained(str(path))
-    model_cfg = ModelConfig(path=path, dtype=dtype)
+    model_cfg = ModelConfig(path=path, dtype=dtype, **(model_overrides or {}))
     model = load_model(
         model_cfg,
         dtype=dtype,

@@ -390,11 +390,31 @@ def evaluation_code_version() -> str:
 def identity(cfg: ExperimentConfig, checkpoint: str | Path, suite: str) -> dict[str, str]:
     """What a cached result must match to be reused (also a good task cache key). Reads only:
     demo input data must exist before (``anchorctx.demo.ensure_eval_fixtures``)."""
-    return {
+    ident = {
         "checkpoint_hash": checkpoint_hash(checkpoint),
         "evaluation_fingerprint": evaluation_fingerprint(cfg, suite),
         "code_version": evaluation_code_version(),
     }
+    if overrides := eval_model_overrides(cfg, checkpoint):
+        # Only when set: the identities of every other evaluation stay as they were.
+        ident["model_overrides"] = json.dumps(overrides, sort_keys=True)
+    return ident
+
+
+def eval_model_overrides(cfg: ExperimentConfig, checkpoint: str | Path) -> dict[str, Any]:
+    """``model.*`` settings evaluation applies on top of the checkpoint's config: for a checkpoint
+    outside the run (``evaluate --checkpoint``: a base model) with ``model.rope_scaling`` set to
+    other than ``keep``, that scaling and ``model.max_position_embeddings`` (Table 2's Free*
+    YaRN / NTK rows: the base model with a RoPE extension and no training). A run's own
+    checkpoints carry the RoPE their training used in their config.json, so nothing is applied
+    to them (a second YaRN would scale over the already extended length)."""
+    rope = cfg.model.rope_scaling
+    if rope.type == "keep" or not is_external(checkpoint, cfg):
+        return {}
+    out: dict[str, Any] = {"rope_scaling": rope.model_dump(mode="json", exclude_none=True)}
+    if cfg.model.max_position_embeddings:
+        out["max_position_embeddings"] = cfg.model.max_position_embeddings
+    return out
 
 
 # ---------------------------------------------------------------------------------- paths
@@ -575,23 +595,33 @@ def start_samples(path: Path, ident: dict[str, str]) -> None:
 _LOCAL = threading.local()
 
 
-def load_eval_model(checkpoint: Path, *, device: str, dtype: str) -> tuple[Any, Any]:
+def load_eval_model(
+    checkpoint: Path, *, device: str, dtype: str, model_overrides: dict[str, Any] | None = None
+) -> tuple[Any, Any]:
     """Model and tokenizer of a checkpoint with the stock attention (generation.py)."""
     # Imported here: generation imports torch, which evaluation's light entry points skip.
     from anchorctx.evaluation.generation import load_eval_model as _load
 
-    return _load(checkpoint, device=device, dtype=dtype)
+    return _load(checkpoint, device=device, dtype=dtype, model_overrides=model_overrides)
 
 
 def cached_model(checkpoint: Path, cfg: ExperimentConfig, ckpt_hash: str) -> tuple[Any, Any]:
     """Load once per checkpoint; keep only the latest one so memory holds one model."""
-    key = (str(checkpoint.resolve()), ckpt_hash, cfg.evaluation.device, cfg.evaluation.dtype)
+    overrides = eval_model_overrides(cfg, checkpoint)
+    key = (
+        str(checkpoint.resolve()),
+        ckpt_hash,
+        cfg.evaluation.device,
+        cfg.evaluation.dtype,
+        json.dumps(overrides, sort_keys=True),
+    )
     if getattr(_LOCAL, "key", None) != key:
         clear_model_cache()
         # Outside the try: a device this machine lacks is a config mistake, not a bad checkpoint.
         device = resolve_device(cfg.evaluation.device, "evaluation.device")
         try:
-            loaded = load_eval_model(checkpoint, device=device, dtype=cfg.evaluation.dtype)
+            extra = {"model_overrides": overrides} if overrides else {}
+            loaded = load_eval_model(checkpoint, device=device, dtype=cfg.evaluation.dtype, **extra)
         except Exception as err:  # safetensors, transformers, OS errors: name the checkpoint
             detail = " ".join(str(err).split())
             raise CheckpointLoadError(

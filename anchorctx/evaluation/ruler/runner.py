@@ -19,8 +19,10 @@ from tqdm.auto import tqdm
 
 from anchorctx.evaluation.ruler import constants as C
 from anchorctx.evaluation.ruler.data import (
+    DATA_KEYS,
     SPLITTER_KEY,
     MissingDataError,
+    english_words,
     punkt_splitter,
     resolve_path,
 )
@@ -339,6 +341,11 @@ def _probe_data(task: str, paths: dict) -> None:
         punkt_splitter(Path(nltk_data) if nltk_data is not None else None)
     elif spec.family == "qa":
         resolve_path(task, spec.args["dataset"], paths)
+    elif spec.family == "cwe" and paths.get(DATA_KEYS["english_words"]) is not None:
+        # A named english_words.json is checked now like the other files (absent: CWE not run,
+        # with the one-line reason; malformed: DataFormatError), not at the first length near
+        # 128K that needs it, hours into the suite. Unnamed, CWE runs up to wonderwords' limit.
+        english_words(resolve_path(task, "english_words", paths))
 
 
 def _record(sample: dict, prediction: str, length: int) -> Record:

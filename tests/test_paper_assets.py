@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 import zstandard
 
+from anchorctx.demo import model_files as MF
 from anchorctx.demo import paper_assets as PA
 from anchorctx.demo.fixtures import write_empty_punkt
 from anchorctx.evaluation.lm_eval import harness
@@ -96,7 +97,7 @@ def test_full_size_is_llama2_7b():
     assert {k: cfg[k] for k in expected} == expected
     tensors = PA.llama_tensors(PA.AssetSizes())
     assert sum(int(np.prod(s)) for _, s in tensors) == 6_738_415_616  # Llama-2-7B's parameters
-    assert len(PA._shard_plan(tensors, 2)) == 2
+    assert len(MF._shard_plan(tensors, 2)) == 2
 
 
 def test_sharded_checkpoint_layout_and_project_loader(assets):

@@ -412,14 +412,14 @@ def test_second_demo_assets_writer_is_refused_in_one_line(tmp_path, capsys):
 
 def test_demo_assets_on_a_full_disk_names_the_file_and_the_space(tmp_path, capsys, monkeypatch):
     """Row 12: the write of a weight shard fails as a full disk fails it."""
-    from anchorctx.demo import paper_assets
+    from anchorctx.demo import model_files
 
     def write_until_full(path: Path, entries: list, pieces) -> int:
         with path.open("wb") as fh:
             fh.write(b"\0" * 64)
             raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(paper_assets, "write_safetensors", write_until_full)
+    monkeypatch.setattr(model_files, "write_safetensors", write_until_full)
     root = tmp_path / "paper"
     assert main(["demo-assets", "--paper", str(root), "--tiny", "--quiet"]) == 1
     line = one_line(capsys.readouterr().err)

@@ -249,7 +249,7 @@ def mistral_sentencepiece(texts: list[str], shape: FamilyShape) -> bytes:
     tokens at 3..770, padded with UNUSED pieces to exactly :data:`MISTRAL_PIECES`."""
     from sentencepiece import sentencepiece_model_pb2 as pb
 
-    from anchorctx.demo.paper_assets import train_sentencepiece
+    from anchorctx.demo.model_files import train_sentencepiece
 
     trained, _ = train_sentencepiece(
         texts, len(MISTRAL_CONTROLS) + 256 + shape.bpe_vocab, control_symbols=MISTRAL_CONTROLS
@@ -271,7 +271,7 @@ def mistral_sentencepiece(texts: list[str], shape: FamilyShape) -> bytes:
 
 
 def write_mistral_tokenizer(model_dir: Path, texts: list[str], shape: FamilyShape) -> int:
-    from anchorctx.demo.paper_assets import special_tokens_map, tokenizer_config
+    from anchorctx.demo.model_files import special_tokens_map, tokenizer_config
 
     (model_dir / "tokenizer.model").write_bytes(mistral_sentencepiece(texts, shape))
     dump_json(model_dir / "tokenizer_config.json", tokenizer_config())
@@ -341,7 +341,7 @@ def family_config(
 
 def family_tensors(family: Family, shape: FamilyShape, vocab: int):
     """(name, shape) of every weight: Llama's list, with q/k/v biases for Qwen2."""
-    from anchorctx.demo.paper_assets import AssetSizes, llama_tensors
+    from anchorctx.demo.model_files import AssetSizes, llama_tensors
 
     heads = shape.num_attention_heads
     sizes = AssetSizes(
@@ -371,7 +371,7 @@ def write_family(model_dir: Path, family: Family, texts: list[str], seed: int) -
     into ``model_dir``; returns a summary."""
     from transformers import PreTrainedTokenizerFast
 
-    from anchorctx.demo.paper_assets import write_checkpoint_weights
+    from anchorctx.demo.model_files import write_checkpoint_weights
 
     shape = FAMILY_SHAPE
     vocab = family.write_tokenizer(model_dir, texts, shape)

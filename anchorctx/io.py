@@ -35,7 +35,7 @@ import tempfile
 import time
 from collections.abc import Collection, Iterable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 
 def current_umask() -> int:
@@ -501,7 +501,7 @@ class WriterLock:
                     f"wait for it or stop it (lock file {self.path})"
                 ) from None
             raise LockHeldError(
-                f"cannot lock {self.path} ({os.strerror(err.errno)}): the filesystem does not "
+                f"cannot lock {self.path} ({os.strerror(cast(int, err.errno))}): the filesystem does not "
                 "support flock here (NFS needs lockd, Lustre the flock mount option)"
             ) from None
         info = {

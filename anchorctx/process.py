@@ -35,6 +35,7 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
+from typing import Any
 
 _PR_SET_PDEATHSIG = 1
 
@@ -122,7 +123,7 @@ def run_process_group(
     is killed before it propagates."""
     full_env = {**os.environ, **(env or {}), "PYTHONUNBUFFERED": "1"}
     in_main = threading.current_thread() is threading.main_thread()
-    piped = {
+    piped: dict[str, Any] = {
         "stdout": subprocess.PIPE,
         "stderr": subprocess.STDOUT,
         "stdin": subprocess.DEVNULL,
@@ -146,7 +147,7 @@ def run_process_group(
     if proc.stdout is not None:
         threading.Thread(target=_pump, args=(proc.stdout, lines), daemon=True).start()
     else:  # inherited output: only the exit matters; the queue just paces the ticks
-        threading.Thread(target=lambda: (proc.wait(), lines.put(None)), daemon=True).start()
+        threading.Thread(target=lambda: (proc.wait(), lines.put(None)), daemon=True)  # type: ignore[func-returns-value]  # the tuple only sequences the calls.start()
     tail: list[str] = []
     deadline = time.monotonic() + timeout_s if timeout_s else None
     next_tick = time.monotonic() + tick_s

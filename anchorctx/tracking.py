@@ -167,7 +167,7 @@ class _Mlflow:
             try:
                 experiment_id = self.client.create_experiment(name, artifact_location=artifacts)
             except Exception:  # another process created it first (stages run concurrently)
-                experiment_id = self.client.get_experiment_by_name(name).experiment_id
+                experiment_id = self.client.get_experiment_by_name(name).experiment_id  # type: ignore[union-attr]  # it exists: creating it failed
         else:
             experiment_id = experiment.experiment_id
         run = self.client.create_run(
@@ -225,7 +225,7 @@ class _Wandb:
             ][:64],
             config=cfg.model_dump(mode="json"),
             dir=str(folder),
-            mode=mode,
+            mode=mode,  # type: ignore[arg-type]  # wandb checks it (online, offline, disabled)
             reinit="create_new",
             # console capture would wrap this process's stdout (the training log, which the
             # Prefect task streams); system stats start a sampler process per run.
@@ -236,7 +236,7 @@ class _Wandb:
         self.run.log(values, step=step)
 
     def table(self, key: str, columns: list[str], rows: list[list[Any]]) -> None:
-        self.run.log({key: self.wandb.Table(columns=columns, data=rows)})
+        self.run.log({key: self.wandb.Table(columns=list[str | int](columns), data=rows)})
 
     def image(self, key: str, path: Path) -> None:
         self.run.log({key: self.wandb.Image(str(path))})

@@ -33,6 +33,8 @@ fi
 echo "[test] ruff"
 ruff check anchorctx tests bench
 ruff format --check anchorctx tests bench
+echo "[test] mypy"
+python -m mypy anchorctx
 if [ -n "${migrating:-}" ]; then wait "$migrating" || true; fi
 if [ -f "$db_dir/prefect.db" ]; then export ANCHORCTX_TEST_PREFECT_DB="$PWD/$db_dir/prefect.db"; fi
 # Two workers by default (CI has two cores); PYTEST_WORKERS=0 runs in this process, `auto` one

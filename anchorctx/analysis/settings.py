@@ -31,7 +31,7 @@ class RopePrecisionConfig(Strict):
         description="Sequence lengths of the first-token logit difference (Fig. 1 right).",
     )
     precisions: list[Literal["bf16", "fp32", "bf16_rope_fp32"]] = Field(
-        default_factory=lambda: ["bf16", "bf16_rope_fp32", "fp32"],
+        default_factory=lambda: ["bf16", "bf16_rope_fp32", "fp32"],  # type: ignore[arg-type]  # mypy infers a plain list, not the Literal items
         description="bf16_rope_fp32: bf16 model with model.rope_fp32 (RoPE applied in fp32).",
     )
     text_files: list[Path] = Field(

@@ -228,7 +228,7 @@ class LayoutBatch(Sequence[Layout]):
     def __len__(self) -> int:
         return len(self.rows)
 
-    def __getitem__(self, i):  # type: ignore[override]
+    def __getitem__(self, i):
         return self.rows[i]
 
     def __iter__(self) -> Iterator[Layout]:

@@ -227,7 +227,7 @@ def _github(lex: Lexicon, n: int) -> str:
 def _book(lex: Lexicon, n: int) -> str:
     parts, left, chapter = [], n, 1
     while left > 0:
-        k = int(min(left, lex.rng.integers(2000, 6000)))
+        k = int(min(left, int(lex.rng.integers(2000, 6000))))
         paras = _prose_blocks(lex, k, 120)
         for i in range(0, len(paras), 3):  # some dialogue
             paras[i] = f'"{lex.sentence(10)}" {paras[i]}'

@@ -52,7 +52,7 @@ import re
 from collections import Counter
 from itertools import pairwise
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, cast
 
 from anchorctx.io import (
     DirectoryOwner,
@@ -357,7 +357,11 @@ def generate_documents(seed: int, documents: int) -> list[tuple[str, str]]:
 
 
 def _params(seed: int, documents: int, task_format: dict | None) -> dict:
-    params = {"version": PRETRAIN_CORPUS_VERSION, "seed": seed, "documents": documents}
+    params: dict[str, Any] = {
+        "version": PRETRAIN_CORPUS_VERSION,
+        "seed": seed,
+        "documents": documents,
+    }
     if task_format:
         params["task_format"] = task_format
     return params
@@ -541,7 +545,7 @@ def write_pretrain_corpus(
                 formatted = _task_format(
                     task_format_documents,
                     seed=seed,
-                    tokenizer=tokenizer,
+                    tokenizer=cast("str | Path", tokenizer),  # checked above with task_format
                     seq_len=seq_len,
                     work=tmp / "task_format",
                     workers=workers,

@@ -33,7 +33,7 @@ from anchorctx.packing.pipeline import load_packed
 from anchorctx.training.plan import Parallelism
 
 if TYPE_CHECKING:
-    from anchorctx.experiment import ExperimentConfig
+    from anchorctx.experiment import ExperimentConfig, VariantSpec
 
 COMPARISON_JSON = "arm_comparison.json"
 LOSS_PNG = "training_loss.png"
@@ -149,7 +149,7 @@ def plot_loss_curves(curves: dict[str, list[tuple[int, float]]], path: Path) -> 
     fig = Figure(figsize=(6.4, 6.0), dpi=120)
     FigureCanvasAgg(fig)
     top, bottom = fig.subplots(2, 1, sharex=True, gridspec_kw={"height_ratios": [3, 2]})
-    ref = dict(drawn.get(ref_name, []))
+    ref = dict(drawn.get(ref_name, [])) if ref_name is not None else {}
     for variant, curve in drawn.items():
         line = top.plot([s for s, _ in curve], [v for _, v in curve], marker=".", label=variant)
         common = [(s, v - ref[s]) for s, v in curve if s in ref]
@@ -282,7 +282,8 @@ def ensure_rope_study(cfg: ExperimentConfig, out_dir: Path) -> dict[str, Any]:
 def arm_provenance(cfg: ExperimentConfig, datasets: dict[str, str]) -> dict[str, Any]:
     """The experiment and every arm: attention, overrides, run dir and packed dataset."""
     arms = []
-    for spec, arm in zip(cfg.variants or [None], cfg.arms()):
+    specs: list[VariantSpec | None] = [*cfg.variants] if cfg.variants else [None]
+    for spec, arm in zip(specs, cfg.arms()):
         arms.append(
             {
                 "variant": arm.variant_name,

@@ -115,14 +115,16 @@ def _batches(lengths: Sequence[int], batch_size: int) -> list[list[int]]:
             and len(last) < batch_size
             and (lengths[last[0]] <= MAX_PADDED_TOKENS or lengths[i] == lengths[last[0]])
         )
-        if fits:
+        if fits and last is not None:  # fits implies a last batch; mypy cannot see it
             last.append(i)
         else:
             batches.append([i])
     return batches
 
 
-def _left_pad(rows: list[list[int]], pad_id: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+def _left_pad(
+    rows: Sequence[Sequence[int]], pad_id: int, device
+) -> tuple[torch.Tensor, torch.Tensor]:
     width = max(len(r) for r in rows)
     ids = torch.full((len(rows), width), pad_id, dtype=torch.long)  # [B, T]
     mask = torch.zeros((len(rows), width), dtype=torch.long)  # [B, T], 1 on real tokens
@@ -164,7 +166,9 @@ def _stop_ids(tokenizer: PreTrainedTokenizerBase, stop: StopRules) -> list[int]:
 ENGINES = ("auto", "hf", "static")
 
 
-def _pick_engine(engine: str, model: PreTrainedModel, encoded: list[list[int]], new: int) -> str:
+def _pick_engine(
+    engine: str, model: PreTrainedModel, encoded: Sequence[Sequence[int]], new: int
+) -> str:
     """``auto``: the static engine where the model supports it (else Hugging Face generate)."""
     if engine not in ENGINES:
         raise ValueError(f"generation engine {engine!r}: expected one of {', '.join(ENGINES)}")
@@ -289,7 +293,7 @@ def generate_greedy(
     for batch in _batches([len(e) for e in encoded], batch_size):
         ids, mask = _left_pad([encoded[i] for i in batch], config.pad_token_id, device)
         with torch.inference_mode():
-            seqs = model.generate(
+            seqs = model.generate(  # type: ignore[operator]  # GenerationMixin's, untyped for mypy
                 input_ids=ids,
                 attention_mask=mask,
                 generation_config=config,

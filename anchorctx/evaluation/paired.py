@@ -174,8 +174,8 @@ def ruler_intervals(
         cells = {}
         for length in sorted(set(samples[first]) & set(samples[second]), key=float):  # type: ignore[arg-type]
             iv = stratified_interval(
-                paired_differences(samples[second][length], samples[first][length])
-            )  # type: ignore[index]
+                paired_differences(samples[second][length], samples[first][length])  # type: ignore[index]  # arms in `have` have samples
+            )
             if iv is not None:
                 cells[length] = iv | {"excludes_zero": iv["lo"] > 0 or iv["hi"] < 0}
         if cells:

@@ -325,7 +325,7 @@ def write_experiment_report(
     }
     # Pairs only among arms that answered the same samples (equal evaluation fingerprints).
     identity = {
-        arm: ruler_sample_identity(experiment_dir / arm, _suite(summaries[arm], "ruler"))
+        arm: ruler_sample_identity(experiment_dir / arm, _suite(summaries[arm], "ruler"))  # type: ignore[arg-type]  # an arm with samples has a ruler summary
         for arm in arms
         if samples[arm]
     }

@@ -184,7 +184,7 @@ SuiteName = Annotated[str, AfterValidator(suite_name)]
 
 class LmEvalRulerConfig(Strict):
     lengths: list[Literal[4096, 8192, 16384, 32768, 65536, 131072]] = Field(
-        default_factory=lambda: [4096],
+        default_factory=lambda: [4096],  # type: ignore[arg-type]  # mypy infers a plain list, not the Literal items
         description="lm-eval's RULER max_seq_lengths (task metadata): the sample lengths, one "
         "score per length. Only the lengths lm-eval's task files score (metric_list).",
     )
@@ -229,7 +229,7 @@ class LmEvalBabilongConfig(Strict):
         "repo lm-eval loads): <length>/qa<N>-00000-of-00001.parquet.",
     )
     lengths: list[Literal["0k", "1k", "2k", "4k", "8k", "16k", "32k", "64k", "128k"]] = Field(
-        default_factory=lambda: ["4k"],
+        default_factory=lambda: ["4k"],  # type: ignore[arg-type]  # mypy infers a plain list, not the Literal items
         description="Context lengths (lm-eval's max_seq_lengths metadata, the dataset's config "
         "names), one score per length.",
     )

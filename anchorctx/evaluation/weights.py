@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -119,7 +119,7 @@ def averaged_owner(checkpoints: list[Path]) -> DirectoryOwner:
 
 
 def average_weights(
-    checkpoints: list[str | Path], out: str | Path, *, progress: bool = True
+    checkpoints: Sequence[str | Path], out: str | Path, *, progress: bool = True
 ) -> Path:
     """Write the uniform weight average of ``checkpoints`` as an HF checkpoint at ``out``.
 

@@ -215,7 +215,7 @@ class EvalWorker:
         """The request's output lines, its status (None when the output ended first) and
         whether the worker exits after it."""
         lines: list[str] = []
-        for raw in iter(proc.stdout.readline, ""):
+        for raw in iter(proc.stdout.readline, ""):  # type: ignore[union-attr]  # started with stdout=PIPE
             line = raw.rstrip("\n")
             if line.startswith(f"{REPLY} {request_id} "):
                 status, *end = line[len(REPLY) :].split()[1:]

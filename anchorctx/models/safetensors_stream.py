@@ -94,7 +94,9 @@ def plan_shards(sizes: list[int], max_shard_bytes: int) -> list[list[int]]:
 def _checkpoint_tensors(module: torch.nn.Module) -> list[tuple[str, torch.Tensor]]:
     """The state dict's tensors as (key, parameter or buffer), tied parameters once."""
     keys = set(module.state_dict(keep_vars=True))  # persistent buffers only
-    tensors = [(n, p) for n, p in module.named_parameters() if n in keys]  # dedups tied weights
+    tensors: list[tuple[str, torch.Tensor]] = [
+        (n, p) for n, p in module.named_parameters() if n in keys
+    ]  # dedups tied weights
     tensors += [(n, b) for n, b in module.named_buffers() if n in keys]
     return tensors
 
@@ -105,7 +107,7 @@ def _full_shape(t: torch.Tensor) -> tuple[int, ...]:
 
 def _host_bytes(t: torch.Tensor) -> memoryview:
     host = t.detach().to("cpu", copy=True).contiguous()
-    return memoryview(host.view(torch.uint8).numpy()).cast("B")
+    return memoryview(host.view(torch.uint8).numpy()).cast("B")  # type: ignore[arg-type]  # numpy arrays are buffers; its stubs do not say so for Python 3.11
 
 
 def save_weights_streamed(

@@ -82,7 +82,7 @@ def _import_without_mlflow():
         import deepspeed
 
         return deepspeed
-    sys.modules["mlflow"] = None  # type: ignore[assignment]
+    sys.modules["mlflow"] = None
     try:
         import deepspeed
     finally:

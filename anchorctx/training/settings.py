@@ -13,8 +13,9 @@ from anchorctx.config import Device, Strict
 
 # Built from the one list of names (anchorctx.attention.names), which the layouts and the engine
 # registry are checked against, so a name valid here is one the attention layer runs.
-Variant = Literal[VARIANTS]
-Engine = Literal[ENGINE_NAMES]
+# mypy cannot read a Literal built from a tuple (it sees Any); pydantic validates it at runtime.
+Variant = Literal[VARIANTS]  # type: ignore[valid-type]
+Engine = Literal[ENGINE_NAMES]  # type: ignore[valid-type]
 
 MAX_GLOBAL_BATCH = 1 << 20
 """Most sequences per optimiser step: ~1000x the largest published LLM batches (4M-16M tokens

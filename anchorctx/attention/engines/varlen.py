@@ -19,6 +19,7 @@ from __future__ import annotations
 import functools
 import inspect
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -168,7 +169,7 @@ class VarlenEngine(Engine):
         plan = cached_plan(call)
         q, k, v = flatten(call, plan)
         params = _varlen_params()
-        kwargs = {}
+        kwargs: dict[str, Any] = {}
         # The keyword set moved between torch releases (2.10: is_causal; 2.11: window_size,
         # GQA implicit; 2.12+: enable_gqa, scale).
         if "window_size" in params:
@@ -182,7 +183,7 @@ class VarlenEngine(Engine):
         else:
             q = q * (call.scale * q.shape[-1] ** 0.5)  # the kernel applies 1/sqrt(D)
         out = varlen_attn(q, k, v, plan.cu_seq_q, plan.cu_seq_k, plan.max_q, plan.max_k, **kwargs)
-        return unflatten(out, call)
+        return unflatten(out, call)  # type: ignore[arg-type]  # a tuple only with return_aux
 
 
 # ------------------------------------------------------------------------------- flash_attn

@@ -288,7 +288,7 @@ def write_mmlu_yaml(
             count_records(path, MMLU_KEY, f"MMLU {split}", source=source)
         check_jsonl_fields(path, MMLU_FIELDS, "MMLU (cais/mmlu)")
     name = f"{_TASK_PREFIX}_mmlu_{subject}"
-    spec = {
+    spec: dict[str, Any] = {
         "include": str(base),
         "task": name,
         "tag": [],
@@ -308,7 +308,7 @@ def write_hellaswag_yaml(task_dir: Path, path: Path) -> str:
         )
     check_jsonl_fields(path, HELLASWAG_FIELDS, "HellaSwag (Rowan/hellaswag)")
     name = f"{_TASK_PREFIX}_hellaswag"
-    spec = {
+    spec: dict[str, Any] = {
         "include": str(base),
         "task": name,
         "tag": [],

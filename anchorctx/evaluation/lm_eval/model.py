@@ -190,7 +190,8 @@ class AnchorctxLM(TemplateLM):
         self.model = model
         self.tokenizer = tokenizer
         self.anchor_id = anchor_token_id(tokenizer)
-        self._device = model.get_input_embeddings().weight.device
+        # torch's Module.__getattr__ types .weight as Tensor | Module.
+        self._device: torch.device = model.get_input_embeddings().weight.device  # type: ignore[assignment]
         self._batch_size = _batch_size(batch_size)
         self._max_length = int(max_length) if max_length else None
         self._max_gen_toks = int(max_gen_toks)
@@ -402,7 +403,7 @@ class AnchorctxLM(TemplateLM):
         return windows
 
     def loglikelihood_rolling(self, requests: list[Any], disable_tqdm: bool = False) -> list[float]:
-        windows: list[tuple[None, list[int], list[int]]] = []
+        windows: list[tuple[tuple[str, str] | None, list[int], list[int]]] = []
         owner: list[int] = []
         for i, req in enumerate(requests):
             (text,) = req.args

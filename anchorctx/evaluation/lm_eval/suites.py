@@ -112,7 +112,14 @@ LONGBENCH2_CONFIGS = {
     ("", "tableqa"): "table_qa",
     ("", "knowledgegraphreasoning"): "graph_reasoning",
 }
-LONGBENCH2_FIELDS = ("_id", "domain", "sub_domain", "question", "context", "answer")
+LONGBENCH2_FIELDS: tuple[str, ...] = (
+    "_id",
+    "domain",
+    "sub_domain",
+    "question",
+    "context",
+    "answer",
+)
 LONGBENCH2_FIELDS += tuple(f"choice_{c}" for c in "ABCD")
 # RULER tasks whose haystack or questions lm-eval downloads, and the parameters lm-eval's
 # niah_utils gives generate_samples for the essay haystack ones (templates and generators are
@@ -324,14 +331,14 @@ def check_data(cfg: ExperimentConfig, suite: str) -> None:
     ):
         _punkt(lm.ruler.nltk_data)
     if lm_eval_family(suite_task(suite)) == "longbench2":
-        path = lm.longbench2.data_path
-        assert path is not None  # unit_inputs checked it
-        by_config = longbench2_records(path)
+        data_path = lm.longbench2.data_path
+        assert data_path is not None  # unit_inputs checked it
+        by_config = longbench2_records(data_path)
         for unit in all_units:
             name = _entry(unit.task)[1]["dataset_name"]
             if not by_config.get(name):
                 raise LmEvalDataError(
-                    f"{path} (evaluation.lm_eval.longbench2.data_path) has no question of "
+                    f"{data_path} (evaluation.lm_eval.longbench2.data_path) has no question of "
                     f"{unit.task} (sub-domain {name!r}): is it THUDM/LongBench-v2's data.json?"
                 )
 
@@ -605,7 +612,7 @@ def _override(cfg: ExperimentConfig, unit: Unit, tmp: Path) -> tuple[dict[str, A
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records))
         split = leaf["test_split"]
-        kwargs = {"anchorctx_format": "json", "anchorctx_files": {split: str(path)}}
+        kwargs: dict[str, Any] = {"anchorctx_format": "json", "anchorctx_files": {split: str(path)}}
         return {"dataset_kwargs": {**kwargs, "anchorctx_cache": cache_dir}}, "local_dataset"
     if family == "babilong":
         split = leaf["test_split"]

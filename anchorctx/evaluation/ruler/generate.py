@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 from tqdm.auto import tqdm
 
@@ -126,7 +126,7 @@ class _Fitter:
     def _fwe_size(self, index: int) -> int:
         """freq_words_extraction.py: from ``max_len // 6`` words, add a step while the prompt is
         under the budget (strictly), then take one step back."""
-        b = self.builder
+        b = cast(T.FWEBuilder, self.builder)  # this task's builder
         size = b.start
         while self._tokens(size, index) < self.budget:
             size += b.step

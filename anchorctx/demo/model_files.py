@@ -97,7 +97,8 @@ def _tensor_chunks(seed: int, index: int, name: str, shape: tuple[int, ...]) -> 
 def _shard_plan(tensors: list[tuple[str, tuple[int, ...]]], shards: int) -> list[list[int]]:
     """Tensor indices per shard, in order, cut where the running size passes k/shards."""
     sizes = [2 * int(np.prod(shape)) for _, shape in tensors]
-    total, plan, acc = sum(sizes), [[] for _ in range(shards)], 0
+    plan: list[list[int]] = [[] for _ in range(shards)]
+    total, acc = sum(sizes), 0
     for i, size in enumerate(sizes):
         k = min(shards - 1, acc * shards // total)
         plan[k].append(i)

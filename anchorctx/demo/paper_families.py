@@ -254,7 +254,7 @@ def mistral_sentencepiece(texts: list[str], shape: FamilyShape) -> bytes:
     trained, _ = train_sentencepiece(
         texts, len(MISTRAL_CONTROLS) + 256 + shape.bpe_vocab, control_symbols=MISTRAL_CONTROLS
     )
-    proto = pb.ModelProto()
+    proto = pb.ModelProto()  # type: ignore[attr-defined]  # protobuf's generated class: no stubs
     proto.ParseFromString(trained)
     # A small corpus yields fewer pieces than 32768; the rest are never produced (UNUSED), so
     # ids, vocabulary size and the special pieces are v0.3's while the merges are the corpus's.
@@ -264,7 +264,7 @@ def mistral_sentencepiece(texts: list[str], shape: FamilyShape) -> bytes:
         piece.piece, piece.score, piece.type = (
             f"<unused_{i}>",
             low,
-            pb.ModelProto.SentencePiece.UNUSED,
+            pb.ModelProto.SentencePiece.UNUSED,  # type: ignore[attr-defined]  # as above
         )
     proto.trainer_spec.vocab_size = MISTRAL_PIECES
     return proto.SerializeToString()

@@ -147,7 +147,12 @@ def run_process_group(
     if proc.stdout is not None:
         threading.Thread(target=_pump, args=(proc.stdout, lines), daemon=True).start()
     else:  # inherited output: only the exit matters; the queue just paces the ticks
-        threading.Thread(target=lambda: (proc.wait(), lines.put(None)), daemon=True)  # type: ignore[func-returns-value]  # the tuple only sequences the calls.start()
+
+        def wait_then_end() -> None:
+            proc.wait()
+            lines.put(None)
+
+        threading.Thread(target=wait_then_end, daemon=True).start()
     tail: list[str] = []
     deadline = time.monotonic() + timeout_s if timeout_s else None
     next_tick = time.monotonic() + tick_s

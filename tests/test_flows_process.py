@@ -85,3 +85,15 @@ def test_deadline_kills_process_group():
         run_process_group([sys.executable, "-c", TREE], on_line=on_line, timeout_s=3.0)
     assert len(pids) == 2
     assert _wait_gone(pids) == []
+
+
+def test_inherited_output_returns_when_the_child_exits():
+    """``on_line=None`` (the child writes to this process's own output, as `anchorctx train`
+    runs its ranks): the call returns with the child's status as soon as it exits. A waiter
+    thread that is never started left this waiting for its deadline; the deadline here fails
+    the test in seconds instead of the suite's 15 minutes."""
+    t0 = time.monotonic()
+    assert run_process_group([sys.executable, "-c", "pass"], timeout_s=30, tick_s=0.1) == 0
+    assert time.monotonic() - t0 < 20
+    with pytest.raises(ProcessFailed):
+        run_process_group([sys.executable, "-c", "raise SystemExit(3)"], timeout_s=30)

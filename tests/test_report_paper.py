@@ -13,9 +13,20 @@ from anchorctx.evaluation import paper_numbers as PN
 from anchorctx.evaluation.report import write_experiment_report
 
 TASKS_13 = [
-    "niah_single_1", "niah_single_2", "niah_single_3", "niah_multikey_1", "niah_multikey_2",
-    "niah_multikey_3", "niah_multivalue", "niah_multiquery", "vt", "cwe", "fwe", "qa_1", "qa_2",
-]  # fmt: skip
+    "niah_single_1",
+    "niah_single_2",
+    "niah_single_3",
+    "niah_multikey_1",
+    "niah_multikey_2",
+    "niah_multikey_3",
+    "niah_multivalue",
+    "niah_multiquery",
+    "vt",
+    "cwe",
+    "fwe",
+    "qa_1",
+    "qa_2",
+]
 TASKS_11 = [t for t in TASKS_13 if t not in ("niah_multikey_3", "cwe")]
 
 

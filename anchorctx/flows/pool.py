@@ -115,8 +115,8 @@ def evaluate_shard_flow(
         merge=merge,
         checkpoint_hash=checkpoint_hash,
     )
+    _label_node(node)  # first: from the line below on, a lost run is named by its node
     logger.info("%s on %s", "merge" if shard is None else f"shard {index + 1}/{count}", node)
-    _label_node(node)
     lines: list[str] = []
 
     def on_line(line: str) -> None:

@@ -11,23 +11,10 @@ import pytest
 
 from anchorctx.evaluation import paper_numbers as PN
 from anchorctx.evaluation.report import write_experiment_report
+from anchorctx.evaluation.ruler import PAPER_EXCLUDE, TASKS
 
-TASKS_13 = [
-    "niah_single_1",
-    "niah_single_2",
-    "niah_single_3",
-    "niah_multikey_1",
-    "niah_multikey_2",
-    "niah_multikey_3",
-    "niah_multivalue",
-    "niah_multiquery",
-    "vt",
-    "cwe",
-    "fwe",
-    "qa_1",
-    "qa_2",
-]
-TASKS_11 = [t for t in TASKS_13 if t not in ("niah_multikey_3", "cwe")]
+TASKS_13 = list(TASKS)  # RULER's 13 tasks, the project's one list
+TASKS_11 = [t for t in TASKS_13 if t not in PAPER_EXCLUDE]
 
 
 def _summary(run: Path, ruler: dict[str, float], tasks: list[str], mmlu: float | None = None):

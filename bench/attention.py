@@ -397,7 +397,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--engines",
         nargs="+",
-        default=["flex", "varlen", "flash_attn", "flex_merge", "flex_copy", "triton", "auto"],
+        default=[
+            *("flex", "varlen", "flash_attn", "flex_merge", "flex_copy", "triton"),
+            *("fa4", "auto"),
+        ],
         choices=[*ENGINES, "auto"],
         help="Engines on the document masks.",
     )

@@ -287,10 +287,14 @@ def kernel_kind(name: str) -> str:
     return "other"
 
 
+# The plan's attention rates for an engine named on the command line (auto: the plan's own pick).
+PLAN_ATTENTION = {"fa4": "fa4", "triton": "cudnn-triton", "sdpa": "cudnn-triton"}
+
+
 def profiled_step(engine, data, par, scale, loss_fn, rank: int) -> dict[str, float]:
     """``--profile``: one more step under torch's profiler; seconds of GPU time by kernel kind
     (kernels of different streams may overlap, so the kinds can sum past the step's wall time).
-    Rank 0 prints the 15 costliest kernels and the sums."""
+    Rank 0 prints the 25 costliest kernels and the sums."""
     from torch.profiler import DeviceType, ProfilerActivity, profile
 
     activities = [ProfilerActivity.CUDA, ProfilerActivity.CPU]
@@ -314,7 +318,7 @@ def profiled_step(engine, data, par, scale, loss_fn, rank: int) -> dict[str, flo
         by_kind[kind] = by_kind.get(kind, 0.0) + e.self_device_time_total / 1e6
     out = {k: round(v, 3) for k, v in sorted(by_kind.items(), key=lambda kv: -kv[1])}
     if rank == 0:
-        for e in sorted(kernels, key=lambda e: -e.self_device_time_total)[:15]:
+        for e in sorted(kernels, key=lambda e: -e.self_device_time_total)[:25]:
             print(
                 f"  {e.self_device_time_total / 1e6:8.3f} s {e.count:7d}x  "
                 f"[{kernel_kind(e.key)}] {e.key[:110]}",
@@ -381,6 +385,7 @@ def measure(engine, par, variant: str, seq_len: int, rank: int, args, cfg) -> di
             kind,
             overlap_comm=layout_plan.overlap_of(cfg.training.comm, par.zero_stage),
             pairs=data.attention_pairs / par.dp if variant != "full" else None,
+            attention=PLAN_ATTENTION.get(par.engine),  # auto: what auto runs here
         )
     return {
         "layers": text.num_hidden_layers,

@@ -20,7 +20,7 @@ pytestmark = pytest.mark.gpu
 T = 3000  # not a multiple of 128
 FUSED = [
     name
-    for name in ("flex", "varlen", "flash_attn", "flex_merge", "triton")
+    for name in ("flex", "varlen", "flash_attn", "flex_merge", "triton", "fa4")
     if ENGINES[name].available()[0]
 ]
 
@@ -78,20 +78,21 @@ def test_auto_picks_a_fused_engine_and_trains(engine):
 
 
 def test_auto_takes_the_in_kernel_anchor_for_anchor_rows():
-    """The cost rule puts triton (the anchor inside the kernel) first on anchor rows, then the
-    merge; ``auto`` takes the first one this machine can run."""
+    """``auto`` takes the cheapest engine by the cost rule that this machine can run (fa4 where
+    FlashAttention-4 is installed on Hopper, else triton with the anchor inside the kernel,
+    else the merge)."""
     from anchorctx.attention.api import _as_batch
-    from anchorctx.attention.engines import AttentionCall, select_engine
+    from anchorctx.attention.engines import AttentionCall, ranked, select_engine
 
     layout = _layout("anchor", 9, False)
     q, k, v = (t.bfloat16() for t in _inputs(1, 8, 2))
     batch, cache = _as_batch(layout, 1)
     call = AttentionCall(q=q, k=k, v=v, batch=batch, cache=cache, scale=q.shape[-1] ** -0.5)
-    want = "triton" if ENGINES["triton"].available()[0] else "flex_merge"
+    want = next(e for e in ranked([layout]) if e in FUSED)
     assert select_engine(call, "auto").name == want
 
 
-@pytest.mark.parametrize("engine", [e for e in ("flex_merge", "triton") if e in FUSED])
+@pytest.mark.parametrize("engine", [e for e in ("flex_merge", "triton", "fa4") if e in FUSED])
 def test_checkpointing_keeps_gradients(engine):
     """Under non-reentrant activation checkpointing (as training runs it) the gradients are the
     same as without: the engines save what backward needs the ordinary way."""
@@ -107,9 +108,11 @@ def test_checkpointing_keeps_gradients(engine):
         out.float().square().sum().backward()
         grads.append([t.grad for t in x])
     # Recomputation repeats the same kernels, so any difference is rounding (bf16 outputs);
-    # a lost or doubled gradient path would be O(1).
+    # a lost or doubled gradient path would be O(1). FA4 sums a KV group's dK/dV in an order
+    # that varies between runs outside the deterministic mode: up to one bf16 ulp (2^-8).
+    tol = 4e-3 if engine == "fa4" else 1e-3
     for name, a, b in zip("qkv", *grads):
-        assert _rel(a, b) <= 1e-3, f"d{name} differs under checkpointing: {_rel(a, b):.2e}"
+        assert _rel(a, b) <= tol, f"d{name} differs under checkpointing: {_rel(a, b):.2e}"
 
 
 def test_triton_tile_settings_agree():

@@ -100,13 +100,14 @@ def _rows(lens: list[int], variant: str = "anchor"):
 def test_cost_rule_ranks_engines_per_document_histogram():
     fixed = _rows([2048] * 64)  # 128K of 2K documents
     books = _rows([300] * 40 + [96 * 1024] + [400] * 40)
-    # The in-kernel anchor first on anchor rows, then the merge. Behind them the histogram
-    # decides: on short documents varlen beats the anchor-mask flex kernel (its serial
-    # backward chain), on long ones the chain is hidden and flex beats varlen.
-    assert engines.ranked(fixed) == ["triton", "flex_merge", "varlen", "flash_attn", "flex"]
-    assert engines.ranked(books) == ["triton", "flex_merge", "flex", "varlen", "flash_attn"]
-    # On intra_doc rows triton and flex_merge cost what flex does: the tie keeps flex first.
-    assert engines.ranked(_rows([2048] * 64, "intra_doc"))[0] == "flex"
+    # FlashAttention-4 first, then the in-kernel anchor, then the merge. Behind them the
+    # histogram decides: on short documents varlen beats the anchor-mask flex kernel (its
+    # serial backward chain), on long ones the chain is hidden and flex beats varlen.
+    assert engines.ranked(fixed) == ["fa4", "triton", "flex_merge", "varlen", "flash_attn", "flex"]
+    assert engines.ranked(books) == ["fa4", "triton", "flex_merge", "flex", "varlen", "flash_attn"]
+    # On intra_doc rows triton and flex_merge cost what flex does: the tie keeps flex first
+    # among them (fa4 costs less).
+    assert engines.ranked(_rows([2048] * 64, "intra_doc"))[:2] == ["fa4", "flex"]
     # The serial chain: anchor flex on short documents costs a multiple of intra_doc flex.
     ratio = engines.estimate("flex", fixed) / engines.estimate(
         "flex", _rows([2048] * 64, "intra_doc")

@@ -32,7 +32,10 @@ def test_names_are_the_registry():
     assert ENGINE_NAMES is names.ENGINE_NAMES
     assert ENGINE_NAMES == ("auto", *ENGINES) == ("auto", *names.ENGINE_CLASSES)
     assert all(engine.name == name for name, engine in ENGINES.items())
-    pinned = ("auto", "sdpa", "flex", "varlen", "flash_attn", "flex_merge", "flex_copy", "triton")
+    pinned = (
+        *("auto", "sdpa", "flex", "varlen", "flash_attn", "flex_merge", "flex_copy", "triton"),
+        "fa4",
+    )
     assert pinned == ENGINE_NAMES
     assert VARIANTS is names.VARIANTS is LAYOUT_VARIANTS
     assert base.Capabilities(frozenset(), frozenset(), None).variants == frozenset(VARIANTS)
@@ -59,9 +62,10 @@ def test_names_import_without_torch():
 
 
 def test_auto_preferences_are_pinned():
-    assert preference("full") == ("sdpa", "varlen", "flash_attn", "flex")
-    assert preference("mixed") == ("varlen", "flash_attn", "flex", "flex_merge", "sdpa")
-    assert preference("masked") == ("flex", "triton", "flex_merge", "varlen", "flash_attn", "sdpa")
+    assert preference("full") == ("fa4", "sdpa", "varlen", "flash_attn", "flex")
+    assert preference("mixed") == ("fa4", "varlen", "flash_attn", "flex", "flex_merge", "sdpa")
+    masked = ("fa4", "flex", "triton", "flex_merge", "varlen", "flash_attn", "sdpa")
+    assert preference("masked") == masked
     assert preference("other") == ("sdpa",)
     assert ENGINES["flex_copy"].auto == AutoRanks()  # runs when named only
     # Every engine auto ranks by cost has a cost model; sdpa has none and comes last.
@@ -73,13 +77,16 @@ def _rows(*spec: tuple[list[int], str]):
     return [build_layout(lens, variant) for lens, variant in spec]
 
 
-RANKED_ANCHOR = ("triton", "flex_merge", "flex", "varlen", "flash_attn", "sdpa")
-SHORT_DOCS = ("triton", "flex_merge", "varlen", "flash_attn", "flex", "sdpa")
-INTRA = ("flex", "triton", "flex_merge", "varlen", "flash_attn", "sdpa")
-MIXED = ("varlen", "flash_attn", "flex", "flex_merge", "sdpa")
+# FlashAttention-4 first wherever documents span more than a few tiles; on tiny documents the
+# gathered anchor (λ₄ per query tile) puts it behind triton and the merge.
+RANKED_ANCHOR = ("fa4", "triton", "flex_merge", "flex", "varlen", "flash_attn", "sdpa")
+FIXED_ANCHOR = ("fa4", "triton", "flex_merge", "varlen", "flash_attn", "flex", "sdpa")
+SHORT_DOCS = ("triton", "flex_merge", "fa4", "varlen", "flash_attn", "flex", "sdpa")
+INTRA = ("fa4", "flex", "triton", "flex_merge", "varlen", "flash_attn", "sdpa")
+MIXED = ("fa4", "varlen", "flash_attn", "flex", "flex_merge", "sdpa")
 
 CASES = {
-    "fixed 2K, anchor": (_rows(([2048] * 64, "anchor")), SHORT_DOCS),
+    "fixed 2K, anchor": (_rows(([2048] * 64, "anchor")), FIXED_ANCHOR),
     "fixed 2K, intra_doc": (_rows(([2048] * 64, "intra_doc")), INTRA),
     "fixed 2K, intra_doc_reset": (_rows(([2048] * 64, "intra_doc_reset")), INTRA),
     "books, anchor": (_rows(([300] * 40 + [96 * 1024] + [400] * 40, "anchor")), RANKED_ANCHOR),
@@ -92,7 +99,7 @@ CASES = {
         _rows(([2048] * 16, "anchor"), ([4096] * 8, "intra_doc")),
         RANKED_ANCHOR,
     ),
-    "full": (_rows(([4096], "full")), ("sdpa", "varlen", "flash_attn", "flex")),
+    "full": (_rows(([4096], "full")), ("fa4", "sdpa", "varlen", "flash_attn", "flex")),
     "full + anchor": (_rows(([4096], "full"), ([1024] * 4, "anchor")), MIXED),
     "full + intra_doc": (_rows(([4096], "full"), ([1024] * 4, "intra_doc")), MIXED),
 }
@@ -108,6 +115,7 @@ def test_auto_order_per_layout_is_pinned(case):
 def test_costs_are_pinned():
     fixed = _rows(([2048] * 64, "anchor"))
     want = {"flex": 15441.92, "triton": 9216.0, "flex_merge": 9932.8, "varlen": 13235.2}
+    want["fa4"] = 8053.76  # 0.65 · 8704 + 2.34 · 1024
     for name, value in {**want, "flash_attn": want["varlen"]}.items():
         assert engines.estimate(name, fixed) == pytest.approx(value)
     assert cost.TileCounts.of(fixed) == cost.TileCounts(u=8704, n_q=1024)

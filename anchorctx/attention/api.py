@@ -31,7 +31,7 @@ def attend(
             as ``hf.model_inputs`` returns, or a list). Engines' masks and plans are cached
             on the layout / batch, so every layer of a forward reuses them.
         engine: ``auto``, ``sdpa``, ``flex``, ``varlen``, ``flash_attn``, ``flex_merge``,
-            ``flex_copy`` or ``triton``.
+            ``flex_copy``, ``triton`` or ``fa4``.
         scale: softmax scale; default ``1/sqrt(D)``.
 
     Returns:

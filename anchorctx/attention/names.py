@@ -28,5 +28,6 @@ ENGINE_CLASSES: dict[str, str] = {
     "flex_merge": f"{_ENGINES}.merge:FlexMergeEngine",
     "flex_copy": f"{_ENGINES}.copy:FlexCopyEngine",
     "triton": f"{_ENGINES}.triton_doc:TritonEngine",
+    "fa4": f"{_ENGINES}.flash4:Fa4Engine",
 }
 ENGINE_NAMES: tuple[str, ...] = ("auto", *ENGINE_CLASSES)

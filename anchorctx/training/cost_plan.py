@@ -15,7 +15,11 @@ docs/benchmarks/2026-11-24-plan-model.md lists every constant):
   reads when ``prepare-data`` has written it, :func:`document_lengths`, else ``T·D/2``, ``D`` the
   token-weighted mean document length of the measured rows, :func:`doc_tokens`), forward and
   backward ``3.5·F`` at the kernel's measured forward+backward rate plus ``F`` recomputed at its
-  forward rate (section 1); Ulysses gives each GPU ``1/SP`` of the heads;
+  forward rate (section 1), the rates of the kernels ``auto`` will run
+  (:func:`attention_kernels`: FlashAttention-4 on Hopper where it is installed, else cuDNN and
+  the Triton anchor kernel); Ulysses gives each GPU ``1/SP`` of the heads;
+- ``training.kernels=liger`` fuses the rotary embedding: :func:`rope_saving_seconds` less per
+  row than the liger steps ``R_mm`` was fitted on (they ran transformers' RoPE);
 - communication (Ulysses' all-to-alls, ZeRO's gathers and reductions) and the update:
   :mod:`anchorctx.training.layout_plan`, which also chooses the DP × SP split and ZeRO stage;
 - optimizer offload: torch's AdamW over the rank's ``P/N`` fp32 parameters on the host CPU.
@@ -27,6 +31,7 @@ from its dense bf16 peak) factor, see :data:`GPUS`.
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import json
 import math
 from dataclasses import dataclass
@@ -269,6 +274,46 @@ def row_tokens(cfg: ExperimentConfig, sp: int) -> int:
 # forward+backward (equal within 1% on these rows).
 DENSE_RATES = {32768: (594.0, 552.0), 65536: (595.0, 552.0), 131072: (559.0, 538.0)}
 DOC_RATES = {32768: (340.0, 316.0), 65536: (364.0, 336.0), 131072: (405.0, 387.0)}
+# FlashAttention-4 (engine fa4), one H200, heavy-tailed rows, 32 query and 8 KV heads
+# (docs/benchmarks/2026-11-28-attention-fa4.md, 2026-11-28): dense causal for `full`; the
+# anchor's gathered varlen for the document masks.
+FA4_DENSE_RATES = {32768: (647.0, 602.0), 131072: (636.0, 610.0)}
+FA4_DOC_RATES = {32768: (481.0, 406.0), 131072: (617.0, 561.0)}
+#: (dense rates, document-mask rates) of the attention kernels ``auto`` runs
+ATTENTION_RATES = {
+    "cudnn-triton": (DENSE_RATES, DOC_RATES),
+    "fa4": (FA4_DENSE_RATES, FA4_DOC_RATES),
+}
+#: GPU kinds with FlashAttention-4 training kernels (sm90; the A100 has none)
+FA4_GPUS = ("H100", "H200")
+
+# Liger's fused RoPE (training.kernels=liger, 2026-11-28) against transformers' RoPE, which the
+# liger rows of STEP_ROWS ran: seconds saved per element of q and k per layer, forward and
+# backward. Fitted on 2× H200, full-depth 7B, 16K tokens a GPU, all layers kept: Triton anchor
+# 1.389 s against the plan's 1.472 with transformers' RoPE, cuDNN full 1.696 against 1.803
+# (docs/benchmarks/2026-11-28-attention-fa4.md): 0.095 s over 4.3e9 elements.
+ROPE_SAVED_S_PER_ELEMENT = 2.2e-11
+
+
+def attention_kernels(gpu: GpuKind) -> str:
+    """The attention kernels ``engine: auto`` runs on ``gpu`` when it trains from this
+    environment: ``fa4`` on Hopper with flash-attn-4 installed, else ``cudnn-triton``."""
+    if gpu.name not in FA4_GPUS:
+        return "cudnn-triton"
+    try:
+        found = importlib.util.find_spec("flash_attn.cute") is not None
+    except ImportError:  # no flash_attn package at all
+        found = False
+    return "fa4" if found else "cudnn-triton"
+
+
+def rope_saving_seconds(shape: Shape, t: float, keep: int) -> float:
+    """Time the fused RoPE saves on one row of ``t`` tokens a GPU (q and k of every layer, its
+    forward again in the layers activation checkpointing recomputes: a third of the total)."""
+    head_dim = shape.head_dim or shape.hidden // shape.heads
+    elements = t * (shape.heads + shape.kv_heads) * head_dim * shape.layers
+    recomputed = (shape.layers - min(keep, shape.layers)) / shape.layers
+    return ROPE_SAVED_S_PER_ELEMENT * elements * (1 + recomputed / 3)
 
 
 def _interpolate(table: dict[int, Any], length: int) -> Any:
@@ -386,19 +431,22 @@ def attention_seconds(
     keep: int,
     peak_scale: float = 1.0,
     pairs: float | None = None,
+    kernels: str = "cudnn-triton",
 ) -> float:
-    """Attention time of one row on one GPU (1/SP of the heads) at the H200's kernel rates.
-    ``pairs``: the attended (query, key) pairs of a document-masked row (default ``T·D/2``,
-    ``D`` = :func:`doc_tokens`; :func:`document_lengths` reads them from the packed dataset)."""
+    """Attention time of one row on one GPU (1/SP of the heads) at the H200's rates of
+    ``kernels`` (a key of :data:`ATTENTION_RATES`). ``pairs``: the attended (query, key)
+    pairs of a document-masked row (default ``T·D/2``, ``D`` = :func:`doc_tokens`;
+    :func:`document_lengths` reads them from the packed dataset)."""
     full = full_attention_forward(shape, tokens)
+    dense_rates, doc_rates = ATTENTION_RATES[kernels]
     if variant == "full":
         fwd = full
-        rate_f, rate_fb = _interpolate(DENSE_RATES, tokens)
+        rate_f, rate_fb = _interpolate(dense_rates, tokens)
     else:
         if pairs is None:
             pairs = tokens * doc_tokens(tokens) / 2
         fwd = full * pairs / (tokens * tokens / 2)
-        rate_f, rate_fb = _interpolate(DOC_RATES, tokens)
+        rate_f, rate_fb = _interpolate(doc_rates, tokens)
     fwd /= sp
     recomputed = fwd * (shape.layers - min(keep, shape.layers)) / shape.layers
     return (3.5 * fwd / rate_fb + recomputed / rate_f) / 1e12
@@ -424,14 +472,18 @@ def row_seconds(
     gpu: GpuKind,
     checkpointing: bool = True,
     pairs: float | None = None,
+    attention: str | None = None,
 ) -> float:
     """Seconds of one row's forward and backward on each of its SP GPUs (``pairs``: see
-    :func:`attention_seconds`)."""
+    :func:`attention_seconds`; ``attention``: its kernels, default :func:`attention_kernels`)."""
     keep = opt.keep_activations if checkpointing else shape.layers
     t = tokens / opt.sp
-    mm = matmul_flops(shape, t, keep, opt.tiled_mlp, opt.tiled_loss) / matmul_rate(opt.kernels)
-    attn = attention_seconds(shape, tokens, variant, opt.sp, keep, pairs=pairs)
-    return (mm + attn) * gpu.train
+    rest = matmul_flops(shape, t, keep, opt.tiled_mlp, opt.tiled_loss) / matmul_rate(opt.kernels)
+    if opt.kernels == "liger":
+        rest -= rope_saving_seconds(shape, t, keep)
+    kernels = attention or attention_kernels(gpu)
+    attn = attention_seconds(shape, tokens, variant, opt.sp, keep, pairs=pairs, kernels=kernels)
+    return (rest + attn) * gpu.train
 
 
 def step_seconds(
@@ -448,6 +500,7 @@ def step_seconds(
     pairs: float | None = None,
     overlap_comm: bool | None = None,
     inter_node_gb_per_s: float | None = None,
+    attention: str | None = None,
 ) -> float:
     """One optimizer step on each GPU: ``accum`` micro-steps of ``rows`` rows per data-parallel
     group, each with the communication its compute does not hide, then the update
@@ -462,7 +515,7 @@ def step_seconds(
     if opt.offload_optimizer:
         comm["optimizer"] = 0.0
     micro, update = layout_plan.exposed(comm, overlap)
-    row = row_seconds(shape, tokens, variant, opt, gpu, checkpointing, pairs)
+    row = row_seconds(shape, tokens, variant, opt, gpu, checkpointing, pairs, attention)
     return accum * (rows * row + micro) + update + optimizer_seconds(shape, opt)
 
 

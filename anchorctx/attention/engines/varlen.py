@@ -206,9 +206,14 @@ class FlashAttnEngine(Engine):
 
     def available(self) -> tuple[bool, str]:
         try:
-            import flash_attn  # noqa: F401
+            # The function, not the package: flash-attn-4 installs ``flash_attn`` as a
+            # namespace holding only ``flash_attn.cute`` (the fa4 engines), without FA2.
+            from flash_attn import flash_attn_varlen_func  # noqa: F401
         except ImportError as err:
-            return False, f"the flash_attn package does not import ({err}); pip install flash-attn"
+            return False, (
+                f"FlashAttention-2 does not import ({err}); pip install flash-attn (a wheel "
+                "matching your torch and CUDA, or a source build: docs/ARCHITECTURE.md)"
+            )
         return True, ""
 
     def forward(self, call: AttentionCall) -> torch.Tensor:

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from anchorctx.evaluation.averaging import length_label, markdown_table
+from anchorctx.evaluation.records import Interval, Table
 from anchorctx.io import read_json
 
 PAPER_NUMBERS = Path(__file__).with_name("paper_numbers.json")
@@ -57,10 +58,10 @@ def paper_cells(
 
 
 def beside(
-    table: dict[str, Any],
+    table: Table,
     cells: dict[str, dict[str, dict[str, Any]]],
     arm_tasks: dict[str, list[str] | None],
-    intervals: dict[str, dict[str, dict[str, float]]] | None = None,
+    intervals: dict[str, dict[str, Interval]] | None = None,
 ) -> dict[str, dict[str, dict[str, Any]]]:
     """Per arm and column with a paper cell: ours (mean), the paper's, ours − paper, our 95%
     interval where the run has one, and ``compared: False`` with ``why`` where the arm's RULER

@@ -105,6 +105,7 @@ SCORE_NEUTRAL_SOURCES = (
     "evaluation/paired.py",
     "evaluation/paper_numbers.json",
     "evaluation/paper_numbers.py",
+    "evaluation/records.py",
     "evaluation/report.py",
     "evaluation/schedule.py",
     "evaluation/seed_pairs.py",

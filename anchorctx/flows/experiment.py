@@ -46,6 +46,7 @@ from prefect.futures import PrefectFuture, as_completed
 from prefect.runtime import flow_run
 from prefect.task_runners import ThreadPoolTaskRunner
 
+from anchorctx.evaluation.records import Report
 from anchorctx.evaluation.schedule import (
     CompileAhead,
     Machine,
@@ -702,7 +703,7 @@ def check_suites(suites: list[str] | None, key: str) -> list[str] | None:
 def _publish_report(
     cfg: ExperimentConfig,
     arms: list[ExperimentConfig],
-    report: dict[str, Any],
+    report: Report,
     datasets: dict[str, str],
 ) -> None:
     for name, (rows, what) in report_tables(report).items():

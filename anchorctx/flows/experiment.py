@@ -564,14 +564,10 @@ def _compile_ahead(
         return None
     waits = [after] if after is not None else None
     arm = ahead.arm
-    # return_state spelt out: Prefect's overloads take wait_for only beside it
-    return compile_ahead_task.submit(
-        arm,
-        str(arm.model.path),
-        ahead.suites,
-        ahead.gpus,
-        wait_for=waits,
-        return_state=False,
+    # Prefect's overloads of submit type wait_for only beside return_state; the method itself
+    # takes it alone (its default return_state is False).
+    return compile_ahead_task.submit(  # type: ignore[call-overload]
+        arm, str(arm.model.path), ahead.suites, ahead.gpus, wait_for=waits
     )
 
 

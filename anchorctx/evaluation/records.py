@@ -209,6 +209,75 @@ class RulerIntervals(TypedDict):
     seed_costs: NotRequired[dict[str, SeedCost | None]]
 
 
+# ------------------------------------------------------------ <experiment_dir>/arm_comparison.json
+class ArmProvenance(TypedDict):
+    """One arm of the experiment (``arm_comparison.arm_provenance``)."""
+
+    variant: str
+    attention: str
+    overrides: dict[str, Any]
+    run_dir: str
+    dataset: str | None
+    config_fingerprint: str
+    deterministic: bool | None  # None: no manifest, or one that did not record it
+
+
+class Provenance(TypedDict):
+    experiment: str
+    experiment_dir: str
+    config_fingerprint: str
+    seed: int
+    arms: list[ArmProvenance]
+
+
+class LossSummary(TypedDict):
+    steps: int
+    first: float
+    last: float
+
+
+class AttentionWork(TypedDict):
+    """Attended pairs of the rows an arm trained on (``arm_comparison.attention_work``)."""
+
+    variant: str
+    rows: int
+    distinct_rows: int
+    pairs: int
+    full_pairs: int
+    fraction: float
+    mean_documents_per_row: float
+
+
+class RopeStudy(TypedDict):
+    """The RoPE precision study's headline numbers (``arm_comparison.ensure_rope_study``)."""
+
+    json: str
+    png: str
+    table: str
+    seconds: float | None  # None: an earlier result with equal inputs was reused
+    weights: Any
+    sequences: int
+    seq_len: int
+    compare_shift: int
+    delta2: int
+    # mode -> {"D": float or None (no value at the shift), "first_token_share": float,
+    # "D_logit_<length>": float}; a key named by a length, so not a TypedDict
+    modes: dict[str, dict[str, Any]]
+
+
+class ArmComparison(TypedDict):
+    """``arm_comparison.json`` (``arm_comparison.write_arm_comparison``): what differs among
+    the arms besides their scores."""
+
+    provenance: Provenance
+    paths: dict[str, str]
+    loss: dict[str, LossSummary | None]
+    attention_work: dict[str, AttentionWork]
+    rope_precision: NotRequired[RopeStudy]
+    # Added by the report, not written to arm_comparison.json: the study on learned weights.
+    rope_weights: NotRequired[dict[str, Any]]
+
+
 # ------------------------------------------------------------------------ report.json: tables
 class ChanceFlag(TypedDict):
     """A cell's chance level, sample count, 95% interval of a guesser and the verdict."""
@@ -265,7 +334,7 @@ class ReportRecord(TypedDict):
     paper: dict[str, Any]
     tables: Tables
     paths: dict[str, str]
-    comparison: dict[str, Any] | None  # arm_comparison.json, with the RoPE study on weights
+    comparison: ArmComparison | None  # with the RoPE study on learned weights, if measured
 
 
 class Report(TypedDict):

@@ -55,9 +55,12 @@ from anchorctx.evaluation.paper_numbers import (
     references,
 )
 from anchorctx.evaluation.records import (
+    ArmComparison,
+    ArmProvenance,
     BaseCheck,
     ChanceFlag,
     Interval,
+    Provenance,
     Report,
     ReportRecord,
     RulerIntervals,
@@ -370,11 +373,12 @@ def write_experiment_report(
     ]
     intervals["seed_costs"] = costs
     comparison_path = experiment_dir / COMPARISON_JSON
-    comparison: dict[str, Any] | None = (
+    comparison: ArmComparison | None = (
         read_json(comparison_path) if comparison_path.is_file() else None
     )
     # Plots of the arm comparison, as long as they are still there.
-    paths = {k: p for k, p in (comparison or {}).get("paths", {}).items() if Path(p).is_file()}
+    plots = comparison["paths"] if comparison else {}
+    paths = {k: p for k, p in plots.items() if Path(p).is_file()}
     # The RoPE study on learned weights (base model, arms' final checkpoints), when measured.
     rope_dir = rope_table.study_dir(experiment_dir)
     if comparison is not None and (
@@ -471,7 +475,7 @@ def _report_markdown(
     summaries: Summaries,
     tables: Tables,
     paths: dict[str, str],
-    comparison: dict[str, Any] | None = None,
+    comparison: ArmComparison | None = None,
     base: str | None = None,
     check: BaseCheck | None = None,
     intervals: RulerIntervals | None = None,
@@ -619,7 +623,7 @@ def paper_markdown(paper: dict[str, Any], tables: Tables, arms: list[str]) -> st
 
 
 # ------------------------------------------------------------------- arm comparison
-def provenance_markdown(provenance: dict[str, Any]) -> str:
+def provenance_markdown(provenance: Provenance) -> str:
     """The experiment and every arm it compares (attention, overrides, run dir, dataset)."""
     rows = [
         [
@@ -646,7 +650,7 @@ def provenance_markdown(provenance: dict[str, Any]) -> str:
     )
 
 
-def determinism_line(arms: list[dict[str, Any]]) -> str:
+def determinism_line(arms: list[ArmProvenance]) -> str:
     """Whether the arms trained deterministically (their run manifests): a rerun of a
     deterministic arm gives the same checkpoint on the same GPU kind; one that is not can
     differ by more than the differences between arms."""
@@ -668,7 +672,7 @@ def determinism_line(arms: list[dict[str, Any]]) -> str:
 
 
 def comparison_markdown(
-    comparison: dict[str, Any], variants: list[str], paths: dict[str, str]
+    comparison: ArmComparison, variants: list[str], paths: dict[str, str]
 ) -> str:
     """Training loss, attention work and the RoPE precision study: what differs among arms.
 
@@ -680,9 +684,9 @@ def comparison_markdown(
         if "loss_plot" in paths:
             lines += [f"![Training loss by arm]({Path(paths['loss_plot']).name})", ""]
         rows = [
-            [v, str(loss[v]["steps"]), f"{loss[v]['first']:.4f}", f"{loss[v]['last']:.4f}"]
+            [v, str(arm["steps"]), f"{arm['first']:.4f}", f"{arm['last']:.4f}"]
             for v in variants
-            if loss.get(v)
+            if (arm := loss.get(v))
         ]
         lines += [markdown_table(["arm", "steps", "first loss", "last loss"], rows), ""]
     work = comparison.get("attention_work") or {}

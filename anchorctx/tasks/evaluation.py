@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import threading
 from pathlib import Path
-from typing import Any
 
 from prefect import task
 from prefect.cache_policies import NO_CACHE
@@ -12,7 +11,7 @@ from prefect.runtime import task_run
 
 from anchorctx.evaluation import evaluate_checkpoint, summarize_run, write_experiment_report
 from anchorctx.evaluation.arm_comparison import write_arm_comparison
-from anchorctx.evaluation.records import Report, RunSummary
+from anchorctx.evaluation.records import ArmComparison, Report, RunSummary
 from anchorctx.evaluation.results import result_is_intact
 from anchorctx.experiment import ExperimentConfig
 from anchorctx.tasks.caching import evaluate_cache_key
@@ -65,7 +64,7 @@ def report_task(experiment_dir: str, variants: list[str], base: str | None = Non
 
 
 @task(name="arm-comparison")
-def arm_comparison_task(cfg: ExperimentConfig, datasets: dict[str, str]) -> dict[str, Any]:
+def arm_comparison_task(cfg: ExperimentConfig, datasets: dict[str, str]) -> ArmComparison:
     """What differs among the arms: loss curves, attention work, the RoPE precision study."""
     return write_arm_comparison(cfg, datasets)
 

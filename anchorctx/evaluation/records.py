@@ -321,6 +321,31 @@ class RunInfo(TypedDict):
     suites: dict[str, SuiteRun]
 
 
+class PaperCell(TypedDict):
+    """One published number in a report table's cell (``paper_numbers.paper_cells``)."""
+
+    value: float
+    table: str  # the paper's table number
+    tasks: list[str] | None  # a RULER cell's task set; None: not RULER
+
+
+class BesidePaper(TypedDict):
+    """Ours beside the paper's in one cell (``paper_numbers.beside``): ``ours`` and the rest
+    only where the run has the cell; ``why`` where it is not compared, else ``difference``."""
+
+    paper: float
+    table: str
+    ours: NotRequired[float]
+    interval: NotRequired[list[float]]  # our 95% interval, where the run has one
+    compared: NotRequired[bool]
+    why: NotRequired[str]
+    difference: NotRequired[float]
+
+
+# report.json's ``paper``: {report table: {arm: {column: BesidePaper}}}; {} for no paper preset.
+PaperComparison = dict[str, dict[str, dict[str, BesidePaper]]]
+
+
 class ReportRecord(TypedDict):
     """``report.json`` (``report.write_experiment_report``)."""
 
@@ -331,7 +356,7 @@ class ReportRecord(TypedDict):
     ruler_intervals: RulerIntervals
     runs: dict[str, RunInfo | None]
     settings_differences: dict[str, str]
-    paper: dict[str, Any]
+    paper: PaperComparison
     tables: Tables
     paths: dict[str, str]
     comparison: ArmComparison | None  # with the RoPE study on learned weights, if measured

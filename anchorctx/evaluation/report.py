@@ -60,6 +60,7 @@ from anchorctx.evaluation.records import (
     BaseCheck,
     ChanceFlag,
     Interval,
+    PaperComparison,
     Provenance,
     Report,
     ReportRecord,
@@ -580,7 +581,7 @@ def paper_comparison(
     tables: Tables,
     summaries: Summaries,
     intervals: RulerIntervals | None,
-) -> dict[str, Any]:
+) -> PaperComparison:
     """Per report table, the paper's cells beside ours (:func:`paper_numbers.beside`) for the
     paper tables the experiment ``experiment`` reproduces; {} when it reproduces none."""
     numbers = load_paper_numbers()
@@ -592,7 +593,7 @@ def paper_comparison(
         for v, s in summaries.items()
         if (ruler := _suite(s, "ruler")) is not None
     }
-    out: dict[str, Any] = {}
+    out: PaperComparison = {}
     for name in ("ruler", "longbench", "general"):
         cells = paper_cells(numbers, refs, name)
         if cells:
@@ -608,7 +609,7 @@ PAPER_TITLES = {
 }
 
 
-def paper_markdown(paper: dict[str, Any], tables: Tables, arms: list[str]) -> str:
+def paper_markdown(paper: PaperComparison, tables: Tables, arms: list[str]) -> str:
     lines = [
         "## Beside the paper",
         "",

@@ -280,6 +280,13 @@ def test_missing_or_incomplete_checkpoint(cfg, tmp_path, fake, loads):
     assert fake.calls == 0 and not loads
 
 
+def test_a_required_data_path_left_unset_is_one_error_naming_its_key(cfg, fake):
+    assert cfg.evaluation.harness.mmlu_dir is None
+    with pytest.raises(EvaluationError, match=r"'mmlu' needs evaluation\.harness\.mmlu_dir"):
+        results.check_inputs(cfg, "mmlu")
+    results.check_inputs(cfg, "fake")  # a suite without a section requires nothing
+
+
 def test_unknown_suite(cfg, checkpoint):
     with pytest.raises(EvaluationError, match=r"unknown evaluation suite 'rulr'.*ruler"):
         evaluate_checkpoint(cfg, checkpoint, "rulr", progress=False)

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from test_eval_core_results import assert_record_keys
 
 from anchorctx.attention import VARIANTS
 from anchorctx.attention.layout import dense_mask
@@ -20,6 +21,17 @@ from anchorctx.evaluation.arm_comparison import (
     write_arm_comparison,
 )
 from anchorctx.evaluation.averaging import summarize_run
+from anchorctx.evaluation.records import (
+    ArmComparison,
+    ArmProvenance,
+    AttentionWork,
+    ChanceFlag,
+    LossSummary,
+    Provenance,
+    ReportRecord,
+    RopeStudy,
+    RunInfo,
+)
 from anchorctx.evaluation.report import write_experiment_report
 from anchorctx.experiment import load_config
 
@@ -60,6 +72,7 @@ def test_attention_work_counts_the_trained_rows_with_repeats():
         work = attention_work(ds, variant=variant, seed=7, global_batch=2, steps=2, seq_len=12)
         want = sum(brute_pairs(*rows[i], 12, variant) for i in indices)
         assert work["pairs"] == want
+        assert_record_keys(AttentionWork, work)
         assert work["full_pairs"] == 4 * 12 * 13 // 2
         assert work["fraction"] == pytest.approx(want / work["full_pairs"], rel=1e-12)
     # Anchor sees exactly one more key than intra_doc per token outside the first document.
@@ -130,6 +143,13 @@ def test_report_names_every_arm_labels_chance_and_plots_loss(tmp_path):
     assert comparison["loss"]["anchor"] == {"steps": 3, "first": 8.0, "last": 6.1}
     assert comparison["loss"]["intra_doc"] is None  # never trained: no curve, nothing invented
     assert (cfg.experiment_dir / COMPARISON_JSON).is_file()
+    # records.py types what arm_comparison.json holds.
+    written = json.loads((cfg.experiment_dir / COMPARISON_JSON).read_text())
+    assert_record_keys(ArmComparison, written)
+    assert_record_keys(Provenance, written["provenance"])
+    for arm in written["provenance"]["arms"]:
+        assert_record_keys(ArmProvenance, arm)
+    assert_record_keys(LossSummary, written["loss"]["anchor"])
 
     out = write_experiment_report(cfg.experiment_dir, list(arms))
     md = out["markdown"]
@@ -156,6 +176,10 @@ def test_report_names_every_arm_labels_chance_and_plots_loss(tmp_path):
     assert "| anchor | 90.00 ± 0.00 | 25.00 ± 0.00 (at chance) |" in md
     assert "| full | 0.00 ± 0.00 (at chance) |" in md and "| anchor | 25.00 ± 0.00 |" in md
     assert "MMLU: n=8, [0.00, 62.50]" in md
+    report = json.loads((cfg.experiment_dir / "report.json").read_text())
+    assert_record_keys(ReportRecord, report)
+    assert_record_keys(RunInfo, report["runs"]["full"])
+    assert_record_keys(ChanceFlag, report["tables"]["ruler"]["chance"]["full"]["1024"])
     # A plot that is gone is not linked (nor published).
     png.unlink()
     again = write_experiment_report(cfg.experiment_dir, list(arms))
@@ -216,6 +240,7 @@ def test_rope_study_runs_once_per_inputs(tmp_path, monkeypatch):
     first = ensure_rope_study(cfg, tmp_path / "rope")
     assert first["seconds"] is not None and first["modes"]["bf16"]["D_logit_512"] == 2.0
     assert first["modes"]["fp32"]["D"] == 1.0 and first["delta2"] == 16
+    assert_record_keys(RopeStudy, first)
     from anchorctx.evaluation.report import comparison_markdown
 
     md = comparison_markdown({"rope_precision": first}, ["full"], {"rope_plot": first["png"]})

@@ -9,10 +9,22 @@ import math
 from pathlib import Path
 
 import pytest
+from test_eval_core_results import assert_record_keys
 
 from anchorctx.config import ConfigError
 from anchorctx.evaluation.averaging import summarize_run
 from anchorctx.evaluation.paired import Z95
+from anchorctx.evaluation.records import (
+    Interval,
+    PairedDifference,
+    PairedInterval,
+    ReportRecord,
+    RulerIntervals,
+    SeedCell,
+    SeedCost,
+    SeedDifference,
+    Table,
+)
 from anchorctx.evaluation.seed_pairs import (
     plan_cost,
     run_seconds,
@@ -390,6 +402,22 @@ def test_report_section_from_result_files(tmp_path):
     (diff,) = report["ruler_intervals"]["seed_differences"]
     assert diff["lengths"]["2048"]["mean"] == pytest.approx(MEAN_2K)
     assert report["ruler_intervals"]["seed_costs"]["anchor − intra_doc"]["per_seed_s"] == 360.0
+    # records.py types what report.json holds.
+    intervals = report["ruler_intervals"]
+    assert_record_keys(ReportRecord, report)
+    assert_record_keys(RulerIntervals, intervals)
+    assert_record_keys(SeedDifference, diff)
+    assert_record_keys(SeedCell, diff["lengths"]["2048"])
+    assert_record_keys(SeedCost, intervals["seed_costs"]["anchor − intra_doc"])
+    assert intervals["differences"] and all(intervals["arms"].values())
+    for iv in (iv for by_len in intervals["arms"].values() for iv in by_len.values()):
+        assert_record_keys(Interval, iv)
+    for pair in intervals["differences"]:
+        assert_record_keys(PairedDifference, pair)
+        for iv in pair["lengths"].values():
+            assert_record_keys(PairedInterval, iv)
+    for table in report["tables"].values():
+        assert_record_keys(Table, table)
 
 
 def test_report_without_seeds_has_no_section(tmp_path):

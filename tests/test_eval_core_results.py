@@ -6,12 +6,15 @@ from __future__ import annotations
 
 import json
 import shutil
+import typing
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from anchorctx.evaluation import results
+from anchorctx.evaluation.averaging import summarize_run
+from anchorctx.evaluation.records import ResultRecord, RunSummary, SamplesInfo, SuiteSummary
 from anchorctx.evaluation.results import (
     EvaluationError,
     Suite,
@@ -23,6 +26,16 @@ from anchorctx.experiment import config_from_dict
 from anchorctx.io import sha256_file
 
 NUM_SAMPLES = 10
+
+
+def assert_record_keys(record_type: Any, value: dict[str, Any]) -> None:
+    """``value`` (a record read from its file) holds every required key of the TypedDict
+    ``record_type`` and no key it does not name: the type and the writer agree."""
+    hints = typing.get_type_hints(record_type, include_extras=True)
+    optional = {k for k, t in hints.items() if typing.get_origin(t) is typing.NotRequired}
+    name = record_type.__name__
+    assert not (missing := set(hints) - optional - set(value)), f"{name}: {missing} not written"
+    assert not (unknown := set(value) - set(hints)), f"{name}: {unknown} written, not typed"
 
 
 # --------------------------------------------------------------------------- fixtures
@@ -168,6 +181,23 @@ def test_result_file_contents(cfg, checkpoint, run_dir, fake, loads):
     assert len(lines) == 1 + NUM_SAMPLES
 
 
+def test_result_and_summary_files_hold_their_record_types_keys(
+    cfg, checkpoint, run_dir, fake, loads
+):
+    """records.py types what the files hold: a key the writer adds without typing it, or a
+    typed key it stops writing, fails here."""
+    out = json.loads(evaluate_checkpoint(cfg, checkpoint, "fake", progress=False).read_text())
+    assert_record_keys(ResultRecord, out)
+    assert_record_keys(SamplesInfo, out["samples"])
+    summarize_run(run_dir, 1)
+    summary = json.loads((run_dir / "eval" / "summary.json").read_text())
+    assert_record_keys(RunSummary, summary)
+    assert_record_keys(SuiteSummary, summary["suites"]["fake"])
+    unknown = out | {"ruler_total": 1}
+    with pytest.raises(AssertionError, match="ruler_total"):
+        assert_record_keys(ResultRecord, unknown)
+
+
 def test_second_call_does_no_work(cfg, checkpoint, fake, loads):
     first = evaluate_checkpoint(cfg, checkpoint, "fake", progress=False)
     before = first.read_text()
@@ -248,6 +278,13 @@ def test_missing_or_incomplete_checkpoint(cfg, tmp_path, fake, loads):
     with pytest.raises(EvaluationError, match="no weights"):
         evaluate_checkpoint(cfg, partial, "fake", progress=False)
     assert fake.calls == 0 and not loads
+
+
+def test_a_required_data_path_left_unset_is_one_error_naming_its_key(cfg, fake):
+    assert cfg.evaluation.harness.mmlu_dir is None
+    with pytest.raises(EvaluationError, match=r"'mmlu' needs evaluation\.harness\.mmlu_dir"):
+        results.check_inputs(cfg, "mmlu")
+    results.check_inputs(cfg, "fake")  # a suite without a section requires nothing
 
 
 def test_unknown_suite(cfg, checkpoint):

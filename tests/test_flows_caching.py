@@ -9,9 +9,11 @@ import shutil
 import pytest
 
 from anchorctx.experiment import VariantSpec
+from anchorctx.tasks.api import synchronous
 from anchorctx.tasks.artifacts import artifact_key, md_table
 from anchorctx.tasks.caching import code_version, data_key, evaluate_cache_key, train_cache_key
 from anchorctx.tasks.reporting import report_tables, summary_tables
+from anchorctx.tasks.reuse import CACHED_SUFFIX, _cached_name
 
 
 def _arm(cfg, name, attention, **overrides):
@@ -126,3 +128,31 @@ def test_report_and_summary_tables():
     summary = {"suites": {"ruler": {"scores": {"niah": {"4096": stat}}, "average": {"4096": stat}}}}
     ruler = summary_tables(summary)["ruler"]
     assert [r["task"] for r in ruler] == ["average", "niah"]
+
+
+def test_synchronous_passes_a_value_and_refuses_a_coroutine():
+    """Prefect's sync-or-async calls return a coroutine only inside an event loop: an error
+    there, never a coroutine handed on unawaited."""
+    assert synchronous(3) == 3
+
+    async def later() -> int:
+        return 3
+
+    with pytest.raises(TypeError, match="event loop"):
+        synchronous(later())
+
+
+def test_cached_name_keeps_each_kind_of_run_name():
+    """A cached run's name is the task's own with the suffix, whether the task names its runs
+    with a string, a function of nothing or a function of the run's parameters (which Prefect
+    passes only to a callable that asks for them)."""
+    from prefect import task
+
+    def run(x: int) -> int:
+        return x
+
+    assert _cached_name(task(run)) == f"run{CACHED_SUFFIX}"
+    assert _cached_name(task(run, task_run_name="r-{x}")) == f"r-{{x}}{CACHED_SUFFIX}"
+    assert _cached_name(task(run, task_run_name=lambda: "plain"))() == f"plain{CACHED_SUFFIX}"
+    named = task(run, task_run_name=lambda parameters: f"x-{parameters['x']}")
+    assert _cached_name(named)(parameters={"x": 2}) == f"x-2{CACHED_SUFFIX}"

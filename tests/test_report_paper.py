@@ -8,8 +8,10 @@ import json
 from pathlib import Path
 
 import pytest
+from test_eval_core_results import assert_record_keys
 
 from anchorctx.evaluation import paper_numbers as PN
+from anchorctx.evaluation.records import BesidePaper
 from anchorctx.evaluation.report import write_experiment_report
 from anchorctx.evaluation.ruler import PAPER_EXCLUDE, TASKS
 
@@ -84,6 +86,9 @@ def test_report_shows_the_paper_beside_ours_with_the_difference(tmp_path):
         "compared": True,
         "difference": -3.25,
     }
+    for cells in saved["paper"]["ruler"].values():
+        for entry in cells.values():
+            assert_record_keys(BesidePaper, entry)
 
 
 def test_other_task_sets_are_not_compared_and_are_shown_apart(tmp_path):

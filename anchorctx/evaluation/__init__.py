@@ -4,8 +4,8 @@ Public entry points (docs/ARCHITECTURE.md, evaluation results contract)::
 
     evaluate_checkpoint(cfg, checkpoint, suite, *, force=False, progress=True) -> Path
     checkpoint_hash(checkpoint) -> str
-    summarize_run(run_dir, last_k) -> dict
-    write_experiment_report(experiment_dir, variants) -> dict
+    summarize_run(run_dir, last_k) -> RunSummary          (records.py: the typed records)
+    write_experiment_report(experiment_dir, variants) -> Report
     average_weights(checkpoints, out) -> Path
 
 Nothing here imports torch at module import time. The names above load on first use (PEP 562):

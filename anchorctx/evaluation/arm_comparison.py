@@ -28,6 +28,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from anchorctx.evaluation.averaging import collect_results, result_step
+from anchorctx.evaluation.records import (
+    ArmComparison,
+    ArmProvenance,
+    AttentionWork,
+    LossSummary,
+    Provenance,
+    RopeStudy,
+)
 from anchorctx.io import atomic_write_bytes, atomic_write_json, read_json, read_jsonl
 from anchorctx.packing.pipeline import load_packed
 from anchorctx.training.plan import Parallelism
@@ -196,7 +204,7 @@ def trained_row_indices(dataset: Any, *, seed: int, global_batch: int, steps: in
 
 def attention_work(
     ds: Any, *, variant: str, seed: int, global_batch: int, steps: int, seq_len: int
-) -> dict[str, Any]:
+) -> AttentionWork:
     """Attended query–key pairs of the rows an arm trained on, relative to full attention.
 
     ``ds``: the packed dataset (a ``datasets.Dataset`` with ``seg_lens`` and ``seg_doc``).
@@ -235,7 +243,7 @@ def _rope_inputs(cfg: ExperimentConfig) -> dict[str, Any]:
     }
 
 
-def ensure_rope_study(cfg: ExperimentConfig, out_dir: Path) -> dict[str, Any]:
+def ensure_rope_study(cfg: ExperimentConfig, out_dir: Path) -> RopeStudy:
     """Run the RoPE precision study into ``out_dir`` unless a result with equal inputs is there."""
     # Imported here: the study imports torch and transformers, needed only when it runs.
     from anchorctx.analysis.rope_precision import JSON_NAME, MD_NAME, PNG_NAME, run_study
@@ -279,9 +287,9 @@ def ensure_rope_study(cfg: ExperimentConfig, out_dir: Path) -> dict[str, Any]:
 
 
 # --------------------------------------------------------------------------- provenance
-def arm_provenance(cfg: ExperimentConfig, datasets: dict[str, str]) -> dict[str, Any]:
+def arm_provenance(cfg: ExperimentConfig, datasets: dict[str, str]) -> Provenance:
     """The experiment and every arm: attention, overrides, run dir and packed dataset."""
-    arms = []
+    arms: list[ArmProvenance] = []
     specs: list[VariantSpec | None] = [*cfg.variants] if cfg.variants else [None]
     for spec, arm in zip(specs, cfg.arms()):
         arms.append(
@@ -318,7 +326,7 @@ def trained_deterministic(run_dir: Path) -> bool | None:
 # ------------------------------------------------------------------------------ driver
 def write_arm_comparison(
     cfg: ExperimentConfig, datasets: dict[str, str], *, rope_study: bool | None = None
-) -> dict[str, Any]:
+) -> ArmComparison:
     """Measure what differs among the arms of ``cfg``; write ``arm_comparison.json`` + plots.
 
     ``datasets``: the packed dataset each arm trained on, by variant name. ``rope_study``:
@@ -330,14 +338,14 @@ def write_arm_comparison(
     out_dir.mkdir(parents=True, exist_ok=True)
     arms = cfg.arms()
     curves = {a.variant_name: read_loss_curve(a.run_dir) for a in arms}
-    comparison: dict[str, Any] = {"provenance": arm_provenance(cfg, datasets), "paths": {}}
-    comparison["loss"] = {
+    paths: dict[str, str] = {}
+    loss: dict[str, LossSummary | None] = {
         v: {"steps": len(c), "first": c[0][1], "last": c[-1][1]} if c else None
         for v, c in curves.items()
     }
     if any(curves.values()):
-        comparison["paths"]["loss_plot"] = str(plot_loss_curves(curves, out_dir / LOSS_PNG))
-    work = {}
+        paths["loss_plot"] = str(plot_loss_curves(curves, out_dir / LOSS_PNG))
+    work: dict[str, AttentionWork] = {}
     for a in arms:
         dataset = datasets.get(a.variant_name)
         if dataset is None:
@@ -351,7 +359,12 @@ def write_arm_comparison(
             steps=t.steps,
             seq_len=a.data.seq_len,
         )
-    comparison["attention_work"] = work
+    comparison: ArmComparison = {
+        "provenance": arm_provenance(cfg, datasets),
+        "paths": paths,
+        "loss": loss,
+        "attention_work": work,
+    }
     if rope_study:
         comparison["rope_precision"] = ensure_rope_study(cfg, out_dir / ROPE_DIR)
         comparison["paths"]["rope_plot"] = comparison["rope_precision"]["png"]

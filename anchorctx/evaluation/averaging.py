@@ -21,16 +21,24 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from anchorctx.evaluation.integrity import ResultIntegrityError, check_result_file
+from anchorctx.evaluation.records import (
+    ResultRecord,
+    RunSummary,
+    Stat,
+    SuiteSummary,
+    is_result_record,
+)
 from anchorctx.io import atomic_write_json, atomic_write_text, read_json
 from anchorctx.models.checkpoints import step_from_name
 
 SUMMARY_JSON = "summary.json"
 SUMMARY_MD = "summary.md"
+K = TypeVar("K")
 
 
 class MixedSettingsError(ValueError):
@@ -40,7 +48,7 @@ class MixedSettingsError(ValueError):
 
 
 # ------------------------------------------------------------------------------ helpers
-def stats(values: Iterable[float]) -> dict[str, float | int]:
+def stats(values: Iterable[float]) -> Stat:
     """Mean, population std (ddof=0) and count of the values."""
     vals = [float(v) for v in values]
     if not vals:
@@ -69,7 +77,8 @@ def length_label(key: str) -> str:
     return key
 
 
-def fmt_stat(s: dict[str, Any] | None, digits: int = 2) -> str:
+def fmt_stat(s: Mapping[str, Any] | None, digits: int = 2) -> str:
+    """``mean ± std`` (``mean`` alone for one value); "—" for no statistic."""
     if s is None:
         return "—"
     if s.get("n", 1) > 1:
@@ -88,23 +97,21 @@ def _is_number(v: Any) -> bool:
 
 
 # --------------------------------------------------------------------------- collecting
-def result_step(result: dict[str, Any]) -> int | None:
+def result_step(result: ResultRecord) -> int | None:
     step = result.get("step")
     if isinstance(step, int):
         return step
     return step_from_name(str(result.get("checkpoint_name", "")))
 
 
-def collect_results(
-    run_dir: str | Path, *, verify: bool = False
-) -> dict[str, list[dict[str, Any]]]:
+def collect_results(run_dir: str | Path, *, verify: bool = False) -> dict[str, list[ResultRecord]]:
     """Every readable result JSON under ``<run_dir>/eval/*/``, grouped by suite.
 
     ``verify`` (the report): each result must be the file ``evaluate`` wrote, its own digest
     and its per-sample records' hash matching (:mod:`anchorctx.evaluation.integrity`), the
     check ``evaluate`` makes before serving it; one that is not is refused with
     :class:`ResultIntegrityError` naming the file, never averaged."""
-    out: dict[str, list[dict[str, Any]]] = {}
+    out: dict[str, list[ResultRecord]] = {}
     eval_root = Path(run_dir) / "eval"
     for path in sorted(eval_root.glob("*/*.json")):
         if path.name.startswith("."):
@@ -118,7 +125,7 @@ def collect_results(
                     "evaluate` on its checkpoint to recompute it from the per-sample records"
                 ) from None
             continue  # a foreign or torn file is not a result
-        if not isinstance(result, dict) or "suite" not in result or "scores" not in result:
+        if not is_result_record(result):
             continue
         if verify:
             check_result_file(path, result)
@@ -129,7 +136,7 @@ def collect_results(
 
 
 # ------------------------------------------------------------------------ per-checkpoint
-def ruler_average(result: dict[str, Any]) -> tuple[dict[str, float], list[str]]:
+def ruler_average(result: ResultRecord) -> tuple[dict[str, float], list[str]]:
     """Per-length unweighted mean over the RULER tasks of one result, honouring ``exclude``."""
     exclude = set((result.get("evaluation", {}).get("ruler") or {}).get("exclude") or [])
     tasks = [
@@ -143,7 +150,7 @@ def ruler_average(result: dict[str, Any]) -> tuple[dict[str, float], list[str]]:
     return {k: sum(v) / len(v) for k, v in per_len.items()}, sorted(tasks)
 
 
-def _flat_scores(result: dict[str, Any]) -> dict[tuple[str, str], float]:
+def _flat_scores(result: ResultRecord) -> dict[tuple[str, str], float]:
     return {
         (task, str(key)): float(value)
         for task, by_key in result["scores"].items()
@@ -153,7 +160,7 @@ def _flat_scores(result: dict[str, Any]) -> dict[tuple[str, str], float]:
     }
 
 
-def _stats_by_key(rows: list[dict[Any, float]]) -> dict[Any, dict[str, Any]]:
+def _stats_by_key(rows: list[dict[K, float]]) -> dict[K, Stat]:
     keys = dict.fromkeys(k for row in rows for k in row)  # first-seen order, deterministic
     return {k: stats(row[k] for row in rows if k in row) for k in keys}
 
@@ -167,7 +174,7 @@ def _flatten(obj: Any, prefix: str) -> dict[str, Any]:
     return {prefix: obj}
 
 
-def result_settings(result: dict[str, Any]) -> dict[str, str]:
+def result_settings(result: ResultRecord) -> dict[str, str]:
     """What decides a result's scores besides its checkpoint, as ``dotted key -> JSON``: the
     suite's evaluation settings (``evaluation``) and its input data's content hashes
     (``inputs``). A setting that names an input file is compared by that content, not by its
@@ -196,7 +203,7 @@ def settings_difference(settings: list[dict[str, str]], names: list[str]) -> str
     return f"{key}: {shown}{more}"
 
 
-def check_same_settings(where: str, suite: str, results: list[dict[str, Any]]) -> None:
+def check_same_settings(where: str, suite: str, results: list[ResultRecord]) -> None:
     """Raise :class:`MixedSettingsError` when ``results`` differ in :func:`result_settings`:
     their mean would mix two evaluations (e.g. 4 and 8 samples a task) into one number."""
     names = [str(r.get("checkpoint_name")) for r in results]
@@ -209,14 +216,14 @@ def check_same_settings(where: str, suite: str, results: list[dict[str, Any]]) -
 
 
 # --------------------------------------------------------------------------- summaries
-def summarize_results(suite: str, results: list[dict[str, Any]]) -> dict[str, Any]:
+def summarize_results(suite: str, results: list[ResultRecord]) -> SuiteSummary:
     """Mean/std over the given results of one suite (already chosen: the last k)."""
-    scores: dict[str, dict[str, Any]] = {}
+    scores: dict[str, dict[str, Stat]] = {}
     for (task, key), s in _stats_by_key([_flat_scores(r) for r in results]).items():
         scores.setdefault(task, {})[key] = s
-    out: dict[str, Any] = {
-        "checkpoints": [r.get("checkpoint_name") for r in results],
-        "eval_keys": [r.get("eval_key") for r in results],
+    out: SuiteSummary = {
+        "checkpoints": [r["checkpoint_name"] for r in results],
+        "eval_keys": [r["eval_key"] for r in results],
         "steps": [result_step(r) for r in results],
         "n": len(results),
         "scores": {t: {k: scores[t][k] for k in sorted_keys(scores[t])} for t in sorted(scores)},
@@ -247,7 +254,7 @@ def summarize_results(suite: str, results: list[dict[str, Any]]) -> dict[str, An
     return out
 
 
-def summarize_run(run_dir: str | Path, last_k: int, *, verify: bool = False) -> dict[str, Any]:
+def summarize_run(run_dir: str | Path, last_k: int, *, verify: bool = False) -> RunSummary:
     """Average every suite over the last ``last_k`` evaluated checkpoints of a run.
 
     Writes ``eval/summary.json`` and ``eval/summary.md`` atomically and returns the summary.
@@ -259,7 +266,7 @@ def summarize_run(run_dir: str | Path, last_k: int, *, verify: bool = False) -> 
         raise ValueError(f"last_k must be >= 1, got {last_k}")
     run_dir = Path(run_dir)
     grouped = collect_results(run_dir, verify=verify)
-    summary: dict[str, Any] = {
+    summary: RunSummary = {
         "run_dir": str(run_dir.resolve()),
         "last_k": last_k,
         "std": "population standard deviation (ddof=0) over checkpoints",
@@ -267,7 +274,10 @@ def summarize_run(run_dir: str | Path, last_k: int, *, verify: bool = False) -> 
         "other_checkpoints": {},
     }
     for suite in sorted(grouped):
-        stepped = sorted((r for r in grouped[suite] if result_step(r) is not None), key=result_step)  # type: ignore[arg-type]
+        stepped = sorted(
+            (r for r in grouped[suite] if result_step(r) is not None),
+            key=lambda r: result_step(r) or 0,  # every one has a step: filtered above
+        )
         if stepped:
             check_same_settings(str(run_dir / "eval"), suite, stepped[-last_k:])
             summary["suites"][suite] = summarize_results(suite, stepped[-last_k:])
@@ -283,7 +293,7 @@ def summarize_run(run_dir: str | Path, last_k: int, *, verify: bool = False) -> 
 
 
 # ---------------------------------------------------------------------------- markdown
-def suite_markdown(suite: str, s: dict[str, Any]) -> str:
+def suite_markdown(suite: str, s: SuiteSummary) -> str:
     """Markdown tables of one suite's summary (tasks as rows, lengths/splits as columns)."""
     parts = []
     if "average" in s:
@@ -310,7 +320,7 @@ def suite_markdown(suite: str, s: dict[str, Any]) -> str:
     return "\n\n".join(parts)
 
 
-def summary_markdown(summary: dict[str, Any]) -> str:
+def summary_markdown(summary: RunSummary) -> str:
     lines = [
         f"# Evaluation summary: {summary['run_dir']}",
         "",

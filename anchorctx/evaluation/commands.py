@@ -11,6 +11,7 @@ from typing import Any
 from anchorctx.demo import ensure_demo_corpus, ensure_eval_fixtures
 from anchorctx.evaluation.arm_comparison import write_arm_comparison
 from anchorctx.evaluation.averaging import length_label, markdown_table, sorted_keys, summarize_run
+from anchorctx.evaluation.records import ResultRecord
 from anchorctx.evaluation.report import write_experiment_report
 from anchorctx.evaluation.results import SUITES, EvaluationError, evaluate_checkpoint, load_result
 from anchorctx.evaluation.settings import suite_argument
@@ -129,7 +130,7 @@ def evaluate(args: argparse.Namespace) -> int:
     return 0
 
 
-def results_table(result: dict[str, Any]) -> str:
+def results_table(result: ResultRecord) -> str:
     """One result's scores as a Markdown table (tasks x lengths/splits), plus not-run tasks."""
     scores = result["scores"]
     keys = sorted_keys(k for by_key in scores.values() if isinstance(by_key, dict) for k in by_key)

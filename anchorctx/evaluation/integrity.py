@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +27,7 @@ class ResultIntegrityError(ValueError):
     exit_code = 1  # the file on disk is wrong, not the command line
 
 
-def result_digest(result: dict[str, Any]) -> str:
+def result_digest(result: Mapping[str, Any]) -> str:
     """SHA-256 of a result's content without its own digest (canonical JSON)."""
     body = {k: v for k, v in result.items() if k != "result_sha256"}
     return hashlib.sha256(json.dumps(body, sort_keys=True, default=str).encode()).hexdigest()
@@ -37,7 +38,7 @@ def samples_file(result_file: Path) -> Path:
     return result_file.with_name(f"{result_file.stem}.samples.jsonl")
 
 
-def records_problem(result: dict[str, Any], samples: Path) -> str | None:
+def records_problem(result: Mapping[str, Any], samples: Path) -> str | None:
     """Why ``result`` is not the file ``evaluate`` wrote from the records in ``samples``
     (None: it is)."""
     recorded = result.get("result_sha256")
@@ -53,7 +54,7 @@ def records_problem(result: dict[str, Any], samples: Path) -> str | None:
     return None
 
 
-def check_result_file(path: Path, result: dict[str, Any]) -> None:
+def check_result_file(path: Path, result: Mapping[str, Any]) -> None:
     """Raise :class:`ResultIntegrityError` naming ``path`` unless it matches its records."""
     problem = records_problem(result, samples_file(path))
     if problem is not None:

@@ -26,22 +26,27 @@ import json
 import math
 from itertools import combinations
 from pathlib import Path
-from typing import Any
 
 from anchorctx.evaluation.averaging import length_label, markdown_table
+from anchorctx.evaluation.records import (
+    Interval,
+    PairedDifference,
+    PairedInterval,
+    RulerIntervals,
+    SampleScores,
+    SuiteSummary,
+)
 from anchorctx.io import read_jsonl
 
 Z95 = 1.959963984540054  # two-sided 95% quantile of the standard normal
 
 
-def _eval_keys(ruler_summary: dict[str, Any]) -> list[str]:
+def _eval_keys(ruler_summary: SuiteSummary) -> list[str]:
     """The eval sub-directories of the summary's checkpoints (older summaries: their names)."""
     return list(ruler_summary.get("eval_keys") or ruler_summary.get("checkpoints") or [])
 
 
-def ruler_sample_scores(
-    run_dir: str | Path, ruler_summary: dict[str, Any]
-) -> dict[str, dict[str, dict[str, float]]] | None:
+def ruler_sample_scores(run_dir: str | Path, ruler_summary: SuiteSummary) -> SampleScores | None:
     """``{length: {task: {sample key: score}}}`` of the checkpoints ``ruler_summary`` averages,
     each sample's score averaged over them; only the tasks of its Table 5 average.
 
@@ -63,14 +68,14 @@ def ruler_sample_scores(
             sums.setdefault((str(row["length"]), row["task"], row["key"]), []).append(
                 float(row["score"])
             )
-    out: dict[str, dict[str, dict[str, float]]] = {}
+    out: SampleScores = {}
     for (length, task, key), values in sums.items():
         if len(values) == len(keys):  # a sample every averaged checkpoint scored
             out.setdefault(length, {}).setdefault(task, {})[key] = sum(values) / len(values)
     return out
 
 
-def ruler_sample_identity(run_dir: str | Path, ruler_summary: dict[str, Any]) -> str | None:
+def ruler_sample_identity(run_dir: str | Path, ruler_summary: SuiteSummary) -> str | None:
     """The evaluation fingerprint under which the averaged checkpoints' RULER samples were
     answered (their samples files' headers; several are ``|``-joined). It covers the settings
     and the input files' content, so two arms with equal identities answered the same samples
@@ -95,7 +100,7 @@ def same_samples(identity: dict[str, str | None] | None, a: str, b: str) -> bool
     return identity is None or identity.get(a) == identity.get(b)
 
 
-def stratified_interval(by_task: dict[str, list[float]]) -> dict[str, float] | None:
+def stratified_interval(by_task: dict[str, list[float]]) -> Interval | None:
     """Mean over tasks of the task means, its standard error and 95% interval (module doc).
 
     None when a task has fewer than two values (no variance to estimate)."""
@@ -148,46 +153,44 @@ def paired_differences(
 
 
 def ruler_intervals(
-    samples: dict[str, dict[str, dict[str, dict[str, float]]] | None],
+    samples: dict[str, SampleScores | None],
     arms: list[str],
     identity: dict[str, str | None] | None = None,
-) -> dict[str, Any]:
+) -> RulerIntervals:
     """Each arm's 95% interval per length, and every pair's paired difference per length.
 
     ``samples``: :func:`ruler_sample_scores` per arm (None: not available; such an arm is left
     out). Pairs are ``later - earlier`` in ``arms`` order (the experiment's variant order).
     ``identity``: :func:`ruler_sample_identity` per arm; arms whose identities differ are not
     paired, and the result lists them under ``other_samples``."""
-    have = [a for a in arms if samples.get(a)]
+    have = {a: found for a in arms if (found := samples.get(a))}
     intervals = {
         arm: {
             length: iv
-            for length, by_task in samples[arm].items()  # type: ignore[union-attr]
+            for length, by_task in scores.items()
             if (iv := stratified_interval({t: list(s.values()) for t, s in by_task.items()}))
         }
-        for arm in have
+        for arm, scores in have.items()
     }
-    differences: list[dict[str, Any]] = []
+    differences: list[PairedDifference] = []
     for first, second in combinations(have, 2):
         if not same_samples(identity, first, second):
             continue
-        cells = {}
-        for length in sorted(set(samples[first]) & set(samples[second]), key=float):  # type: ignore[arg-type]
-            iv = stratified_interval(
-                paired_differences(samples[second][length], samples[first][length])  # type: ignore[index]  # arms in `have` have samples
-            )
+        cells: dict[str, PairedInterval] = {}
+        for length in sorted(set(have[first]) & set(have[second]), key=float):
+            iv = stratified_interval(paired_differences(have[second][length], have[first][length]))
             if iv is not None:
-                cells[length] = iv | {"excludes_zero": iv["lo"] > 0 or iv["hi"] < 0}
+                cells[length] = PairedInterval(**iv, excludes_zero=iv["lo"] > 0 or iv["hi"] < 0)
         if cells:
             differences.append({"arm": second, "minus": first, "lengths": cells})
-    out: dict[str, Any] = {"confidence": 0.95, "arms": intervals, "differences": differences}
+    out: RulerIntervals = {"confidence": 0.95, "arms": intervals, "differences": differences}
     ids = {a: (identity or {}).get(a) for a in have}
     if len(set(ids.values())) > 1:
         out["other_samples"] = ids  # each arm's identity, when they are not all one
     return out
 
 
-def intervals_markdown(result: dict[str, Any], arms: list[str]) -> str:
+def intervals_markdown(result: RulerIntervals, arms: list[str]) -> str:
     """The two tables of :func:`ruler_intervals`, with how they were computed."""
     lengths = sorted({k for iv in result["arms"].values() for k in iv}, key=float)
     other = result.get("other_samples") or {}

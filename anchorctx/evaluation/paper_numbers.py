@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from anchorctx.evaluation.averaging import length_label, markdown_table
+from anchorctx.evaluation.records import BesidePaper, Interval, PaperCell, Table
 from anchorctx.io import read_json
 
 PAPER_NUMBERS = Path(__file__).with_name("paper_numbers.json")
@@ -37,11 +38,11 @@ def references(experiment: str, numbers: dict[str, Any] | None = None) -> list[t
 
 def paper_cells(
     numbers: dict[str, Any], refs: list[tuple[str, Any]], report_table: str
-) -> dict[str, dict[str, dict[str, Any]]]:
+) -> dict[str, dict[str, PaperCell]]:
     """``{arm: {column: {"value", "table", "tasks"}}}`` of the paper's cells that fall in the
     report's table ``report_table`` (``ruler``, ``longbench``, ``general``); the first table in
     ``refs`` that has a cell gives it."""
-    out: dict[str, dict[str, dict[str, Any]]] = {}
+    out: dict[str, dict[str, PaperCell]] = {}
     for table_id, group in refs:
         table = numbers["tables"][table_id]
         where = table.get("column_tables", {})
@@ -51,25 +52,25 @@ def paper_cells(
             for column, value in row["values"].items():
                 if where.get(column, table["suite"]) != report_table:
                     continue
-                cell = {"value": value, "table": table_id, "tasks": table.get("tasks")}
+                cell: PaperCell = {"value": value, "table": table_id, "tasks": table.get("tasks")}
                 out.setdefault(row["arm"], {}).setdefault(column, cell)
     return out
 
 
 def beside(
-    table: dict[str, Any],
-    cells: dict[str, dict[str, dict[str, Any]]],
+    table: Table,
+    cells: dict[str, dict[str, PaperCell]],
     arm_tasks: dict[str, list[str] | None],
-    intervals: dict[str, dict[str, dict[str, float]]] | None = None,
-) -> dict[str, dict[str, dict[str, Any]]]:
+    intervals: dict[str, dict[str, Interval]] | None = None,
+) -> dict[str, dict[str, BesidePaper]]:
     """Per arm and column with a paper cell: ours (mean), the paper's, ours − paper, our 95%
     interval where the run has one, and ``compared: False`` with ``why`` where the arm's RULER
     tasks are not the paper's."""
-    out: dict[str, dict[str, dict[str, Any]]] = {}
+    out: dict[str, dict[str, BesidePaper]] = {}
     for arm, by_col in cells.items():
         for column, cell in by_col.items():
             ours = table["rows"].get(arm, {}).get(column)
-            entry: dict[str, Any] = {"paper": cell["value"], "table": cell["table"]}
+            entry: BesidePaper = {"paper": cell["value"], "table": cell["table"]}
             if ours is not None:
                 entry["ours"] = ours["mean"]
                 if (iv := (intervals or {}).get(arm, {}).get(column)) is not None:
@@ -85,7 +86,7 @@ def beside(
     return out
 
 
-def _cell_text(entry: dict[str, Any] | None) -> str:
+def _cell_text(entry: BesidePaper | None) -> str:
     if entry is None:
         return "—"
     paper = f"{entry['paper']:.2f}"
@@ -102,7 +103,7 @@ def _cell_text(entry: dict[str, Any] | None) -> str:
 
 
 def beside_markdown(
-    title: str, compared: dict[str, dict[str, dict[str, Any]]], columns: list[str], arms: list[str]
+    title: str, compared: dict[str, dict[str, BesidePaper]], columns: list[str], arms: list[str]
 ) -> str:
     """One table: per arm, ``ours / paper (ours − paper) [our 95% interval]`` in each column
     the paper has; arms the paper has and the run lacks are listed with ``—`` for ours."""

@@ -20,6 +20,7 @@ different task sets (e.g. 11 and 13 tasks) are shown in separate tables, never s
 from __future__ import annotations
 
 import io
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +54,26 @@ from anchorctx.evaluation.paper_numbers import (
     paper_cells,
     references,
 )
+from anchorctx.evaluation.records import (
+    ArmComparison,
+    ArmProvenance,
+    BaseCheck,
+    ChanceFlag,
+    Interval,
+    PaperComparison,
+    Provenance,
+    Report,
+    ReportRecord,
+    RulerIntervals,
+    RunInfo,
+    RunSummary,
+    SampleScores,
+    SeedCost,
+    Stat,
+    SuiteSummary,
+    Table,
+    Tables,
+)
 from anchorctx.evaluation.seed_pairs import (
     seed_cost,
     seed_differences,
@@ -67,19 +88,23 @@ GENERAL_SUITES = {"mmlu": "MMLU", "hellaswag": "HellaSwag"}
 
 
 # ------------------------------------------------------------------------------ tables
-def load_summaries(experiment_dir: Path, variants: list[str]) -> dict[str, dict[str, Any] | None]:
-    out: dict[str, dict[str, Any] | None] = {}
+# Each variant's eval/summary.json; None: the variant has none.
+Summaries = Mapping[str, RunSummary | None]
+
+
+def load_summaries(experiment_dir: Path, variants: list[str]) -> dict[str, RunSummary | None]:
+    out: dict[str, RunSummary | None] = {}
     for variant in variants:
         path = experiment_dir / variant / "eval" / SUMMARY_JSON
         out[variant] = read_json(path) if path.is_file() else None
     return out
 
 
-def _suite(summary: dict[str, Any] | None, suite: str) -> dict[str, Any] | None:
+def _suite(summary: RunSummary | None, suite: str) -> SuiteSummary | None:
     return None if summary is None else summary.get("suites", {}).get(suite)
 
 
-def settings_differences(summaries: dict[str, dict[str, Any] | None]) -> dict[str, str]:
+def settings_differences(summaries: Summaries) -> dict[str, str]:
     """Per suite, the first setting in which the variants' results differ (see
     :func:`~anchorctx.evaluation.averaging.settings_difference`): their scores are not
     comparable. Summaries written before they recorded settings are left out."""
@@ -96,23 +121,29 @@ def settings_differences(summaries: dict[str, dict[str, Any] | None]) -> dict[st
     return out
 
 
-def ruler_table(summaries: dict[str, dict[str, Any] | None]) -> dict[str, Any]:
+def ruler_table(summaries: Summaries) -> Table:
     """Table 5: RULER per-length average (over tasks) for each variant."""
-    rows = {v: (_suite(s, "ruler") or {}).get("average", {}) for v, s in summaries.items()}
+    rows = {
+        v: ruler.get("average", {}) if (ruler := _suite(s, "ruler")) else {}
+        for v, s in summaries.items()
+    }
     lengths = sorted_keys(k for row in rows.values() for k in row)
     return {"columns": lengths, "rows": {v: r for v, r in rows.items() if r}}
 
 
-def longbench_table(summaries: dict[str, dict[str, Any] | None]) -> dict[str, Any]:
+def longbench_table(summaries: Summaries) -> Table:
     """Table 12: LongBench category averages for each variant."""
-    rows = {v: (_suite(s, "longbench") or {}).get("categories", {}) for v, s in summaries.items()}
+    rows = {
+        v: lb.get("categories", {}) if (lb := _suite(s, "longbench")) else {}
+        for v, s in summaries.items()
+    }
     columns: list[str] = []
     for row in rows.values():
         columns += [c for c in row if c not in columns]  # the suite's category order
     return {"columns": columns, "rows": {v: r for v, r in rows.items() if r}}
 
 
-def headline(suite: str, s: dict[str, Any] | None) -> dict[str, Any] | None:
+def headline(suite: str, s: SuiteSummary | None) -> Stat | None:
     """The headline score of a general-ability suite summary (MMLU acc, HellaSwag acc_norm)."""
     if s is None:
         return None
@@ -123,9 +154,9 @@ def headline(suite: str, s: dict[str, Any] | None) -> dict[str, Any] | None:
     return next(iter(by_metric.values())) if len(by_metric) == 1 else None
 
 
-def general_table(summaries: dict[str, dict[str, Any] | None]) -> dict[str, Any]:
+def general_table(summaries: Summaries) -> Table:
     """Table 7: MMLU and HellaSwag for each variant."""
-    rows: dict[str, dict[str, Any]] = {}
+    rows: dict[str, dict[str, Stat]] = {}
     for variant, summary in summaries.items():
         row = {
             label: value
@@ -141,14 +172,14 @@ def general_table(summaries: dict[str, dict[str, Any] | None]) -> dict[str, Any]
 LM_EVAL_SUITE_PREFIX = "lm_eval:"
 
 
-def lm_eval_table(summaries: dict[str, dict[str, Any] | None]) -> dict[str, Any]:
+def lm_eval_table(summaries: Summaries) -> Table:
     """lm-eval's long-context tasks (suites ``lm_eval:<task>``): per variant, the named task's
     score per length or metric (a group: lm-eval's aggregate); a group lm-eval gives no
     aggregate (InfiniteBench) shows each of its tasks. Columns ``<task>/<length or metric>``."""
-    rows: dict[str, dict[str, Any]] = {}
+    rows: dict[str, dict[str, Stat]] = {}
     columns: list[str] = []
     for variant, summary in summaries.items():
-        for suite, s in sorted(((summary or {}).get("suites") or {}).items()):
+        for suite, s in sorted((summary["suites"] if summary else {}).items()):
             if not suite.startswith(LM_EVAL_SUITE_PREFIX):
                 continue
             task = suite.removeprefix(LM_EVAL_SUITE_PREFIX)
@@ -179,13 +210,13 @@ def _chance_source(table_name: str, column: str) -> tuple[str, str] | None:
 
 
 def chance_flags(
-    table_name: str, table: dict[str, Any], counts: dict[str, dict[str, dict[str, int]]]
-) -> dict[str, dict[str, dict[str, Any]]]:
+    table_name: str, table: Table, counts: dict[str, dict[str, dict[str, int]]]
+) -> dict[str, dict[str, ChanceFlag]]:
     """Per variant and column: chance level, sample count, its 95% interval and the verdict.
 
     Only cells whose suite has a chance level (:data:`CHANCE`) and a known sample count.
     """
-    out: dict[str, dict[str, dict[str, Any]]] = {}
+    out: dict[str, dict[str, ChanceFlag]] = {}
     for variant, row in table["rows"].items():
         for column, stat in row.items():
             source = _chance_source(table_name, column)
@@ -205,14 +236,14 @@ def chance_flags(
     return out
 
 
-def cell_text(table: dict[str, Any], variant: str, column: str) -> str:
+def cell_text(table: Table, variant: str, column: str) -> str:
     """A table cell: mean ± std, with "(at chance)" where :func:`chance_flags` says so."""
     text = fmt_stat(table["rows"].get(variant, {}).get(column))
     flag = table.get("chance", {}).get(variant, {}).get(column)
     return f"{text} (at chance)" if flag and flag["at_chance"] else text
 
 
-def chance_rule_markdown(tables: dict[str, Any]) -> str:
+def chance_rule_markdown(tables: Tables) -> str:
     """The stated rule behind every "(at chance)" label, with the levels and intervals used."""
     lines = [
         "A score is marked **(at chance)** when its mean lies inside the central 95% region of "
@@ -236,7 +267,9 @@ def chance_rule_markdown(tables: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def _markdown(title: str, table: dict[str, Any], variants: list[str], label=str) -> str:
+def _markdown(
+    title: str, table: Table, variants: list[str], label: Callable[[str], str] = str
+) -> str:
     if not table["rows"]:
         return f"### {title}\n\nNo results."
     rows = [[v] + [cell_text(table, v, c) for c in table["columns"]] for v in variants]
@@ -246,9 +279,9 @@ def _markdown(title: str, table: dict[str, Any], variants: list[str], label=str)
 
 # ------------------------------------------------------------------------------ plot
 def plot_ruler(
-    table: dict[str, Any],
+    table: Table,
     path: Path,
-    intervals: dict[str, dict[str, dict[str, float]]] | None = None,
+    intervals: dict[str, dict[str, Interval]] | None = None,
 ) -> Path:
     """RULER score vs context length (log2 x axis), one line per variant.
 
@@ -286,13 +319,13 @@ def plot_ruler(
 
 
 # ---------------------------------------------------------------------------- report
-def _numeric_columns(table: dict[str, Any]) -> bool:
+def _numeric_columns(table: Table) -> bool:
     return bool(table["columns"]) and all(c.replace(".", "", 1).isdigit() for c in table["columns"])
 
 
 def write_experiment_report(
     experiment_dir: str | Path, variants: list[str], base: str | None = None
-) -> dict[str, Any]:
+) -> Report:
     """Compare ``variants`` of the experiment; write report.md/json and the RULER plot.
 
     ``base``: the run directory name of the pretrained base model every arm starts from
@@ -306,7 +339,7 @@ def write_experiment_report(
     else:
         base = None
     summaries = load_summaries(experiment_dir, variants)
-    tables = {
+    tables: Tables = {
         "ruler": ruler_table(summaries),
         "longbench": longbench_table(summaries),
         "general": general_table(summaries),
@@ -317,7 +350,7 @@ def write_experiment_report(
         tables[name]["chance"] = chance_flags(name, tables[name], counts)
     # Sampling intervals and paired differences of the arms' RULER averages (not the base model's:
     # it is evaluated at its pretraining length only).
-    samples = {
+    samples: dict[str, SampleScores | None] = {
         arm: ruler_sample_scores(experiment_dir / arm, ruler)
         if (ruler := _suite(summaries[arm], "ruler"))
         else None
@@ -325,23 +358,28 @@ def write_experiment_report(
     }
     # Pairs only among arms that answered the same samples (equal evaluation fingerprints).
     identity = {
-        arm: ruler_sample_identity(experiment_dir / arm, _suite(summaries[arm], "ruler"))  # type: ignore[arg-type]  # an arm with samples has a ruler summary
+        arm: ruler_sample_identity(experiment_dir / arm, ruler)
         for arm in arms
-        if samples[arm]
+        if samples[arm] and (ruler := _suite(summaries[arm], "ruler"))  # samples: it has one
     }
     intervals = ruler_intervals(samples, arms, identity)
     # Arms trained under several seeds (runs <arm>-s<seed>): their differences over the seeds.
     diffs = seed_differences(samples, arms, identity)
-    costs = {f"{d['arm']} − {d['minus']}": seed_cost(experiment_dir, d) for d in diffs}
+    costs: dict[str, SeedCost | None] = {
+        f"{d['arm']} − {d['minus']}": seed_cost(experiment_dir, d) for d in diffs
+    }
     # The seeds needed, planned by what these runs' training and evaluation cost.
     intervals["seed_differences"] = [
         with_costs(d, costs[f"{d['arm']} − {d['minus']}"]) for d in diffs
     ]
     intervals["seed_costs"] = costs
     comparison_path = experiment_dir / COMPARISON_JSON
-    comparison = read_json(comparison_path) if comparison_path.is_file() else None
+    comparison: ArmComparison | None = (
+        read_json(comparison_path) if comparison_path.is_file() else None
+    )
     # Plots of the arm comparison, as long as they are still there.
-    paths = {k: p for k, p in (comparison or {}).get("paths", {}).items() if Path(p).is_file()}
+    plots = comparison["paths"] if comparison else {}
+    paths = {k: p for k, p in plots.items() if Path(p).is_file()}
     # The RoPE study on learned weights (base model, arms' final checkpoints), when measured.
     rope_dir = rope_table.study_dir(experiment_dir)
     if comparison is not None and (
@@ -363,23 +401,20 @@ def write_experiment_report(
         markdown += "\n" + paper_markdown(paper, tables, arms) + "\n"
     paths["markdown"] = str(atomic_write_text(experiment_dir / "report.md", markdown))
     paths["json"] = str(experiment_dir / "report.json")
-    runs = {v: _run_info(s) for v, s in summaries.items()}
-    atomic_write_json(
-        experiment_dir / "report.json",
-        {
-            "experiment_dir": str(experiment_dir.resolve()),
-            "variants": arms,
-            "base": base,
-            "base_check": check,
-            "ruler_intervals": intervals,
-            "runs": runs,
-            "settings_differences": settings_differences({v: summaries[v] for v in arms}),
-            "paper": paper,
-            "tables": tables,
-            "paths": paths,
-            "comparison": comparison,
-        },
-    )
+    record: ReportRecord = {
+        "experiment_dir": str(experiment_dir.resolve()),
+        "variants": arms,
+        "base": base,
+        "base_check": check,
+        "ruler_intervals": intervals,
+        "runs": {v: _run_info(s) for v, s in summaries.items()},
+        "settings_differences": settings_differences({v: summaries[v] for v in arms}),
+        "paper": paper,
+        "tables": tables,
+        "paths": paths,
+        "comparison": comparison,
+    }
+    atomic_write_json(experiment_dir / "report.json", record)
     return {"markdown": markdown, "tables": tables, "paths": paths}
 
 
@@ -393,12 +428,12 @@ BASE_RETRIEVAL_TASKS = ("niah_single_1", "niah_single_2")
 BASE_RETRIEVAL_BAR = 80.0
 
 
-def base_retrieval_check(ruler: dict[str, Any] | None) -> dict[str, Any] | None:
+def base_retrieval_check(ruler: SuiteSummary | None) -> BaseCheck | None:
     """``{"passed", "bar", "scores": {task: {length: mean}}}`` of the base model's RULER summary;
     None when it scored none of ``BASE_RETRIEVAL_TASKS``."""
     scores = {
         task: {length: stat["mean"] for length, stat in by_len.items() if stat}
-        for task, by_len in ((ruler or {}).get("scores") or {}).items()
+        for task, by_len in (ruler["scores"] if ruler else {}).items()
         if task in BASE_RETRIEVAL_TASKS
     }
     scores = {task: by_len for task, by_len in scores.items() if by_len}
@@ -408,7 +443,7 @@ def base_retrieval_check(ruler: dict[str, Any] | None) -> dict[str, Any] | None:
     return {"passed": passed, "bar": BASE_RETRIEVAL_BAR, "scores": scores}
 
 
-def base_check_markdown(check: dict[str, Any]) -> str:
+def base_check_markdown(check: BaseCheck) -> str:
     cells = ", ".join(
         f"{task} {v:.1f} at {length_label(length)}"
         for task, by_len in check["scores"].items()
@@ -423,7 +458,7 @@ def base_check_markdown(check: dict[str, Any]) -> str:
     )
 
 
-def _run_info(summary: dict[str, Any] | None) -> dict[str, Any] | None:
+def _run_info(summary: RunSummary | None) -> RunInfo | None:
     if summary is None:
         return None
     return {
@@ -438,13 +473,13 @@ def _run_info(summary: dict[str, Any] | None) -> dict[str, Any] | None:
 def _report_markdown(
     experiment_dir: Path,
     variants: list[str],
-    summaries: dict[str, dict[str, Any] | None],
-    tables: dict[str, Any],
+    summaries: Summaries,
+    tables: Tables,
     paths: dict[str, str],
-    comparison: dict[str, Any] | None = None,
+    comparison: ArmComparison | None = None,
     base: str | None = None,
-    check: dict[str, Any] | None = None,
-    intervals: dict[str, Any] | None = None,
+    check: BaseCheck | None = None,
+    intervals: RulerIntervals | None = None,
 ) -> str:
     arms = [v for v in variants if v != base]
     lines = [f"# Experiment report: {experiment_dir.name}", ""]
@@ -508,7 +543,7 @@ def _report_markdown(
 
 # -------------------------------------------------------------------- RULER task sets
 def ruler_task_sets(
-    summaries: dict[str, dict[str, Any] | None], variants: list[str]
+    summaries: Summaries, variants: list[str]
 ) -> list[tuple[tuple[str, ...] | None, list[str]]]:
     """Variants grouped by the tasks their RULER mean is over (``average_tasks``), in order of
     first appearance; None: a summary written before it recorded them."""
@@ -522,9 +557,7 @@ def ruler_task_sets(
     return list(groups.items())
 
 
-def ruler_markdown(
-    table: dict[str, Any], variants: list[str], summaries: dict[str, dict[str, Any] | None]
-) -> str:
+def ruler_markdown(table: Table, variants: list[str], summaries: Summaries) -> str:
     """Table 5; arms whose RULER means are over different task sets are shown apart, one table
     per set: a 13-task mean beside an 11-task mean would read as a difference between arms."""
     groups = ruler_task_sets(summaries, variants)
@@ -537,7 +570,7 @@ def ruler_markdown(
     for tasks, members in groups:
         rows = {v: r for v, r in table["rows"].items() if v in members}
         what = f"{len(tasks)} tasks: {', '.join(tasks)}" if tasks is not None else "tasks unknown"
-        sub = {**table, "rows": rows}
+        sub: Table = {**table, "rows": rows}
         parts.append(_markdown(f"Table 5 — RULER by length ({what})", sub, members, length_label))
     return "\n\n".join(parts)
 
@@ -545,10 +578,10 @@ def ruler_markdown(
 # ------------------------------------------------------------------- the paper's numbers
 def paper_comparison(
     experiment: str,
-    tables: dict[str, Any],
-    summaries: dict[str, dict[str, Any] | None],
-    intervals: dict[str, Any] | None,
-) -> dict[str, Any]:
+    tables: Tables,
+    summaries: Summaries,
+    intervals: RulerIntervals | None,
+) -> PaperComparison:
     """Per report table, the paper's cells beside ours (:func:`paper_numbers.beside`) for the
     paper tables the experiment ``experiment`` reproduces; {} when it reproduces none."""
     numbers = load_paper_numbers()
@@ -560,11 +593,11 @@ def paper_comparison(
         for v, s in summaries.items()
         if (ruler := _suite(s, "ruler")) is not None
     }
-    out: dict[str, Any] = {}
+    out: PaperComparison = {}
     for name in ("ruler", "longbench", "general"):
         cells = paper_cells(numbers, refs, name)
         if cells:
-            ivs = (intervals or {}).get("arms") if name == "ruler" else None
+            ivs = intervals["arms"] if intervals and name == "ruler" else None
             out[name] = beside(tables[name], cells, tasks if name == "ruler" else {}, ivs)
     return out
 
@@ -576,7 +609,7 @@ PAPER_TITLES = {
 }
 
 
-def paper_markdown(paper: dict[str, Any], tables: dict[str, Any], arms: list[str]) -> str:
+def paper_markdown(paper: PaperComparison, tables: Tables, arms: list[str]) -> str:
     lines = [
         "## Beside the paper",
         "",
@@ -591,7 +624,7 @@ def paper_markdown(paper: dict[str, Any], tables: dict[str, Any], arms: list[str
 
 
 # ------------------------------------------------------------------- arm comparison
-def provenance_markdown(provenance: dict[str, Any]) -> str:
+def provenance_markdown(provenance: Provenance) -> str:
     """The experiment and every arm it compares (attention, overrides, run dir, dataset)."""
     rows = [
         [
@@ -618,7 +651,7 @@ def provenance_markdown(provenance: dict[str, Any]) -> str:
     )
 
 
-def determinism_line(arms: list[dict[str, Any]]) -> str:
+def determinism_line(arms: list[ArmProvenance]) -> str:
     """Whether the arms trained deterministically (their run manifests): a rerun of a
     deterministic arm gives the same checkpoint on the same GPU kind; one that is not can
     differ by more than the differences between arms."""
@@ -640,7 +673,7 @@ def determinism_line(arms: list[dict[str, Any]]) -> str:
 
 
 def comparison_markdown(
-    comparison: dict[str, Any], variants: list[str], paths: dict[str, str]
+    comparison: ArmComparison, variants: list[str], paths: dict[str, str]
 ) -> str:
     """Training loss, attention work and the RoPE precision study: what differs among arms.
 
@@ -652,9 +685,9 @@ def comparison_markdown(
         if "loss_plot" in paths:
             lines += [f"![Training loss by arm]({Path(paths['loss_plot']).name})", ""]
         rows = [
-            [v, str(loss[v]["steps"]), f"{loss[v]['first']:.4f}", f"{loss[v]['last']:.4f}"]
+            [v, str(arm["steps"]), f"{arm['first']:.4f}", f"{arm['last']:.4f}"]
             for v in variants
-            if loss.get(v)
+            if (arm := loss.get(v))
         ]
         lines += [markdown_table(["arm", "steps", "first loss", "last loss"], rows), ""]
     work = comparison.get("attention_work") or {}

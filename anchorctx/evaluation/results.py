@@ -42,7 +42,7 @@ import re
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -51,6 +51,7 @@ from anchorctx.evaluation import longbench, ruler
 from anchorctx.evaluation.integrity import records_problem, result_digest
 from anchorctx.evaluation.lm_eval import harness
 from anchorctx.evaluation.lm_eval import suites as lm_eval_suites
+from anchorctx.evaluation.records import Identity, ResultRecord, SamplesInfo
 from anchorctx.evaluation.settings import LM_EVAL_PREFIX, LM_EVAL_TASKS, lm_eval_family
 from anchorctx.io import (
     WriterLock,
@@ -105,6 +106,7 @@ SCORE_NEUTRAL_SOURCES = (
     "evaluation/paired.py",
     "evaluation/paper_numbers.json",
     "evaluation/paper_numbers.py",
+    "evaluation/records.py",
     "evaluation/report.py",
     "evaluation/schedule.py",
     "evaluation/seed_pairs.py",
@@ -368,7 +370,7 @@ def evaluation_fingerprint(cfg: ExperimentConfig, suite: str) -> str:
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def check_unchanged(cfg: ExperimentConfig, suite: str, ident: dict[str, str]) -> None:
+def check_unchanged(cfg: ExperimentConfig, suite: str, ident: Identity) -> None:
     """Raise when the suite's settings or input files changed after ``ident`` was taken (at the
     start of an evaluation): its records would mix two sample sets under one identity. The
     content hashes are memoised on the files' signatures, so an unchanged input costs a stat."""
@@ -387,10 +389,10 @@ def evaluation_code_version() -> str:
     return code_version(SCORE_SOURCES, exclude=())
 
 
-def identity(cfg: ExperimentConfig, checkpoint: str | Path, suite: str) -> dict[str, str]:
+def identity(cfg: ExperimentConfig, checkpoint: str | Path, suite: str) -> Identity:
     """What a cached result must match to be reused (also a good task cache key). Reads only:
     demo input data must exist before (``anchorctx.demo.ensure_eval_fixtures``)."""
-    ident = {
+    ident: Identity = {
         "checkpoint_hash": checkpoint_hash(checkpoint),
         "evaluation_fingerprint": evaluation_fingerprint(cfg, suite),
         "code_version": evaluation_code_version(),
@@ -467,7 +469,7 @@ def samples_path(checkpoint: str | Path, suite: str, cfg: ExperimentConfig | Non
     return eval_dir(checkpoint, cfg) / f"{suite_stem(suite)}.samples.jsonl"
 
 
-def load_result(path: str | Path) -> dict[str, Any] | None:
+def load_result(path: str | Path) -> ResultRecord | None:
     """A results JSON, or None when it is absent or unreadable (treated as not evaluated)."""
     path = Path(path)
     try:
@@ -476,7 +478,7 @@ def load_result(path: str | Path) -> dict[str, Any] | None:
         return None
 
 
-def result_matches(result: dict[str, Any] | None, ident: dict[str, str], samples: Path) -> bool:
+def result_matches(result: Mapping[str, Any] | None, ident: Identity, samples: Path) -> bool:
     """A cached result is served only if it has this identity, its content is what was
     written, and its per-sample records are the ones it was computed from."""
     if result is None or not all(result.get(k) == v for k, v in ident.items()):
@@ -500,8 +502,10 @@ def check_inputs(cfg: ExperimentConfig, suite: str) -> None:
     """Fail early, naming the config key, when a data path the suite needs is absent."""
     spec = get_suite(suite)
     paths = _path_fields(cfg, spec)
+    # A suite's required fields are fields of its section (one without a section has none).
+    section = getattr(cfg.evaluation, spec.section) if spec.section is not None else None
     for name in spec.required:
-        if getattr(getattr(cfg.evaluation, spec.section), name) is None:  # type: ignore[arg-type]
+        if getattr(section, name, None) is None:
             raise EvaluationError(
                 f"suite {suite!r} needs evaluation.{spec.section}.{name}: set it to the local "
                 "data (see docs) or drop the suite from evaluation.suites"
@@ -517,7 +521,7 @@ def check_inputs(cfg: ExperimentConfig, suite: str) -> None:
 
 
 # ---------------------------------------------------------------------- samples (resume)
-def load_done(path: Path, ident: dict[str, str]) -> dict[str, dict[str, Any]] | None:
+def load_done(path: Path, ident: Identity) -> dict[str, dict[str, Any]] | None:
     """Records of a previous attempt with the same identity (None: start fresh)."""
     rows = read_jsonl(path)
     if not rows or rows[0].get(HEADER_KEY) != ident:
@@ -570,13 +574,13 @@ def time_log_path(samples: Path) -> Path:
     return samples.with_name(samples.name.replace(".samples.jsonl", ".time.jsonl"))
 
 
-def log_time(samples: Path, ident: dict[str, str], process: str, seconds: dict[str, float]) -> None:
+def log_time(samples: Path, ident: Identity, process: str, seconds: dict[str, float]) -> None:
     """Append one process's seconds (model load, generation, ...) and records written."""
     row = {"identity": ident, "process": process, **{k: round(v, 3) for k, v in seconds.items()}}
     append_jsonl(time_log_path(samples), row)
 
 
-def time_spent(samples: Path, ident: dict[str, str]) -> dict[str, Any]:
+def time_spent(samples: Path, ident: Identity) -> dict[str, Any]:
     """Seconds summed over the processes logged for this identity (each on its own device):
     ``process_s``, and how many processes."""
     rows = [r for r in read_jsonl(time_log_path(samples)) if r.get("identity") == ident]
@@ -584,7 +588,7 @@ def time_spent(samples: Path, ident: dict[str, str]) -> dict[str, Any]:
     return {"process_s": round(total, 3), "processes": len(rows)}
 
 
-def start_samples(path: Path, ident: dict[str, str]) -> None:
+def start_samples(path: Path, ident: Identity) -> None:
     """Start a samples (or shard) file afresh: only the header line holding ``ident``."""
     atomic_write_text(path, json.dumps({HEADER_KEY: ident}) + "\n")
 
@@ -671,7 +675,17 @@ def evaluate_checkpoint(
         return _evaluate(cfg, ckpt, suite, spec, ident, out, samples, force, progress)
 
 
-def _evaluate(cfg, ckpt, suite, spec, ident, out: Path, samples: Path, force, progress) -> Path:
+def _evaluate(
+    cfg: ExperimentConfig,
+    ckpt: Path,
+    suite: str,
+    spec: Suite,
+    ident: Identity,
+    out: Path,
+    samples: Path,
+    force: bool,
+    progress: bool,
+) -> Path:
     # A crash mid-append leaves a torn last line; the next record must not be glued to it.
     repair_torn_tail(samples)
     done = None if force else load_done(samples, ident)
@@ -701,15 +715,13 @@ def _evaluate(cfg, ckpt, suite, spec, ident, out: Path, samples: Path, force, pr
             f"suite {suite!r} scored {', '.join(empty[:5])} from 0 items: no result is written "
             f"(an empty data file? check the paths under evaluation.{spec.section or suite})"
         )
-    result = _result_record(cfg, ckpt, suite, ident, raw, started)
-    result |= time_spent(samples, ident)
-    result["samples"] = {
-        "resumed": len(done),
-        "new": new,
-        "file": samples.name,
-        "sha256": sha256_file(samples),
-    }
-    result = json.loads(json.dumps(result, default=str))  # the digest covers what is written
+    draft = _result_record(cfg, ckpt, suite, ident, raw, started)
+    draft |= time_spent(samples, ident)
+    draft["samples"] = SamplesInfo(
+        resumed=len(done), new=new, file=samples.name, sha256=sha256_file(samples)
+    )
+    # As JSON, the record the file holds: the digest covers what is written.
+    result: ResultRecord = json.loads(json.dumps(draft, default=str))
     result["result_sha256"] = result_digest(result)
     atomic_write_text(out, json.dumps(result, indent=2) + "\n")
     return out
@@ -733,7 +745,7 @@ def _result_record(
     cfg: ExperimentConfig,
     ckpt: Path,
     suite: str,
-    ident: dict[str, str],
+    ident: Identity,
     raw: dict[str, Any],
     started: float,
 ) -> dict[str, Any]:

@@ -43,10 +43,19 @@ import functools
 import math
 from itertools import combinations
 from pathlib import Path
-from typing import Any
 
 from anchorctx.evaluation.averaging import length_label, markdown_table
 from anchorctx.evaluation.paired import paired_differences, same_samples, stratified_interval
+from anchorctx.evaluation.records import (
+    Interval,
+    Needed,
+    RunSeconds,
+    SampleScores,
+    SeedCell,
+    SeedCost,
+    SeedDifference,
+    SeedInterval,
+)
 from anchorctx.experiment import seed_run_of
 from anchorctx.io import read_json, read_jsonl
 
@@ -85,7 +94,7 @@ def seed_groups(runs: list[str]) -> dict[str, dict[int, str]]:
     return {arm: by_seed for arm, by_seed in groups.items() if len(by_seed) >= 2}
 
 
-def seed_interval(per_seed: list[float], se_samples: float) -> dict[str, Any]:
+def seed_interval(per_seed: list[float], se_samples: float) -> SeedInterval:
     """Mean of the per-seed differences and its 95% interval (module doc)."""
     n = len(per_seed)
     if n < 2:
@@ -121,7 +130,7 @@ def seeds_needed(
     have: int = 0,
     train_s: float = 1.0,
     eval_s: float = 1.0,
-) -> dict[str, int | None] | None:
+) -> Needed | None:
     """Seeds and a factor on the samples per task that detect ``mean`` with 80% power at a
     two-sided 5% level, the cheapest by :func:`plan_cost` (``have`` seeds run already);
     ``seeds`` None when no combination within :data:`MAX_SEEDS` and :data:`MAX_SAMPLES_FACTOR`
@@ -152,10 +161,10 @@ def _seed_averaged(per_seed: list[dict[str, list[float]]]) -> dict[str, list[flo
 
 
 def seed_differences(
-    samples: dict[str, dict[str, dict[str, dict[str, float]]] | None],
+    samples: dict[str, SampleScores | None],
     runs: list[str],
     identity: dict[str, str | None] | None = None,
-) -> list[dict[str, Any]]:
+) -> list[SeedDifference]:
     """Every pair of arms trained under two seeds or more: per length, each seed's paired
     difference, their mean and the interval of :func:`seed_interval`, and the seeds needed.
 
@@ -164,33 +173,29 @@ def seed_differences(
     arms have samples for, answered under the same identity
     (:func:`anchorctx.evaluation.paired.same_samples`)."""
     groups = seed_groups(runs)
-    out = []
+    out: list[SeedDifference] = []
     for first, second in combinations(groups, 2):
-        seeds = sorted(
-            s
-            for s in set(groups[first]) & set(groups[second])
-            if samples.get(groups[first][s])
-            and samples.get(groups[second][s])
+        # Per seed both arms have samples for, answered under one identity: (second, first).
+        pairs = {
+            s: (x, y)
+            for s in sorted(set(groups[first]) & set(groups[second]))
+            if (x := samples.get(groups[second][s]))
+            and (y := samples.get(groups[first][s]))
             and same_samples(identity, groups[first][s], groups[second][s])
-        )
-        if len(seeds) < 2:
+        }
+        if len(pairs) < 2:
             continue
-        a = [samples[groups[second][s]] for s in seeds]
-        b = [samples[groups[first][s]] for s in seeds]
-        common = set.intersection(*(set(x) for x in a + b))  # type: ignore[arg-type]
-        cells = {}
+        seeds = list(pairs)
+        common = set.intersection(*(set(x) & set(y) for x, y in pairs.values()))
+        cells: dict[str, SeedCell] = {}
         for length in sorted(common, key=float):
-            diffs = [paired_differences(x[length], y[length]) for x, y in zip(a, b)]  # type: ignore[index]
-            per_seed = [stratified_interval(d) for d in diffs]
+            diffs = [paired_differences(x[length], y[length]) for x, y in pairs.values()]
+            per_seed = [iv for d in diffs if (iv := stratified_interval(d)) is not None]
             averaged = _seed_averaged(diffs)
             pooled = stratified_interval(averaged) if averaged else None
-            if pooled is None or any(iv is None for iv in per_seed):
+            if pooled is None or len(per_seed) < len(diffs):
                 continue
-            iv = seed_interval([p["mean"] for p in per_seed], pooled["se"])  # type: ignore[index]
-            cells[length] = iv | {
-                "per_seed": {str(s): p["mean"] for s, p in zip(seeds, per_seed)},  # type: ignore[index]
-                "needed": seeds_needed(iv["mean"], iv["sd"], iv["se_samples"], len(seeds)),
-            }
+            cells[length] = _seed_cell(seeds, per_seed, pooled)
         if cells:
             out.append(
                 {
@@ -204,8 +209,19 @@ def seed_differences(
     return out
 
 
+def _seed_cell(seeds: list[int], per_seed: list[Interval], pooled: Interval) -> SeedCell:
+    """One length of a seed difference: :func:`seed_interval` over the seeds' paired
+    differences (``per_seed``, in ``seeds`` order) with the seed-averaged samples' error."""
+    iv = seed_interval([p["mean"] for p in per_seed], pooled["se"])
+    return SeedCell(
+        **iv,
+        per_seed={str(s): p["mean"] for s, p in zip(seeds, per_seed)},
+        needed=seeds_needed(iv["mean"], iv["sd"], iv["se_samples"], len(seeds)),
+    )
+
+
 # ------------------------------------------------------------------------------- cost
-def run_seconds(run_dir: str | Path) -> dict[str, float] | None:
+def run_seconds(run_dir: str | Path) -> RunSeconds | None:
     """What a run measured of its own time: training (``elapsed_s`` of the last row of
     ``metrics.jsonl``: the step loop, without process start and model load) and evaluation
     (every suite result under ``eval/``: the seconds of all the processes that generated its
@@ -234,7 +250,7 @@ def run_seconds(run_dir: str | Path) -> dict[str, float] | None:
     return {"train_s": train or 0.0, "eval_s": evaluate if found else 0.0}
 
 
-def seed_cost(experiment_dir: str | Path, diff: dict[str, Any]) -> dict[str, float] | None:
+def seed_cost(experiment_dir: str | Path, diff: SeedDifference) -> SeedCost | None:
     """GPU seconds of one more seed of a pair (both arms trained and evaluated), from the mean
     of what the pair's runs measured; None when no run measured its time."""
     times = [t for run in diff["runs"] if (t := run_seconds(Path(experiment_dir) / run))]
@@ -245,13 +261,13 @@ def seed_cost(experiment_dir: str | Path, diff: dict[str, Any]) -> dict[str, flo
     return {"train_s": train, "eval_s": evaluate, "per_seed_s": 2 * (train + evaluate)}
 
 
-def with_costs(diff: dict[str, Any], cost: dict[str, float] | None) -> dict[str, Any]:
+def with_costs(diff: SeedDifference, cost: SeedCost | None) -> SeedDifference:
     """``diff`` with each length's seeds needed planned at the training and evaluation times
     its runs measured (:func:`seed_cost`); unchanged without a cost."""
     if not cost:
         return diff
     have = len(diff["seeds"])
-    lengths = {
+    lengths: dict[str, SeedCell] = {
         length: cell
         | {
             "needed": seeds_needed(
@@ -264,7 +280,7 @@ def with_costs(diff: dict[str, Any], cost: dict[str, float] | None) -> dict[str,
 
 
 # --------------------------------------------------------------------------- markdown
-def _needed_text(needed: dict[str, int] | None) -> str:
+def _needed_text(needed: Needed | None) -> str:
     if needed is None:
         return "—"
     if needed["seeds"] is None:
@@ -275,7 +291,7 @@ def _needed_text(needed: dict[str, int] | None) -> str:
 
 
 def seed_differences_markdown(
-    diffs: list[dict[str, Any]], costs: dict[str, dict[str, float] | None] | None = None
+    diffs: list[SeedDifference], costs: dict[str, SeedCost | None] | None = None
 ) -> str:
     """The section "Arm differences over training seeds": one table and one verdict per pair.
 
@@ -334,37 +350,36 @@ def seed_differences_markdown(
     return "\n".join(lines).rstrip() + "\n"
 
 
-def _cost_sentence(label: str, diff: dict[str, Any], cost: dict[str, float] | None) -> str:
+def _cost_sentence(label: str, diff: SeedDifference, cost: SeedCost | None) -> str:
     """What the cheapest plan that could detect the observed difference would cost."""
     have = len(diff["seeds"])
     cells = [(k, c["needed"]) for k, c in diff["lengths"].items() if c["needed"] is not None]
     if not cells:
         return f"{label}: the mean difference is 0 at every length; there is nothing to detect."
-    options = [(k, n) for k, n in cells if n["seeds"] is not None]
+    # (length, seeds, samples factor) of each length with a plan
+    options = [
+        (k, seeds, factor)
+        for k, n in cells
+        if (seeds := n["seeds"]) is not None and (factor := n["samples_factor"]) is not None
+    ]
     if not options:
         return (
             f"{label}: no plan of up to {MAX_SEEDS} seeds and {MAX_SAMPLES_FACTOR}× the RULER "
             "samples per task detects the observed mean with 80% power at any length."
         )
     times = (cost["train_s"], cost["eval_s"]) if cost else (1.0, 1.0)
-    length, needed = min(
-        options,
-        key=lambda o: (
-            plan_cost(o[1]["seeds"], o[1]["samples_factor"], have, *times),
-            o[1]["seeds"],
-        ),
-    )
-    more = max(0, needed["seeds"] - have)
-    what = f"{needed['seeds']} seeds"
-    if needed["samples_factor"] > 1:
-        what += f" and {needed['samples_factor']}× the RULER samples per task"
+    length, seeds, factor = min(options, key=lambda o: (plan_cost(o[1], o[2], have, *times), o[1]))
+    more = max(0, seeds - have)
+    what = f"{seeds} seeds"
+    if factor > 1:
+        what += f" and {factor}× the RULER samples per task"
     text = f"{label}: the cheapest plan that detects the observed mean with 80% power is at " + (
         f"{length_label(length)}: {what} ({more} more seeds of both arms"
     )
     if cost is None:
         return text + "; no run measured its time, see `anchorctx plan`)."
     # Both arms: their new seeds, and the seeds run already evaluated again on a larger set.
-    seconds = 2 * plan_cost(needed["seeds"], needed["samples_factor"], have, *times)
+    seconds = 2 * plan_cost(seeds, factor, have, *times)
     return text + (
         f", {seconds / 60:.0f} GPU-minutes: one seed of the pair cost "
         f"{cost['per_seed_s'] / 60:.1f} GPU-minutes here, {cost['train_s']:.0f} s training "

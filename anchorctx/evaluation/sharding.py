@@ -374,7 +374,7 @@ def missing_report(cfg: ExperimentConfig, checkpoint: str | Path, suite: str) ->
     for path in [samples_path(ckpt, suite, cfg), *_shard_files(ckpt, suite, cfg)]:
         header = (read_jsonl(path)[:1] or [{}])[0].get(HEADER_KEY) if path.is_file() else None
         if header is not None and header != ident:
-            differs = sorted(k for k in ident if header.get(k) != ident[k])
+            differs = sorted(k for k, v in ident.items() if header.get(k) != v)
             foreign.append(f"{path.name} (other {', '.join(differs)})")
     return f"{len(done)} recorded, {what}" + (
         f"; ignored as another identity's: {foreign}" if foreign else ""

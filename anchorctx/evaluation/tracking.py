@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from anchorctx.evaluation.averaging import (
     SUMMARY_JSON,
@@ -27,6 +27,7 @@ from anchorctx.evaluation.averaging import (
     result_step,
     ruler_average,
 )
+from anchorctx.evaluation.records import Report, ResultRecord, RunSummary, SuiteSummary
 from anchorctx.io import read_json
 from anchorctx.tracking import Tracker
 
@@ -34,6 +35,7 @@ if TYPE_CHECKING:
     from anchorctx.experiment import ExperimentConfig
 
 log = logging.getLogger(__name__)
+STATS: tuple[Literal["mean", "std"], ...] = ("mean", "std")  # of a summary, each logged
 
 
 def _inside_run_root(path: Path, cfg: ExperimentConfig) -> bool:
@@ -58,7 +60,7 @@ def log_evaluation(cfg: ExperimentConfig, run_dir: str | Path | None = None) -> 
         return
     grouped = collect_results(run_dir)
     summary_path = run_dir / "eval" / SUMMARY_JSON
-    summary = read_json(summary_path) if summary_path.is_file() else None
+    summary: RunSummary | None = read_json(summary_path) if summary_path.is_file() else None
     # One row per step across suites, logged in step order: W&B drops rows whose step is below
     # one it has seen. Results of checkpoints without a step (e.g. averaged weights) go to 0.
     rows: dict[int, dict[str, Any]] = {}
@@ -67,9 +69,9 @@ def log_evaluation(cfg: ExperimentConfig, run_dir: str | Path | None = None) -> 
             rows.setdefault(result_step(result) or 0, {}).update(
                 _score_metrics("eval", suite, result)
             )
-    for suite, s in (summary or {}).get("suites", {}).items():
+    for suite, s in (summary["suites"] if summary else {}).items():
         step = max((x for x in s.get("steps", []) if isinstance(x, int)), default=0)
-        for stat in ("mean", "std"):
+        for stat in STATS:
             rows.setdefault(step, {}).update(_summary_metrics(f"eval_{stat}", suite, s, stat))
     with Tracker(cfg, "evaluate", log_dir=run_dir / "tensorboard") as tracker:
         for step in sorted(rows):
@@ -82,7 +84,7 @@ def metric_suite(suite: str) -> str:
     return suite.replace(":", "/")
 
 
-def _score_metrics(prefix: str, suite: str, result: dict[str, Any]) -> dict[str, Any]:
+def _score_metrics(prefix: str, suite: str, result: ResultRecord) -> dict[str, Any]:
     name = metric_suite(suite)
     out = {
         f"{prefix}/{name}/{task}/{key}": value
@@ -96,7 +98,9 @@ def _score_metrics(prefix: str, suite: str, result: dict[str, Any]) -> dict[str,
     return out
 
 
-def _summary_metrics(prefix: str, suite: str, s: dict[str, Any], stat: str) -> dict[str, Any]:
+def _summary_metrics(
+    prefix: str, suite: str, s: SuiteSummary, stat: Literal["mean", "std"]
+) -> dict[str, Any]:
     name = metric_suite(suite)
     out = {
         f"{prefix}/{name}/{task}/{key}": st[stat]
@@ -108,7 +112,7 @@ def _summary_metrics(prefix: str, suite: str, s: dict[str, Any], stat: str) -> d
     return out
 
 
-def log_report(cfg: ExperimentConfig, report: dict[str, Any]) -> None:
+def log_report(cfg: ExperimentConfig, report: Report) -> None:
     """The experiment report (``write_experiment_report``'s return value): each comparison
     table (variant rows, mean ± std cells), the RULER plot, and report.md."""
     if not cfg.tracking.backends:
@@ -126,7 +130,9 @@ def log_report(cfg: ExperimentConfig, report: dict[str, Any]) -> None:
             for variant, row in table["rows"].items():
                 tracker.metrics(
                     {
-                        f"report/{name}/{variant}/{c}": (row.get(c) or {}).get("mean")
+                        f"report/{name}/{variant}/{c}": stat["mean"]
+                        if (stat := row.get(c))
+                        else None
                         for c in columns
                     }
                 )

@@ -34,7 +34,7 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -46,6 +46,7 @@ from prefect.futures import PrefectFuture, as_completed
 from prefect.runtime import flow_run
 from prefect.task_runners import ThreadPoolTaskRunner
 
+from anchorctx.evaluation.records import Report
 from anchorctx.evaluation.schedule import (
     CompileAhead,
     Machine,
@@ -253,7 +254,9 @@ def _arm(cfg: ExperimentConfig, variant: str | None) -> ExperimentConfig:
 @flow(
     name="evaluate",
     flow_run_name=lambda: _run_name("evaluate"),
-    task_runner=ThreadPoolTaskRunner(max_workers=EVAL_WORKERS),
+    # Prefect's flow() wants TaskRunner[PrefectFuture], which no runner is (its type parameter
+    # is invariant): its own stub, wrong for every runner it ships.
+    task_runner=ThreadPoolTaskRunner(max_workers=EVAL_WORKERS),  # type: ignore[arg-type]
 )
 @api_errors
 def evaluate_flow(
@@ -378,7 +381,7 @@ def _result_intact(cfg: ExperimentConfig, checkpoint: str, suite: str) -> Callab
     persist_result=False,
 )
 def evaluate_arm_task(
-    cfg: ExperimentConfig, suites: list[str], force: bool, gpus: list[str]
+    cfg: ExperimentConfig, suites: list[str], force: bool, gpus: list[str] | None
 ) -> dict[str, Any]:
     """The evaluate flow of one arm as a task, so full-experiment can run it beside training
     (it still shows as its own flow run, a child of this task run)."""
@@ -442,10 +445,10 @@ class Scope:
         cls,
         cfg: ExperimentConfig,
         arms: list[str] | None,
-        stages: list[str] | None,
+        stages: Sequence[str] | None,
         suites: list[str] | None,
         force: bool,
-        force_stages: list[str] | None,
+        force_stages: Sequence[str] | None,
         train_timeout_s: float | None,
     ) -> Scope:
         """full-experiment's parameters, checked (an unknown arm or stage is an error)."""
@@ -561,7 +564,9 @@ def _compile_ahead(
         return None
     waits = [after] if after is not None else None
     arm = ahead.arm
-    return compile_ahead_task.submit(
+    # Prefect's overloads of submit type wait_for only beside return_state; the method itself
+    # takes it alone (its default return_state is False).
+    return compile_ahead_task.submit(  # type: ignore[call-overload]
         arm, str(arm.model.path), ahead.suites, ahead.gpus, wait_for=waits
     )
 
@@ -673,7 +678,7 @@ def select_arms(
     return [a for a in all_arms if a.variant_name in names]
 
 
-def check_stages(stages: list[str] | None, key: str) -> list[str]:
+def check_stages(stages: Sequence[str] | None, key: str) -> list[str]:
     unknown = [s for s in stages or [] if s not in STAGES]
     if unknown:
         raise ValueError(f"{key}: unknown stage(s) {unknown}; stages are {list(STAGES)}")
@@ -694,7 +699,7 @@ def check_suites(suites: list[str] | None, key: str) -> list[str] | None:
 def _publish_report(
     cfg: ExperimentConfig,
     arms: list[ExperimentConfig],
-    report: dict[str, Any],
+    report: Report,
     datasets: dict[str, str],
 ) -> None:
     for name, (rows, what) in report_tables(report).items():
@@ -710,7 +715,7 @@ def _publish_report(
         if uri := png_data_uri(plot):
             link = Path(os.path.relpath(plot, cfg.experiment_dir)).as_posix()
             markdown = markdown.replace(f"]({link})", f"]({uri})")
-    runs = {f"run dir ({a.variant_name})": a.run_dir for a in arms}
+    runs: dict[str, Path | str | None] = {f"run dir ({a.variant_name})": a.run_dir for a in arms}
     runs.update({f"dataset {i}": d for i, d in enumerate(datasets.values())})
     runs["report"] = report["paths"].get("markdown")
     publish_summary(

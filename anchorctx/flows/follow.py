@@ -187,15 +187,16 @@ class Follower:
                 continue
             self.seen_logs.add(entry.id)
             self.since = entry.timestamp
+            run_id = entry.flow_run_id
             step = parse_step(entry.message)
-            info = self.runs.get(entry.flow_run_id) if entry.flow_run_id else None
-            if step is None or info is None:
+            info = self.runs.get(run_id) if run_id else None
+            if step is None or info is None or run_id is None:
                 continue
             text = step_text(info.stage, info.arm, step)
-            last_t, _ = self.last_step.get(entry.flow_run_id, (0.0, ""))
+            last_t, _ = self.last_step.get(run_id, (0.0, ""))
             final = step["step"] == step["total"]
             if final or time.monotonic() - last_t >= self.min_interval_s:
-                self.last_step[entry.flow_run_id] = (time.monotonic(), text)
+                self.last_step[run_id] = (time.monotonic(), text)
                 self._say(text)
 
     def _evaluation(self, run_id: UUID, info: _Run) -> None:
@@ -207,8 +208,8 @@ class Follower:
         evals = [t for t in tasks if t.name.startswith("evaluate-")]
         if not evals:
             return
-        done = [t for t in evals if t.state is not None and t.state.is_final()]
-        cached = sum(t.state.name == "Cached" for t in done)
+        done = [t.state for t in evals if t.state is not None and t.state.is_final()]
+        cached = sum(state.name == "Cached" for state in done)
         text = evaluate_text(info.arm, len(done), len(evals), cached)
         if text != self.eval_text.get(run_id):
             self.eval_text[run_id] = text

@@ -49,7 +49,7 @@ from anchorctx.evaluation.sharding import is_done, plan_shards, prepare
 from anchorctx.experiment import ExperimentConfig
 from anchorctx.flows.sharded import config_file
 from anchorctx.process import run_process_group
-from anchorctx.tasks.api import api_errors
+from anchorctx.tasks.api import api_errors, synchronous
 from anchorctx.tasks.sharding import shard_command
 
 SHARD_FLOW = "evaluate-shard"
@@ -116,7 +116,7 @@ def evaluate_shard_flow(
         checkpoint_hash=checkpoint_hash,
     )
     _label_node(node)  # first: from the line below on, a lost run is named by its node
-    logger.info("%s on %s", "merge" if shard is None else f"shard {index + 1}/{count}", node)
+    logger.info("%s on %s", "merge" if index is None else f"shard {index + 1}/{count}", node)
     lines: list[str] = []
 
     def on_line(line: str) -> None:
@@ -369,12 +369,14 @@ def register(pool: str) -> None:
 
     with get_client(sync_client=True) as client, contextlib.suppress(ObjectAlreadyExists):
         client.create_work_pool(WorkPoolCreate(name=pool, type="process"))
-    deployment = evaluate_shard_flow.to_deployment(
-        name=pool,
-        work_pool_name=pool,
-        entrypoint_type=EntrypointType.MODULE_PATH,
-        description="One shard of an anchorctx evaluation, on one GPU of a worker of this pool.",
-        job_variables={"env": {"PREFECT_FLOWS_HEARTBEAT_FREQUENCY": str(HEARTBEAT_S)}},
+    deployment = synchronous(
+        evaluate_shard_flow.to_deployment(
+            name=pool,
+            work_pool_name=pool,
+            entrypoint_type=EntrypointType.MODULE_PATH,
+            description="One shard of an anchorctx evaluation, on one GPU of a worker of this pool.",
+            job_variables={"env": {"PREFECT_FLOWS_HEARTBEAT_FREQUENCY": str(HEARTBEAT_S)}},
+        )
     )
     deployment.apply(work_pool_name=pool)
     ensure_lost_run_automation(pool)

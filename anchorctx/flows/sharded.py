@@ -66,7 +66,7 @@ def evaluate_sharded(
         count = evaluation_gpus(slots)
         # prepare() hashed each checkpoint here: the shards take the hash instead of reading it.
         hashes = {c: checkpoint_hash_token(c) for c in {c for c, _ in todo}}
-        with evaluation_workers(), ThreadPoolTaskRunner(max_workers=len(gpus)) as runner:
+        with evaluation_workers(), ThreadPoolTaskRunner[str](max_workers=len(gpus)) as runner:
             shards = [
                 runner.submit(evaluate_shard_task, params)
                 for c, s in todo
@@ -121,7 +121,7 @@ def compile_sharded(
     slots = gpu_slots(list(gpus))
     count = evaluation_gpus(slots)
     config_json = str(config_file(cfg))
-    with evaluation_workers(), ThreadPoolTaskRunner(max_workers=len(gpus)) as runner:
+    with evaluation_workers(), ThreadPoolTaskRunner[str](max_workers=len(gpus)) as runner:
         passes = [
             runner.submit(evaluate_shard_task, params)
             for s in suites

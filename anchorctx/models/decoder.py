@@ -35,6 +35,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -54,6 +55,8 @@ _ATTN_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj")
 # A decode step's attention: q [B, H_q, 1, D] over the whole cache k/v [B, H_kv, S, D]
 # -> [B, H_q, 1, D]; the slot mask and the kernel choice live in the function.
 DecodeAttention = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+# torch.compile's ``options``, as its signature types them.
+InductorOptions = dict[str, str | int | bool | Callable[..., Any]]
 
 
 def unsupported_reason(model) -> str | None:
@@ -153,12 +156,12 @@ class FusedLayer:
         attn, mlp = layer.self_attn, layer.mlp
         return cls(
             norm1=layer.input_layernorm.weight.detach(),
-            wqkv=_merged([attn.q_proj, attn.k_proj, attn.v_proj], "weight"),
+            wqkv=_merged_weight([attn.q_proj, attn.k_proj, attn.v_proj]),
             bqkv=_merged([attn.q_proj, attn.k_proj, attn.v_proj], "bias"),
             wo=attn.o_proj.weight.detach(),
             bo=_detached(attn.o_proj.bias),
             norm2=layer.post_attention_layernorm.weight.detach(),
-            wgu=_merged([mlp.gate_proj, mlp.up_proj], "weight"),
+            wgu=_merged_weight([mlp.gate_proj, mlp.up_proj]),
             bgu=_merged([mlp.gate_proj, mlp.up_proj], "bias"),
             wdown=mlp.down_proj.weight.detach(),
             bdown=_detached(mlp.down_proj.bias),
@@ -169,17 +172,25 @@ def _detached(p: torch.Tensor | None) -> torch.Tensor | None:
     return None if p is None else p.detach()
 
 
+def _merged_weight(modules: list[nn.Module]) -> torch.Tensor:
+    """:func:`_merged` of the projections' weights, which every projection has."""
+    merged = _merged(modules, "weight")
+    if merged is None:
+        raise ValueError(f"{type(modules[0]).__name__} has no weight: not a linear projection")
+    return merged
+
+
 def _merged(modules: list[nn.Module], name: str) -> torch.Tensor | None:
     """The parameters ``name`` of ``modules`` stacked along dim 0 as one tensor, or None when
-    they have none (no bias).
+    any has none (no bias).
 
     A view when they already lie back to back in one storage. Otherwise they are concatenated
     once and each module gets a new parameter viewing its rows of the concatenation: the old
     tensors are freed, so memory does not double (q/k/v and gate/up are two thirds of a 7B
     model's weights), and the module computes on the very memory the fused step reads.
     """
-    params = [getattr(m, name, None) for m in modules]
-    if any(p is None for p in params):
+    params: list[torch.Tensor] = [p for m in modules if (p := getattr(m, name, None)) is not None]
+    if len(params) < len(modules):
         return None
     first = params[0]
     shape = (sum(p.shape[0] for p in params), *first.shape[1:])  # [rows of all, *in]
@@ -290,7 +301,7 @@ def _compiled(fn, deterministic: bool = False):
     return torch.compile(fn, fullgraph=True, dynamic=False, options=inductor_options(deterministic))
 
 
-def inductor_options(deterministic: bool) -> dict[str, bool] | None:
+def inductor_options(deterministic: bool) -> InductorOptions | None:
     """Inductor's options for a decode graph: ``deterministic`` turns off the kernel choices
     Inductor makes by timing candidates on the device (reduction configs, matmul padding). Two
     processes compiling one graph could otherwise pick different kernels, so the same batch

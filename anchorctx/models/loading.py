@@ -417,6 +417,7 @@ def load_model(
     hf = build_hf_config(model_cfg, seq_len=seq_len, vocab_size=vocab, tokenizer=tokenizer)
     extra = {"attn_implementation": attn_implementation} if attn_implementation else {}
     if model_cfg.path is not None:
+        info: dict[str, Any]  # missing / unexpected / mismatched keys
         try:
             # On a GPU the weights are read straight into device memory, not first into host
             # memory and then copied: no host copy of a 7B model per evaluation shard process.
@@ -425,7 +426,9 @@ def load_model(
             # Mismatched shapes are reported in the loading info (checked below, naming the
             # key) rather than raised after a page-long report; that report is muted.
             with _quiet_load_report():
-                model, info = AutoModelForCausalLM.from_pretrained(
+                # transformers types the return as the model alone, also with
+                # output_loading_info=True, which returns (model, loading info).
+                model, info = AutoModelForCausalLM.from_pretrained(  # type: ignore[misc]
                     str(model_cfg.path),
                     config=hf,
                     dtype=torch_dtype,

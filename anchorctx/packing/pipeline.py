@@ -298,7 +298,7 @@ def _pack(
 ) -> pack.RowPacker:
     data = cfg.data
     if data.interleave_chunks:
-        units = pack.interleaved_chunks(plan, tuple(data.chunks_per_document), cfg.seed)
+        units = pack.interleaved_chunks(plan, data.chunks_per_document, cfg.seed)
     else:
         units = pack.whole_documents(plan)
     packer = pack.RowPacker(data.seq_len, anchor, len(plan))

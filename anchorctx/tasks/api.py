@@ -29,7 +29,7 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 from uuid import UUID
 
@@ -37,6 +37,7 @@ import httpx
 
 log = logging.getLogger(__name__)
 F = TypeVar("F", bound=Callable[..., Any])
+T = TypeVar("T")
 
 # Status codes a restarting server (or a proxy in front of it) answers with.
 UNAVAILABLE_STATUS = frozenset({502, 503, 504})
@@ -51,6 +52,17 @@ def api_url() -> str:
     from prefect.settings import get_current_settings
 
     return get_current_settings().api.url or "(PREFECT_API_URL is not set)"
+
+
+def synchronous(value: T | Coroutine[Any, Any, T]) -> T:
+    """The value of one of Prefect's sync-or-async functions (``async_dispatch``: its type is
+    ``T | Coroutine``) called from synchronous code, where it returns ``T``. A coroutine means
+    it was called inside an event loop, which this project never does: an error, not a
+    coroutine passed on never awaited."""
+    if isinstance(value, Coroutine):
+        value.close()
+        raise TypeError("a Prefect call returned a coroutine: it ran inside an event loop")
+    return value
 
 
 def unreachable(err: BaseException | None) -> BaseException | None:

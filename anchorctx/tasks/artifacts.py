@@ -24,7 +24,7 @@ from prefect.artifacts import (
 
 from anchorctx.io import read_json
 from anchorctx.manifest import base_manifest
-from anchorctx.tasks.api import Reporting
+from anchorctx.tasks.api import Reporting, synchronous
 
 if TYPE_CHECKING:
     from uuid import UUID
@@ -169,8 +169,8 @@ class Progress:
     the training process group."""
 
     def __init__(self, key: str, description: str, min_interval_s: float = 2.0) -> None:
-        self.artifact_id: UUID = create_progress_artifact(
-            progress=0.0, key=artifact_key(key), description=description
+        self.artifact_id: UUID = synchronous(
+            create_progress_artifact(progress=0.0, key=artifact_key(key), description=description)
         )
         self.min_interval_s = min_interval_s
         self._last_sent = 0.0

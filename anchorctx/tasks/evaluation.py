@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import threading
 from pathlib import Path
-from typing import Any
 
 from prefect import task
 from prefect.cache_policies import NO_CACHE
@@ -12,6 +11,7 @@ from prefect.runtime import task_run
 
 from anchorctx.evaluation import evaluate_checkpoint, summarize_run, write_experiment_report
 from anchorctx.evaluation.arm_comparison import write_arm_comparison
+from anchorctx.evaluation.records import ArmComparison, Report, RunSummary
 from anchorctx.evaluation.results import result_is_intact
 from anchorctx.experiment import ExperimentConfig
 from anchorctx.tasks.caching import evaluate_cache_key
@@ -50,7 +50,7 @@ def prefetch_ruler_task(
 
 
 @task(name="summarize-run")
-def summarize_task(run_dir: str, last_k: int) -> dict[str, Any]:
+def summarize_task(run_dir: str, last_k: int) -> RunSummary:
     """Mean ± std over the last k checkpoints (writes ``eval/summary.json`` and ``.md``); a
     result that does not match its per-sample records is refused, as ``anchorctx report``
     refuses it."""
@@ -58,15 +58,13 @@ def summarize_task(run_dir: str, last_k: int) -> dict[str, Any]:
 
 
 @task(name="experiment-report")
-def report_task(
-    experiment_dir: str, variants: list[str], base: str | None = None
-) -> dict[str, Any]:
+def report_task(experiment_dir: str, variants: list[str], base: str | None = None) -> Report:
     """The variants side by side in the paper's table shapes (report.md/json, plots)."""
     return write_experiment_report(experiment_dir, variants, base=base)
 
 
 @task(name="arm-comparison")
-def arm_comparison_task(cfg: ExperimentConfig, datasets: dict[str, str]) -> dict[str, Any]:
+def arm_comparison_task(cfg: ExperimentConfig, datasets: dict[str, str]) -> ArmComparison:
     """What differs among the arms: loss curves, attention work, the RoPE precision study."""
     return write_arm_comparison(cfg, datasets)
 

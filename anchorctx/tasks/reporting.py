@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
 
 from anchorctx.evaluation.averaging import fmt_stat, length_label
+from anchorctx.evaluation.records import Report, RunSummary, Table
 from anchorctx.evaluation.report import cell_text
 
 # Report table -> (artifact name, description, column label function).
-_REPORT_TABLES = {
+_REPORT_TABLES: dict[str, tuple[str, str, Callable[[str], str]]] = {
     "ruler": (
         "ruler-by-length",
         "RULER score by context length and variant (paper Table 5)",
@@ -27,7 +28,7 @@ _REPORT_TABLES = {
 }
 
 
-def variant_rows(table: dict[str, Any], label=str) -> list[dict[str, str]]:
+def variant_rows(table: Table, label: Callable[[str], str] = str) -> list[dict[str, str]]:
     """``{"columns": [...], "rows": {variant: {column: stats}}}`` as one row per variant,
     cells at chance (``table["chance"]``, see the report) labelled as in report.md."""
     return [
@@ -36,7 +37,7 @@ def variant_rows(table: dict[str, Any], label=str) -> list[dict[str, str]]:
     ]
 
 
-def report_tables(report: dict[str, Any]) -> dict[str, tuple[list[dict[str, str]], str]]:
+def report_tables(report: Report) -> dict[str, tuple[list[dict[str, str]], str]]:
     """The experiment report's tables (only those with rows) keyed by artifact name."""
     out = {}
     for name, (key, description, label) in _REPORT_TABLES.items():
@@ -46,7 +47,7 @@ def report_tables(report: dict[str, Any]) -> dict[str, tuple[list[dict[str, str]
     return out
 
 
-def summary_tables(summary: dict[str, Any]) -> dict[str, list[dict[str, str]]]:
+def summary_tables(summary: RunSummary) -> dict[str, list[dict[str, str]]]:
     """One table per suite of a run summary: a row per task, a column per length or split."""
     out = {}
     for suite, s in summary.get("suites", {}).items():

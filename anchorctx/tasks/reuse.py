@@ -27,12 +27,15 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar
 
 from prefect.client.orchestration import get_client
 from prefect.results import get_result_store
 from prefect.runtime import flow_run
 from prefect.settings import PREFECT_TASKS_REFRESH_CACHE
+from prefect.tasks import TaskRunNameCallbackWithParameters
+
+from anchorctx.tasks.api import synchronous
 
 if TYPE_CHECKING:
     from prefect import Task
@@ -43,24 +46,27 @@ CACHED_SUFFIX = " · cached"
 CACHED_STATE = "Cached"  # the name Prefect gives a cache hit's Completed state
 
 log = logging.getLogger(__name__)
+P = ParamSpec("P")
+R = TypeVar("R")
 
 
 @dataclass(frozen=True)
-class Submission:
-    """A task as it must be submitted, and what will happen to its cache record."""
+class Submission(Generic[P, R]):
+    """A task as it must be submitted, and what will happen to its cache record (generic in the
+    task's parameters and return value, so a call of ``.task`` is checked as the task's own)."""
 
-    task: Task
+    task: Task[P, R]
     reused: bool = False  # the record will be used: the run shows as Cached
     refresh: bool = False  # the task recomputes and overwrites its record
 
 
 def submission(
-    task: Task,
+    task: Task[P, R],
     parameters: dict[str, Any],
     *,
     force: bool = False,
     intact: Callable[[Any], bool] = lambda value: True,
-) -> Submission:
+) -> Submission[P, R]:
     """``task`` configured for ``parameters`` (the contract is the module's docstring).
     ``intact(value)``: whether the product a record's value names still exists as written."""
     if force:
@@ -75,15 +81,20 @@ def submission(
     return Submission(reused, reused=True)
 
 
-def _cached_name(task: Task) -> Callable[[], str] | str:
-    """The task's run name with `` · cached`` after it (the default name: the task's)."""
+def _cached_name(task: Task[P, R]) -> Callable[..., str] | str:
+    """The task's run name with `` · cached`` after it (the default name: the task's). A
+    callable name keeps its signature: Prefect passes ``parameters`` to one that asks for them."""
     name = task.task_run_name
+    if callable(name) and TaskRunNameCallbackWithParameters.is_callback_with_parameters(name):
+        with_parameters = name  # narrowed here; the closure below must not re-read `name`
+        return lambda parameters: f"{with_parameters(parameters)}{CACHED_SUFFIX}"
     if callable(name):
-        return lambda: f"{name()}{CACHED_SUFFIX}"
+        plain = name
+        return lambda: f"{plain()}{CACHED_SUFFIX}"
     return f"{name or task.name}{CACHED_SUFFIX}"
 
 
-def _cache_record(task: Task, parameters: dict[str, Any]) -> tuple[bool, Any]:
+def _cache_record(task: Task[P, R], parameters: dict[str, Any]) -> tuple[bool, Any]:
     """(whether the engine will find a record for this task run, its value)."""
     refresh = task.refresh_cache
     if refresh or (refresh is None and PREFECT_TASKS_REFRESH_CACHE.value()):
@@ -94,7 +105,7 @@ def _cache_record(task: Task, parameters: dict[str, Any]) -> tuple[bool, Any]:
         key = task.cache_key_fn(None, parameters)  # type: ignore[arg-type]  # ours ignore it
         # the task's own view of the store, as the engine builds it (the flow's store has a
         # placeholder metadata storage that reads nothing)
-        store = get_result_store().update_for_task(task)
+        store = synchronous(get_result_store().update_for_task(task))
         if not key or not store.exists(key):
             return False, None
         return True, store.read(key).result

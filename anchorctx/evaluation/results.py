@@ -47,7 +47,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from anchorctx.evaluation import longbench, ruler
+from anchorctx.evaluation import longbench, perplexity, ruler
 from anchorctx.evaluation.integrity import records_problem, result_digest
 from anchorctx.evaluation.lm_eval import harness
 from anchorctx.evaluation.lm_eval import suites as lm_eval_suites
@@ -81,6 +81,7 @@ SCORE_SOURCES = (
     "evaluation/generation.py",
     "evaluation/lm_eval",
     "evaluation/longbench",
+    "evaluation/perplexity.py",
     "evaluation/results.py",
     "evaluation/ruler",
     "evaluation/settings.py",
@@ -101,6 +102,7 @@ SCORE_NEUTRAL_SOURCES = (
     "evaluation/averaging.py",
     "evaluation/commands.py",
     "evaluation/cost_plan.py",
+    "evaluation/curves.py",
     "evaluation/integrity.py",
     "evaluation/paired.py",
     "evaluation/paper_numbers.json",
@@ -160,6 +162,25 @@ class Suite:
     # Its runner decodes through generate_greedy alone, so a compile-only pass
     # (generation.compile_only) costs it no prefill or decoding: it can be compiled ahead.
     decodes: bool = False
+    # Settings outside its section that change its scores (they join its fingerprint).
+    derived: Callable[[ExperimentConfig], dict[str, Any]] | None = None
+    # Its runner takes the evaluated directory as ``checkpoint=`` (what its anchorctx.json says).
+    takes_checkpoint: bool = False
+
+
+def _perplexity_preflight(cfg: ExperimentConfig) -> None:
+    try:
+        perplexity.check_data(cfg)
+    except perplexity.PerplexityDataError as err:
+        raise EvaluationError(f"suite 'perplexity': {err}") from None
+
+
+def _perplexity_runner(model: Any, tokenizer: Any, cfg: ExperimentConfig, **kw: Any) -> dict:
+    """:func:`perplexity.run_suite`, its data errors as this module's one-line errors."""
+    try:
+        return perplexity.run_suite(model, tokenizer, cfg, **kw)
+    except perplexity.PerplexityDataError as err:
+        raise EvaluationError(f"suite 'perplexity': {err}") from None
 
 
 SUITES: dict[str, Suite] = {
@@ -180,6 +201,15 @@ SUITES: dict[str, Suite] = {
         required=("hellaswag_dir",),
         common=("dtype",),
         preflight=harness.check_hellaswag_data,
+    ),
+    "perplexity": Suite(
+        _perplexity_runner,
+        "perplexity",
+        required=("data_path",),
+        common=("dtype",),
+        preflight=_perplexity_preflight,
+        derived=perplexity.resolved_settings,
+        takes_checkpoint=True,
     ),
 }
 
@@ -330,6 +360,8 @@ def suite_config(cfg: ExperimentConfig, suite: str) -> dict[str, Any]:
     out: dict[str, Any] = {k: ev[k] for k in spec.common}
     if spec.section is not None:
         out[spec.section] = {k: v for k, v in ev[spec.section].items() if k not in spec.ignore}
+    if spec.derived is not None:
+        out["derived"] = spec.derived(cfg)
     return out
 
 
@@ -692,7 +724,10 @@ def _evaluate(cfg, ckpt, suite, spec, ident, out: Path, samples: Path, force, pr
     loading = time.time()
     model, tokenizer = cached_model(ckpt, cfg, ident["checkpoint_hash"])
     started = time.time()
-    raw = spec.runner(model, tokenizer, cfg, done=done, on_sample=on_sample, progress=progress)
+    extra = {"checkpoint": ckpt} if spec.takes_checkpoint else {}
+    raw = spec.runner(
+        model, tokenizer, cfg, done=done, on_sample=on_sample, progress=progress, **extra
+    )
     check_unchanged(cfg, suite, ident)
     seconds = {"load_s": started - loading, "generate_s": time.time() - started}
     log_time(samples, ident, "evaluate", seconds | {"records": new})

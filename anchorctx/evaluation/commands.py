@@ -311,6 +311,13 @@ def plan_arguments(parser: argparse.ArgumentParser) -> None:
         "(default: read it, else recognise the directory's name).",
     )
     parser.add_argument("--json", action="store_true", help="Print the plan as one JSON object.")
+    parser.add_argument(
+        "--per-billion-tokens",
+        metavar="DIR",
+        help="Instead of the plan: each arm's training time per 1B tokens on --gpus GPUs of "
+        "each kind (A100-80G, H100, H200; the paper's Figure 6), printed and written as "
+        "DIR/time_per_1b_tokens.{md,json,png}.",
+    )
 
 
 def plan(args: argparse.Namespace) -> int:
@@ -324,6 +331,8 @@ def plan(args: argparse.Namespace) -> int:
     from anchorctx.evaluation.cost_plan import format_plan, plan_experiment
 
     t = args.cfg.training
+    if getattr(args, "per_billion_tokens", None):
+        return _per_billion_tokens(args)
     result = plan_experiment(
         args.cfg,
         gpu=args.gpu,
@@ -336,6 +345,26 @@ def plan(args: argparse.Namespace) -> int:
         print(json.dumps(_finite(result.to_dict()), indent=2, allow_nan=False))
     else:
         print(format_plan(result))
+    return 0
+
+
+def _per_billion_tokens(args: argparse.Namespace) -> int:
+    """Figure 6: hours per 1B training tokens per arm and GPU kind, printed and written."""
+    # Imported here: the plan reads the RULER and LongBench tables, which `--help` skips.
+    from anchorctx.evaluation.token_time import token_time_markdown, token_times, write_token_time
+
+    t = args.cfg.training
+    rows = token_times(
+        args.cfg,
+        gpus=args.gpus or t.nproc or 1,
+        nodes=args.nodes or t.nnodes,
+        host_gib=args.host_gib,
+        shape_name=args.shape,
+    )
+    paths = write_token_time(rows, Path(args.per_billion_tokens))
+    print(token_time_markdown(rows))
+    for name, path in paths.items():
+        print(f"{name}: {path}")
     return 0
 
 

@@ -51,6 +51,7 @@ from anchorctx.evaluation import longbench, perplexity, ruler
 from anchorctx.evaluation.integrity import records_problem, result_digest
 from anchorctx.evaluation.lm_eval import harness
 from anchorctx.evaluation.lm_eval import suites as lm_eval_suites
+from anchorctx.evaluation.model_overrides import eval_model_overrides, is_external
 from anchorctx.evaluation.settings import LM_EVAL_PREFIX, LM_EVAL_TASKS, lm_eval_family
 from anchorctx.io import (
     WriterLock,
@@ -81,6 +82,7 @@ SCORE_SOURCES = (
     "evaluation/generation.py",
     "evaluation/lm_eval",
     "evaluation/longbench",
+    "evaluation/model_overrides.py",
     "evaluation/perplexity.py",
     "evaluation/results.py",
     "evaluation/ruler",
@@ -434,22 +436,6 @@ def identity(cfg: ExperimentConfig, checkpoint: str | Path, suite: str) -> dict[
     return ident
 
 
-def eval_model_overrides(cfg: ExperimentConfig, checkpoint: str | Path) -> dict[str, Any]:
-    """``model.*`` settings evaluation applies on top of the checkpoint's config: for a checkpoint
-    outside the run (``evaluate --checkpoint``: a base model) with ``model.rope_scaling`` set to
-    other than ``keep``, that scaling and ``model.max_position_embeddings`` (Table 2's Free*
-    YaRN / NTK rows: the base model with a RoPE extension and no training). A run's own
-    checkpoints carry the RoPE their training used in their config.json, so nothing is applied
-    to them (a second YaRN would scale over the already extended length)."""
-    rope = cfg.model.rope_scaling
-    if rope.type == "keep" or not is_external(checkpoint, cfg):
-        return {}
-    out: dict[str, Any] = {"rope_scaling": rope.model_dump(mode="json", exclude_none=True)}
-    if cfg.model.max_position_embeddings:
-        out["max_position_embeddings"] = cfg.model.max_position_embeddings
-    return out
-
-
 # ---------------------------------------------------------------------------------- paths
 def checkpoint_key(checkpoint: str | Path, cfg: ExperimentConfig | None = None) -> str:
     """The checkpoint's name under ``<run_dir>/eval``: ``step-N`` for a run's own checkpoints,
@@ -461,14 +447,6 @@ def checkpoint_key(checkpoint: str | Path, cfg: ExperimentConfig | None = None) 
     if ckpt.parent.name == "checkpoints":
         return ckpt.name
     return f"{ckpt.name}@{ckpt.parent.name}"
-
-
-def is_external(checkpoint: str | Path, cfg: ExperimentConfig) -> bool:
-    """Whether the checkpoint's own ``eval`` directory (``checkpoint.parent.parent/eval``) lies
-    outside ``cfg.run_root``: then its results go under the experiment directory instead."""
-    run_dir = Path(checkpoint).resolve().parent.parent
-    root = Path(cfg.run_root).resolve()
-    return run_dir != root and root not in run_dir.parents
 
 
 def external_key(checkpoint: str | Path) -> str:

@@ -82,7 +82,7 @@ COMMANDS: dict[str, Command] = {
     "evaluate": Command(
         evaluation_commands.evaluate,
         evaluation_commands.evaluate_arguments,
-        "Evaluate checkpoints: RULER, LongBench, MMLU, HellaSwag.",
+        "Evaluate checkpoints: RULER, LongBench, MMLU, HellaSwag, perplexity.",
         True,
     ),
     "average-weights": Command(

@@ -69,3 +69,27 @@ def test_keep_and_a_runs_own_checkpoint_get_nothing(base, tmp_path):
     cfg = _cfg(tmp_path, *YARN)
     own = tmp_path / "runs" / "exp" / "yarn-10k" / "checkpoints" / "step-10"
     assert results.eval_model_overrides(cfg, own) == {}
+
+
+def test_the_lm_eval_model_applies_the_configs_rope_as_the_suites_do(base, tmp_path):
+    """`anchorctx lm-eval --model_args pretrained=BASE,config=CFG` loads the base model with the
+    config's YaRN, as `anchorctx evaluate --checkpoint BASE` does (the one rule,
+    results.eval_model_overrides); it used to load the checkpoint's own RoPE whatever the
+    config said."""
+    from anchorctx.evaluation.lm_eval.model import AnchorctxLM
+
+    cfg = _cfg(tmp_path, *YARN)
+    config = tmp_path / "yarn.yaml"
+    config.write_text(cfg.to_yaml())
+    lm = AnchorctxLM(str(base), config=str(config), dtype="float32", device="cpu")
+    suites, _ = load_eval_model(
+        base, device="cpu", dtype="float32", model_overrides=results.eval_model_overrides(cfg, base)
+    )
+    assert rope_type(lm.model.config) == rope_type(suites.config) == "yarn"
+    assert lm.model.config.max_position_embeddings == 131072 == lm.max_length
+    plain = AnchorctxLM(str(base), dtype="float32", device="cpu")  # no config: its own RoPE
+    assert rope_type(plain.model.config) == "default"
+    own = tmp_path / "runs" / "exp" / "yarn-10k" / "checkpoints" / "step-10"
+    with pytest.raises(ValueError, match="config: applies to a checkpoint directory"):
+        AnchorctxLM(plain.model, tokenizer=plain.tokenizer, config=str(config))
+    assert results.eval_model_overrides(cfg, own) == {}  # a run's own checkpoint: nothing applied

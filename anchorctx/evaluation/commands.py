@@ -106,28 +106,47 @@ def evaluate_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--force", action="store_true", help="Re-evaluate even when an up-to-date result exists."
     )
+    parser.add_argument(
+        "--all-arms",
+        action="store_true",
+        help="Every arm of the experiment (variants), each with its own config, on its saved "
+        "checkpoints (all of them, or the newest --last-k): the report's curves over training "
+        "(Figure 4) read them.",
+    )
 
 
 def evaluate(args: argparse.Namespace) -> int:
     cfg = args.cfg
     suites = args.suite or list(cfg.evaluation.suites)
+    all_arms = getattr(args, "all_arms", False)  # scripts build the Namespace without it
     try:
+        if all_arms and (args.checkpoint or args.run_dir):
+            raise EvaluationError(
+                "--all-arms evaluates the arms' own runs: drop --checkpoint/--run-dir"
+            )
         check_backends(cfg)
         ensure_eval_fixtures(cfg)  # demo configs: the evaluation inputs
-        checkpoints = _checkpoints(args)
-        for ckpt in checkpoints:
-            for suite in suites:
-                path = evaluate_checkpoint(cfg, ckpt, suite, force=args.force)
-                result = load_result(path)
-                assert result is not None
-                print(f"\n{ckpt.name} · {suite} -> {path}")
-                print(results_table(result))
-        if not args.checkpoint:  # a run's checkpoints: log its scores to the trackers
-            log_evaluation(cfg, Path(args.run_dir) if args.run_dir else cfg.run_dir)
+        for arm in cfg.arms() if all_arms else [cfg]:
+            _evaluate_run(args, arm, suites)
     except (EvaluationError, TrackingError) as err:
         print(f"anchorctx evaluate: {err}", file=sys.stderr)
         return err.exit_code  # 2: a wrong path or setting; 1: a checkpoint that cannot load
     return 0
+
+
+def _evaluate_run(args: argparse.Namespace, cfg: Any, suites: list[str]) -> None:
+    """``suites`` on the checkpoints ``args`` name, else on every saved checkpoint of ``cfg``'s
+    run (the newest ``--last-k``); a run's scores go to the trackers."""
+    args = argparse.Namespace(**{**vars(args), "cfg": cfg})
+    for ckpt in _checkpoints(args):
+        for suite in suites:
+            path = evaluate_checkpoint(cfg, ckpt, suite, force=args.force)
+            result = load_result(path)
+            assert result is not None
+            print(f"\n{cfg.variant_name} · {ckpt.name} · {suite} -> {path}")
+            print(results_table(result))
+    if not args.checkpoint:  # a run's checkpoints: log its scores to the trackers
+        log_evaluation(cfg, Path(args.run_dir) if args.run_dir else cfg.run_dir)
 
 
 def results_table(result: ResultRecord) -> str:
@@ -293,6 +312,13 @@ def plan_arguments(parser: argparse.ArgumentParser) -> None:
         "(default: read it, else recognise the directory's name).",
     )
     parser.add_argument("--json", action="store_true", help="Print the plan as one JSON object.")
+    parser.add_argument(
+        "--per-billion-tokens",
+        metavar="DIR",
+        help="Instead of the plan: each arm's training time per 1B tokens on --gpus GPUs of "
+        "each kind (A100-80G, H100, H200; the paper's Figure 6), printed and written as "
+        "DIR/time_per_1b_tokens.{md,json,png}.",
+    )
 
 
 def plan(args: argparse.Namespace) -> int:
@@ -306,6 +332,8 @@ def plan(args: argparse.Namespace) -> int:
     from anchorctx.evaluation.cost_plan import format_plan, plan_experiment
 
     t = args.cfg.training
+    if getattr(args, "per_billion_tokens", None):
+        return _per_billion_tokens(args)
     result = plan_experiment(
         args.cfg,
         gpu=args.gpu,
@@ -318,6 +346,26 @@ def plan(args: argparse.Namespace) -> int:
         print(json.dumps(_finite(result.to_dict()), indent=2, allow_nan=False))
     else:
         print(format_plan(result))
+    return 0
+
+
+def _per_billion_tokens(args: argparse.Namespace) -> int:
+    """Figure 6: hours per 1B training tokens per arm and GPU kind, printed and written."""
+    # Imported here: the plan reads the RULER and LongBench tables, which `--help` skips.
+    from anchorctx.evaluation.token_time import token_time_markdown, token_times, write_token_time
+
+    t = args.cfg.training
+    rows = token_times(
+        args.cfg,
+        gpus=args.gpus or t.nproc or 1,
+        nodes=args.nodes or t.nnodes,
+        host_gib=args.host_gib,
+        shape_name=args.shape,
+    )
+    paths = write_token_time(rows, Path(args.per_billion_tokens))
+    print(token_time_markdown(rows))
+    for name, path in paths.items():
+        print(f"{name}: {path}")
     return 0
 
 

@@ -125,6 +125,12 @@ def suite_plans(cfg: ExperimentConfig, shape: Shape) -> list[SuitePlan]:
         items = [(n * CHOICES, HELLASWAG_REQUEST_TOKENS, 0)]
         detail = f"{n} items × {CHOICES} endings, ≈ {HELLASWAG_REQUEST_TOKENS} tokens (estimate)"
         out.append(_suite("hellaswag", items, size, detail))
+    if "perplexity" in e.suites:
+        p = e.perplexity
+        lengths = p.lengths or [cfg.data.seq_len]
+        items = [(p.rows, length, 0) for length in lengths]  # one prefill per row, no decoding
+        detail = f"{p.rows} rows × {len(lengths)} lengths (prefill only)"
+        out.append(_suite("perplexity", items, size, detail))
     return out
 
 

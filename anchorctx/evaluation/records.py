@@ -358,6 +358,7 @@ class ReportRecord(TypedDict):
     settings_differences: dict[str, str]
     paper: PaperComparison
     tables: Tables
+    curves: dict[str, Any]  # Figure 4's points (evaluation/curves.py)
     paths: dict[str, str]
     comparison: ArmComparison | None  # with the RoPE study on learned weights, if measured
 

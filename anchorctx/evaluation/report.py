@@ -8,7 +8,9 @@ Reads each arm's ``<experiment_dir>/<variant>/eval/summary.json`` (written by
   std over each variant's last k checkpoints; where the experiment is a paper preset, the paper's
   published numbers beside them (:mod:`anchorctx.evaluation.paper_numbers`);
 - ``report.json`` — the same tables as numbers;
-- ``ruler_by_length.png`` — RULER score against context length (log2 axis), one line per variant.
+- ``ruler_by_length.png`` — RULER score against context length (log2 axis), one line per variant;
+- ``training_curves.png`` — Figure 4: RULER and perplexity against training step, every
+  evaluated checkpoint of each arm (:mod:`anchorctx.evaluation.curves`).
 
 A suite a variant was not evaluated on shows as "—"; a suite no variant has is left out. Nothing
 is ever filled in. Variants whose results of one suite were evaluated with different settings or
@@ -25,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from anchorctx.analysis import rope_weights_table as rope_table
+from anchorctx.evaluation import curves as training_curves
 from anchorctx.evaluation.arm_comparison import (
     CHANCE,
     COMPARISON_JSON,
@@ -141,6 +144,16 @@ def longbench_table(summaries: Summaries) -> Table:
     for row in rows.values():
         columns += [c for c in row if c not in columns]  # the suite's category order
     return {"columns": columns, "rows": {v: r for v, r in rows.items() if r}}
+
+
+def perplexity_table(summaries: Summaries) -> Table:
+    """Held-out perplexity by row length for each variant (suite ``perplexity``)."""
+    rows = {
+        v: ppl["scores"].get("perplexity", {}) if (ppl := _suite(s, "perplexity")) else {}
+        for v, s in summaries.items()
+    }
+    lengths = sorted_keys(k for row in rows.values() for k in row)
+    return {"columns": lengths, "rows": {v: r for v, r in rows.items() if r}}
 
 
 def headline(suite: str, s: SuiteSummary | None) -> Stat | None:
@@ -344,6 +357,7 @@ def write_experiment_report(
         "longbench": longbench_table(summaries),
         "general": general_table(summaries),
         "lm_eval": lm_eval_table(summaries),
+        "perplexity": perplexity_table(summaries),
     }
     counts = {v: suite_sample_counts(experiment_dir / v) for v in variants}
     for name in ("ruler", "general"):
@@ -392,11 +406,18 @@ def write_experiment_report(
         paths["ruler_plot"] = str(
             plot_ruler(tables["ruler"], experiment_dir / "ruler_by_length.png", intervals["arms"])
         )
+    curves, curve_problems = training_curves.experiment_curves(experiment_dir, arms)
+    if curves:
+        png = experiment_dir / training_curves.PNG_NAME
+        paths["curves_plot"] = str(training_curves.plot_curves(curves, png))
     check = base_retrieval_check(_suite(summaries[base], "ruler")) if base is not None else None
     paper = paper_comparison(experiment_dir.name, tables, summaries, intervals)
     markdown = _report_markdown(
         experiment_dir, variants, summaries, tables, paths, comparison, base, check, intervals
     )
+    if curves or curve_problems:
+        figure = Path(paths["curves_plot"]).name if curves else None
+        markdown += "\n" + training_curves.curves_markdown(curves, figure, curve_problems) + "\n"
     if paper:
         markdown += "\n" + paper_markdown(paper, tables, arms) + "\n"
     paths["markdown"] = str(atomic_write_text(experiment_dir / "report.md", markdown))
@@ -411,6 +432,7 @@ def write_experiment_report(
         "settings_differences": settings_differences({v: summaries[v] for v in arms}),
         "paper": paper,
         "tables": tables,
+        "curves": curves,
         "paths": paths,
         "comparison": comparison,
     }
@@ -535,6 +557,11 @@ def _report_markdown(
                 ]
     lines += ["", _markdown("Table 12 — LongBench categories", tables["longbench"], variants)]
     lines += ["", _markdown("Table 7 — MMLU and HellaSwag", tables["general"], variants)]
+    if tables["perplexity"]["rows"]:
+        title = (
+            "Perplexity by length (held-out rows, the arm's training attention; lower is better)"
+        )
+        lines += ["", _markdown(title, tables["perplexity"], variants, length_label)]
     if tables["lm_eval"]["rows"]:
         title = "lm-eval long-context tasks (lm-eval's task definitions, model anchorctx)"
         lines += ["", _markdown(title, tables["lm_eval"], variants, _lm_eval_label)]

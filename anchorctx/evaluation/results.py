@@ -47,10 +47,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from anchorctx.evaluation import longbench, ruler
+from anchorctx.evaluation import longbench, perplexity, ruler
 from anchorctx.evaluation.integrity import records_problem, result_digest
 from anchorctx.evaluation.lm_eval import harness
 from anchorctx.evaluation.lm_eval import suites as lm_eval_suites
+from anchorctx.evaluation.model_overrides import eval_model_overrides, is_external
 from anchorctx.evaluation.records import Identity, ResultRecord, SamplesInfo
 from anchorctx.evaluation.settings import LM_EVAL_PREFIX, LM_EVAL_TASKS, lm_eval_family
 from anchorctx.io import (
@@ -82,6 +83,8 @@ SCORE_SOURCES = (
     "evaluation/generation.py",
     "evaluation/lm_eval",
     "evaluation/longbench",
+    "evaluation/model_overrides.py",
+    "evaluation/perplexity.py",
     "evaluation/results.py",
     "evaluation/ruler",
     "evaluation/settings.py",
@@ -102,6 +105,7 @@ SCORE_NEUTRAL_SOURCES = (
     "evaluation/averaging.py",
     "evaluation/commands.py",
     "evaluation/cost_plan.py",
+    "evaluation/curves.py",
     "evaluation/integrity.py",
     "evaluation/paired.py",
     "evaluation/paper_numbers.json",
@@ -111,6 +115,7 @@ SCORE_NEUTRAL_SOURCES = (
     "evaluation/schedule.py",
     "evaluation/seed_pairs.py",
     "evaluation/sharding.py",
+    "evaluation/token_time.py",
     "evaluation/tracking.py",
     "evaluation/weights.py",
     "evaluation/worker.py",
@@ -162,6 +167,25 @@ class Suite:
     # Its runner decodes through generate_greedy alone, so a compile-only pass
     # (generation.compile_only) costs it no prefill or decoding: it can be compiled ahead.
     decodes: bool = False
+    # Settings outside its section that change its scores (they join its fingerprint).
+    derived: Callable[[ExperimentConfig], dict[str, Any]] | None = None
+    # Its runner takes the evaluated directory as ``checkpoint=`` (what its anchorctx.json says).
+    takes_checkpoint: bool = False
+
+
+def _perplexity_preflight(cfg: ExperimentConfig) -> None:
+    try:
+        perplexity.check_data(cfg)
+    except perplexity.PerplexityDataError as err:
+        raise EvaluationError(f"suite 'perplexity': {err}") from None
+
+
+def _perplexity_runner(model: Any, tokenizer: Any, cfg: ExperimentConfig, **kw: Any) -> dict:
+    """:func:`perplexity.run_suite`, its data errors as this module's one-line errors."""
+    try:
+        return perplexity.run_suite(model, tokenizer, cfg, **kw)
+    except perplexity.PerplexityDataError as err:
+        raise EvaluationError(f"suite 'perplexity': {err}") from None
 
 
 SUITES: dict[str, Suite] = {
@@ -182,6 +206,15 @@ SUITES: dict[str, Suite] = {
         required=("hellaswag_dir",),
         common=("dtype",),
         preflight=harness.check_hellaswag_data,
+    ),
+    "perplexity": Suite(
+        _perplexity_runner,
+        "perplexity",
+        required=("data_path",),
+        common=("dtype",),
+        preflight=_perplexity_preflight,
+        derived=perplexity.resolved_settings,
+        takes_checkpoint=True,
     ),
 }
 
@@ -332,6 +365,8 @@ def suite_config(cfg: ExperimentConfig, suite: str) -> dict[str, Any]:
     out: dict[str, Any] = {k: ev[k] for k in spec.common}
     if spec.section is not None:
         out[spec.section] = {k: v for k, v in ev[spec.section].items() if k not in spec.ignore}
+    if spec.derived is not None:
+        out["derived"] = spec.derived(cfg)
     return out
 
 
@@ -403,22 +438,6 @@ def identity(cfg: ExperimentConfig, checkpoint: str | Path, suite: str) -> Ident
     return ident
 
 
-def eval_model_overrides(cfg: ExperimentConfig, checkpoint: str | Path) -> dict[str, Any]:
-    """``model.*`` settings evaluation applies on top of the checkpoint's config: for a checkpoint
-    outside the run (``evaluate --checkpoint``: a base model) with ``model.rope_scaling`` set to
-    other than ``keep``, that scaling and ``model.max_position_embeddings`` (Table 2's Free*
-    YaRN / NTK rows: the base model with a RoPE extension and no training). A run's own
-    checkpoints carry the RoPE their training used in their config.json, so nothing is applied
-    to them (a second YaRN would scale over the already extended length)."""
-    rope = cfg.model.rope_scaling
-    if rope.type == "keep" or not is_external(checkpoint, cfg):
-        return {}
-    out: dict[str, Any] = {"rope_scaling": rope.model_dump(mode="json", exclude_none=True)}
-    if cfg.model.max_position_embeddings:
-        out["max_position_embeddings"] = cfg.model.max_position_embeddings
-    return out
-
-
 # ---------------------------------------------------------------------------------- paths
 def checkpoint_key(checkpoint: str | Path, cfg: ExperimentConfig | None = None) -> str:
     """The checkpoint's name under ``<run_dir>/eval``: ``step-N`` for a run's own checkpoints,
@@ -430,14 +449,6 @@ def checkpoint_key(checkpoint: str | Path, cfg: ExperimentConfig | None = None) 
     if ckpt.parent.name == "checkpoints":
         return ckpt.name
     return f"{ckpt.name}@{ckpt.parent.name}"
-
-
-def is_external(checkpoint: str | Path, cfg: ExperimentConfig) -> bool:
-    """Whether the checkpoint's own ``eval`` directory (``checkpoint.parent.parent/eval``) lies
-    outside ``cfg.run_root``: then its results go under the experiment directory instead."""
-    run_dir = Path(checkpoint).resolve().parent.parent
-    root = Path(cfg.run_root).resolve()
-    return run_dir != root and root not in run_dir.parents
 
 
 def external_key(checkpoint: str | Path) -> str:
@@ -706,7 +717,10 @@ def _evaluate(
     loading = time.time()
     model, tokenizer = cached_model(ckpt, cfg, ident["checkpoint_hash"])
     started = time.time()
-    raw = spec.runner(model, tokenizer, cfg, done=done, on_sample=on_sample, progress=progress)
+    extra = {"checkpoint": ckpt} if spec.takes_checkpoint else {}
+    raw = spec.runner(
+        model, tokenizer, cfg, done=done, on_sample=on_sample, progress=progress, **extra
+    )
     check_unchanged(cfg, suite, ident)
     seconds = {"load_s": started - loading, "generate_s": time.time() - started}
     log_time(samples, ident, "evaluate", seconds | {"records": new})

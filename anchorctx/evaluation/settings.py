@@ -1,5 +1,5 @@
-"""The ``evaluation`` section: suites (RULER, LongBench, MMLU, HellaSwag, lm-eval's long-context
-tasks), their data and sizes, generation engine, device and the work pool. Read by
+"""The ``evaluation`` section: suites (RULER, LongBench, MMLU, HellaSwag, perplexity, lm-eval's
+long-context tasks), their data and sizes, generation engine, device and the work pool. Read by
 :mod:`anchorctx.evaluation`."""
 
 from __future__ import annotations
@@ -10,7 +10,12 @@ from typing import Annotated, Literal
 
 from pydantic import AfterValidator, Field, PositiveInt
 
+from anchorctx.attention.names import ENGINE_NAMES, VARIANTS
 from anchorctx.config import Device, Dtype, Seed, Strict
+
+# mypy cannot read a Literal built from a tuple (it sees Any); pydantic validates it at runtime.
+PerplexityAttention = Literal[("checkpoint", *VARIANTS)]  # type: ignore[valid-type]
+PerplexityEngine = Literal[ENGINE_NAMES]  # type: ignore[valid-type]
 
 
 class RulerConfig(Strict):
@@ -75,6 +80,36 @@ class HarnessConfig(Strict):
     mmlu_fewshot: int = Field(5, ge=0)
     limit: int | None = Field(None, gt=0)
     batch_size: int = Field(8, gt=0)
+
+
+class PerplexityConfig(Strict):
+    """Suite ``perplexity`` (paper Figure 4): token-level perplexity, exp(mean NLL over the
+    predicted tokens), of held-out rows packed as training packs them, computed with the
+    attention the checkpoint was trained with (:mod:`anchorctx.evaluation.perplexity`)."""
+
+    data_path: Path | None = Field(
+        None,
+        description="Held-out documents: a .jsonl, .jsonl.zst or .parquet file, one document per "
+        "record (its text in text_field), kept out of data.sources. Packed in file order into "
+        "rows of each length as prepare-data packs (the anchor at index 0, data.separator after "
+        "each document).",
+    )
+    text_field: str = Field("text", description="Dotted path of a record's text.")
+    lengths: list[PositiveInt] | None = Field(
+        None,
+        description="Row lengths in tokens (model inputs; each row holds one more token, the "
+        "last target). Default: data.seq_len, the length the arms train at.",
+    )
+    rows: int = Field(8, gt=0, description="Rows per length: the first N rows the file fills.")
+    attention: PerplexityAttention = Field(
+        "checkpoint",
+        description="Attention variant of the rows. checkpoint: the one its anchorctx.json "
+        "records (the arm's training attention; full for a checkpoint without one, a base "
+        "model). Or full, intra_doc, intra_doc_reset, anchor.",
+    )
+    engine: PerplexityEngine = Field(
+        "auto", description="Attention engine (training.engine's names); auto: sdpa on a CPU."
+    )
 
 
 # lm-eval 0.4.13's long-context task families (lm_eval/tasks/<family>/): every group and task a
@@ -150,7 +185,7 @@ def lm_eval_family(task: str) -> str | None:
     return next((f for f, names in LM_EVAL_TASKS.items() if task in names), None)
 
 
-PROJECT_SUITES = ("ruler", "longbench", "mmlu", "hellaswag")
+PROJECT_SUITES = ("ruler", "longbench", "mmlu", "hellaswag", "perplexity")
 
 
 def suite_name(name: str) -> str:
@@ -162,7 +197,7 @@ def suite_name(name: str) -> str:
     if not name.startswith(LM_EVAL_PREFIX) or lm_eval_family(task) is None:
         near = [f"lm_eval:{t}" for ts in LM_EVAL_TASKS.values() for t in ts if t[:4] == task[:4]]
         raise ValueError(
-            f"{name!r} is not a suite: expected ruler, longbench, mmlu, hellaswag or "
+            f"{name!r} is not a suite: expected ruler, longbench, mmlu, hellaswag, perplexity or "
             "lm_eval:<task> with <task> one of lm-eval's long-context tasks or groups ("
             + (", ".join(near[:6]) if near else ", ".join(f"lm_eval:{f}" for f in LM_EVAL_TASKS))
             + ")"
@@ -271,7 +306,8 @@ class LmEvalConfig(Strict):
 class EvaluationConfig(Strict):
     suites: list[SuiteName] = Field(
         default_factory=lambda: ["ruler"],
-        description="Suites per checkpoint: ruler, longbench, mmlu, hellaswag (the project's), "
+        description="Suites per checkpoint: ruler, longbench, mmlu, hellaswag, perplexity (the "
+        "project's), "
         "and lm-eval's long-context tasks as lm_eval:<task or group>, e.g. lm_eval:ruler, "
         "lm_eval:longbench2, lm_eval:babilong, lm_eval:infinitebench_passkey (data: "
         "evaluation.lm_eval).",
@@ -280,6 +316,7 @@ class EvaluationConfig(Strict):
     longbench: LongBenchConfig = Field(default_factory=LongBenchConfig)
     harness: HarnessConfig = Field(default_factory=HarnessConfig)
     lm_eval: LmEvalConfig = Field(default_factory=LmEvalConfig)
+    perplexity: PerplexityConfig = Field(default_factory=PerplexityConfig)
     last_k: int = Field(5, gt=0, description="Average over the last k checkpoints (paper: 5).")
     demo_fixtures: Path | None = Field(
         None, description="Demo/tests only: write synthetic evaluation data files here if missing."

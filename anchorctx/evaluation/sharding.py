@@ -236,7 +236,8 @@ def run_shard(
         append_jsonl(out, record)
         written += 1
 
-    spec.runner(model, tokenizer, cfg, done=view, on_sample=on_sample, progress=progress)
+    extra = {"checkpoint": ckpt} if spec.takes_checkpoint else {}
+    spec.runner(model, tokenizer, cfg, done=view, on_sample=on_sample, progress=progress, **extra)
     # Inputs rewritten meanwhile: fail. The file keeps the old identity, so a rerun starts over.
     check_unchanged(cfg, suite, ident)
     seconds = {

@@ -202,15 +202,20 @@ def _records(
         yield from read_file(src, path, i, bad, domains)
 
 
-def _special_tokens(data: DataConfig, tok: Any, domains: list[str]) -> tuple[dict, np.ndarray]:
+def separator_ids(data: DataConfig, tok: Any) -> np.ndarray:
+    """The token ids ``data.separator`` puts after each document (int64, maybe empty); also the
+    perplexity suite's, so held-out rows are packed as training rows are."""
     if data.separator == "eos":
         if tok.eos_token_id is None:
             raise DataError("data.separator=eos but the tokenizer has no EOS token; set a text")
-        sep = np.array([tok.eos_token_id], dtype=np.int64)
-    elif data.separator == "none":
-        sep = np.zeros(0, dtype=np.int64)
-    else:
-        sep = encode_texts(tok, [data.separator])[0]
+        return np.array([tok.eos_token_id], dtype=np.int64)
+    if data.separator == "none":
+        return np.zeros(0, dtype=np.int64)
+    return encode_texts(tok, [data.separator])[0]
+
+
+def _special_tokens(data: DataConfig, tok: Any, domains: list[str]) -> tuple[dict, np.ndarray]:
+    sep = separator_ids(data, tok)
     tags: dict[str, np.ndarray] = {}
     if data.domain_tags:
         for d in domains:

@@ -43,7 +43,10 @@ default cuda:0, which falls back to the CPU where no GPU is visible, as lm-eval'
 does), ``batch_size`` (lm-eval's ``--batch_size``), ``max_length`` (default: the model's
 ``max_position_embeddings``, as lm-eval resolves it), ``max_gen_toks``, ``engine``,
 ``deterministic`` (the static engine's run-to-run deterministic decode kernel),
-``keep_anchor``, ``softmax_dtype`` (float32, bfloat16, float16 or None).
+``keep_anchor``, ``softmax_dtype`` (float32, bfloat16, float16 or None), ``config`` (an
+experiment config file: its ``model.rope_scaling`` and ``model.max_position_embeddings`` apply to
+a checkpoint outside its run, as ``anchorctx evaluate --checkpoint`` applies them, e.g. Table 2's
+Free* YaRN row; a run's own checkpoints keep the RoPE their training saved).
 
 MMLU and HellaSwag (:mod:`~anchorctx.evaluation.lm_eval.harness`) score with this model as
 lm-eval's ``hf`` model does (``keep_anchor=False``, ``softmax_dtype=None``), the long-context
@@ -87,6 +90,8 @@ from tqdm.auto import tqdm
 
 from anchorctx.evaluation.generation import ENGINES, generate_greedy, load_eval_model
 from anchorctx.evaluation.lm_eval.call import MODEL_NAME, quiet
+from anchorctx.evaluation.model_overrides import eval_model_overrides
+from anchorctx.experiment import load_config
 from anchorctx.models.decoder import SUPPORTED_MODEL_TYPES
 from anchorctx.models.decoding import StopRules
 from anchorctx.models.loading import DTYPES, anchor_token_id, read_model_config, resolve_device
@@ -146,6 +151,16 @@ def _batch_size(value: int | str) -> int:
     return size
 
 
+def _model_overrides(config: str | Path | None, checkpoint: Path) -> dict[str, Any] | None:
+    """The ``model.*`` settings of the experiment config ``config`` that evaluation applies to
+    ``checkpoint`` (a base model outside the run with ``model.rope_scaling`` other than keep:
+    Table 2's Free* rows), by the one rule the suites follow
+    (:func:`~anchorctx.evaluation.model_overrides.eval_model_overrides`)."""
+    if config is None:
+        return None
+    return eval_model_overrides(load_config(config), checkpoint) or None
+
+
 @register_model(MODEL_NAME)
 class AnchorctxLM(TemplateLM):
     """lm-eval's ``LM`` over a checkpoint, with the project's anchor rule and decoder (see the
@@ -166,6 +181,7 @@ class AnchorctxLM(TemplateLM):
         keep_anchor: bool = True,
         softmax_dtype: str | None = "float32",
         max_batch_size: int | None = None,  # lm-eval's auto batch size; not used here
+        config: str | Path | None = None,
     ) -> None:
         super().__init__()
         if engine not in ENGINES:
@@ -180,11 +196,14 @@ class AnchorctxLM(TemplateLM):
                 path,
                 device=_resolve_device(device),
                 dtype=_resolve_dtype(dtype, path) if (path / "config.json").is_file() else dtype,
+                model_overrides=_model_overrides(config, path),
             )
             self.pretrained = str(path)
         else:  # an already-loaded model (a caller that holds one; no second copy is loaded)
             if tokenizer is None:
                 raise ValueError("a loaded model as pretrained needs its tokenizer")
+            if config is not None:
+                raise ValueError("config: applies to a checkpoint directory (pretrained=DIR)")
             model = pretrained.eval()
             self.pretrained = str(getattr(model, "name_or_path", "") or type(model).__name__)
         self.model = model

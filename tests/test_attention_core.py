@@ -24,7 +24,7 @@ from anchorctx.attention import (
 )
 from anchorctx.attention.engines import AttentionCall, get_engine
 from anchorctx.attention.engines.flex import build_block_mask
-from anchorctx.attention.engines.varlen import build_plan, flatten, unflatten
+from anchorctx.attention.engines.varlen import build_plan, flatten, gather_keys, unflatten
 
 # The reference runs flex eagerly on CPU (no compile): torch warns once per process that the
 # unfused path materialises the scores, which is what these small cases want. A mark, not a
@@ -368,6 +368,28 @@ def test_varlen_anchor_adds_one_key_per_foreign_document():
         12,
         13,
     ]
+    gather = plan.kv_gather
+    # first appearances are the tokens' own runs here; the repeats: the anchor before docs 1, 0
+    # (second chunk) and 2, and doc 0's first chunk (tokens 1-3) before its second chunk
+    assert gather.first.tolist() == [0, 1, 2, 3, 5, 6, 7, 12, 13, 15, 16, 17, 18, 19]
+    assert gather.extra_src.tolist() == [4, 8, 9, 10, 11, 14]
+    assert gather.extra_dst.tolist() == [0, 0, 1, 2, 3, 0]
+
+
+def test_key_gather_backward_equals_index_selects():
+    """The gather's hand-written backward (first appearances gathered, repeats added) gives
+    autograd's own gradient of ``index_select`` exactly, on chunked anchor rows."""
+    layouts = [
+        build_layout([4, 3, 2, 5], "anchor", seg_doc=[0, 1, 0, 2]),
+        build_layout([6, 8], "anchor"),
+    ]
+    plan = build_plan(tuple(layouts), torch.device("cpu"))
+    x = torch.randn(28, 2, 4, dtype=torch.float64, requires_grad=True)
+    grad = torch.randn(len(plan.kv_index), 2, 4, dtype=torch.float64)
+    (want,) = torch.autograd.grad(x.index_select(0, plan.kv_index), x, grad)
+    (got,) = torch.autograd.grad(gather_keys(x, plan.kv_gather), x, grad)
+    assert torch.equal(gather_keys(x, plan.kv_gather), x.index_select(0, plan.kv_index))
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-12)  # sums of <= 4 terms, reordered
 
 
 # ----------------------------------------------------------------------------------- errors

@@ -25,6 +25,7 @@ import torch
 
 from anchorctx.attention.engines.base import AttentionCall, AutoRanks, Capabilities, Engine
 from anchorctx.attention.engines.cost import TileCounts
+from anchorctx.attention.errors import AttentionError
 from anchorctx.attention.layout import Layout
 
 HALF = frozenset({torch.bfloat16, torch.float16})
@@ -42,6 +43,65 @@ def varlen_cost(tiles: TileCounts) -> float:
 
 
 @dataclass(frozen=True)
+class KeyGather:
+    """The keys' gather from the tokens and its gradient's way back without atomics.
+
+    ``index`` [T_k] picks each key's token. Every token appears once as a key of its own run
+    (``first`` [B*T]: the position of its first appearance); the anchor before every other
+    document and earlier chunks of a document appear again (``extra_src`` [E] positions, their
+    tokens ``extra_dst``). The gradient of the tokens is then a gather of the first appearances
+    plus a scatter-add of the few repeats: autograd's own backward of ``index_select`` is a
+    scatter-add of all T_k rows, atomics in bf16 on CUDA (0.045 s of a 16K-token 7B step on an
+    H200, docs/benchmarks/2026-11-28-attention-fa4.md)."""
+
+    index: torch.Tensor  # int64 [T_k]
+    first: torch.Tensor  # int64 [B*T]
+    extra_src: torch.Tensor  # int64 [E]
+    extra_dst: torch.Tensor  # int64 [E]
+
+    @classmethod
+    def of(cls, index: torch.Tensor, tokens: int, device: torch.device) -> KeyGather:
+        """From ``index`` (CPU, int64) over ``tokens`` tokens, each present at least once."""
+        positions = torch.arange(len(index))
+        # each token's smallest position: a scatter taking the minimum over its appearances
+        first = torch.full((tokens,), len(index), dtype=torch.long)
+        first.scatter_reduce_(0, index, positions, reduce="amin")
+        if bool((first == len(index)).any()):  # the plan's runs cover every token
+            raise AttentionError("varlen plan: a token is missing from the keys' gather")
+        extra = torch.ones(len(index), dtype=torch.bool)
+        extra[first] = False
+        src = positions[extra]
+        return cls(
+            index=index.to(device),
+            first=first.to(device),
+            extra_src=src.to(device),
+            extra_dst=index[src].to(device),
+        )
+
+
+class _GatherKeys(torch.autograd.Function):
+    """``x.index_select(0, gather.index)`` with :class:`KeyGather`'s backward."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, gather: KeyGather) -> torch.Tensor:
+        ctx.gather = gather  # index tensors only, cached with the plan: nothing saved per call
+        return x.index_select(0, gather.index)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        gather: KeyGather = ctx.gather
+        dx = grad.index_select(0, gather.first)
+        if gather.extra_src.numel():
+            dx.index_add_(0, gather.extra_dst, grad.index_select(0, gather.extra_src))
+        return dx, None
+
+
+def gather_keys(x: torch.Tensor, gather: KeyGather) -> torch.Tensor:
+    """[B*T, H_kv, D] -> [T_k, H_kv, D]: the keys (or values) of every query run."""
+    return _GatherKeys.apply(x, gather)
+
+
+@dataclass(frozen=True)
 class VarlenPlan:
     """Flattened batch: queries are [B*T] tokens; keys are ``kv_index`` into [B*T] tokens."""
 
@@ -49,7 +109,12 @@ class VarlenPlan:
     cu_seq_k: torch.Tensor  # int32 [S + 1]
     max_q: int
     max_k: int
-    kv_index: torch.Tensor | None  # int64 [T_k]; None: keys are the queries' tokens
+    kv_gather: KeyGather | None  # None: keys are the queries' tokens
+
+    @property
+    def kv_index(self) -> torch.Tensor | None:
+        """int64 [T_k]: each key's token."""
+        return None if self.kv_gather is None else self.kv_gather.index
 
 
 def _row_sequences(layout: Layout, offset: int) -> list[tuple[int, int, list[tuple[int, int]]]]:
@@ -81,17 +146,18 @@ def build_plan(rows: tuple[Layout, ...], device: torch.device) -> VarlenPlan:
     q_lens = [end - start for start, end, _ in seqs]
     k_lens = [sum(b - a for a, b in ranges) for _, _, ranges in seqs]
     identity = all(len(r) == 1 and r[0] == (s, e) for s, e, r in seqs)
-    kv_index = None
+    gather = None
     if not identity:
-        kv_index = torch.cat(
+        index = torch.cat(
             [torch.arange(a, b, dtype=torch.long) for _, _, rs in seqs for a, b in rs]
-        ).to(device)
+        )
+        gather = KeyGather.of(index, len(rows) * t, device)
     return VarlenPlan(
         cu_seq_q=_cumsum(q_lens, device),
         cu_seq_k=_cumsum(k_lens, device),
         max_q=max(q_lens),
         max_k=max(k_lens),
-        kv_index=kv_index,
+        kv_gather=gather,
     )
 
 
@@ -118,8 +184,8 @@ def flatten(call: AttentionCall, plan: VarlenPlan):
         return x.transpose(1, 2).reshape(b * t, h, d)
 
     q, k, v = (tokens_first(x) for x in (call.q, call.k, call.v))
-    if plan.kv_index is not None:
-        k, v = k.index_select(0, plan.kv_index), v.index_select(0, plan.kv_index)
+    if plan.kv_gather is not None:
+        k, v = gather_keys(k, plan.kv_gather), gather_keys(v, plan.kv_gather)
     return q, k, v
 
 

@@ -107,7 +107,8 @@ COMMANDS: dict[str, Command] = {
     "rope-precision": Command(
         analysis_commands.rope_precision,
         analysis_commands.rope_precision_arguments,
-        "The BF16 RoPE precision study (paper Section 2).",
+        "The BF16 RoPE precision study (paper Section 2: Figure 1, and Figure 7's "
+        "per-sequence curves).",
         True,
     ),
     "serve": Command(

@@ -94,7 +94,8 @@ COMMANDS: dict[str, Command] = {
     "report": Command(
         evaluation_commands.report,
         evaluation_commands.report_arguments,
-        "Average the last k checkpoints and write the experiment report.",
+        "Average the last k checkpoints and write the experiment report (--stacked DIR: one "
+        "report across several experiments, the paper's Table 5).",
         True,
     ),
     "plan": Command(

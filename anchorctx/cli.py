@@ -94,7 +94,8 @@ COMMANDS: dict[str, Command] = {
     "report": Command(
         evaluation_commands.report,
         evaluation_commands.report_arguments,
-        "Average the last k checkpoints and write the experiment report.",
+        "Average the last k checkpoints and write the experiment report (--stacked DIR: one "
+        "report across several experiments, the paper's Table 5).",
         True,
     ),
     "plan": Command(
@@ -107,7 +108,8 @@ COMMANDS: dict[str, Command] = {
     "rope-precision": Command(
         analysis_commands.rope_precision,
         analysis_commands.rope_precision_arguments,
-        "The BF16 RoPE precision study (paper Section 2).",
+        "The BF16 RoPE precision study (paper Section 2: Figure 1, and Figure 7's "
+        "per-sequence curves).",
         True,
     ),
     "serve": Command(

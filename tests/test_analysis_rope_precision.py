@@ -143,6 +143,17 @@ def test_per_token_contributions_add_up(study):
     assert study["rope_fp32"] == {"bf16": False, "bf16_rope_fp32": True, "fp32": False}
 
 
+def test_per_sample_curves_average_to_the_shift_curve_exactly(study):
+    """Figure 7's per-sequence curves: one per input sequence, mean equal to the mean curve."""
+    for mode in study["settings"]["modes"]:
+        curves = study["per_sample_shift_curve"][mode]
+        assert len(curves) == SPEC.num_sequences
+        assert curves[0] != curves[1]  # two different sequences, not one curve repeated
+        for d, mean in study["shift_curve"][mode].items():
+            values = [c[d] for c in curves]
+            assert sum(values) / len(values) == mean  # exact: the same floats, the same sum
+
+
 def test_measure_rejects_short_sequences():
     with pytest.raises(StudyInputError, match="max of seq_len and lengths"):
         measure(prepare_model(tiny_llama()), torch.zeros(1, T - 1, dtype=torch.long), SPEC)
@@ -178,7 +189,7 @@ def test_command_writes_json_figure_and_table(tiny_config, demo_corpus, tmp_path
     out = tmp_path / "out"
     sets = [
         "analysis.rope_precision.seq_len=96",
-        "analysis.rope_precision.num_sequences=1",
+        "analysis.rope_precision.num_sequences=2",
         "analysis.rope_precision.lengths=[32,96]",
         "analysis.rope_precision.shifts=[0,16,200]",
         "analysis.rope_precision.device=cpu",
@@ -204,6 +215,24 @@ def test_command_writes_json_figure_and_table(tiny_config, demo_corpus, tmp_path
     assert result["config"]["analysis"]["rope_precision"]["seq_len"] == 96
     assert (out / "rope_precision.png").read_bytes()[:4] == b"\x89PNG"
     assert "| D(Δ1=0, Δ2=16) |" in (out / "rope_precision.md").read_text()
+    # Figure 7: the curve of every sequence in its own file, their mean the file's mean exactly.
+    assert "per_sample_shift_curve" not in result
+    samples = json.loads((out / "rope_precision_per_sample.json").read_text())
+    assert samples["settings"]["num_sequences"] == 2
+    for mode in result["settings"]["modes"]:
+        curves = samples["per_sample_shift_curve"][mode]
+        assert len(curves) == 2 and all(set(c) == {"0", "16", "200"} for c in curves)
+        for d in ("0", "16", "200"):
+            assert sum(c[d] for c in curves) / 2 == result["shift_curve"][mode][d]
+    assert (out / "rope_precision_per_sample.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_help_names_the_per_sample_outputs(capsys):
+    from anchorctx.cli import main
+
+    with pytest.raises(SystemExit):
+        main(["rope-precision", "--help"])
+    assert "rope_precision_per_sample.json" in " ".join(capsys.readouterr().out.split())
 
 
 def test_packed_dataset_sequences(tiny_config, packed_demo):

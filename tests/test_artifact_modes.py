@@ -137,18 +137,32 @@ def rope_result() -> dict:
         "per_token": {m: [scale[m] * (8 - j) for j in range(8)] for m in modes},
         "first_token_share": {m: 8 / 36 for m in modes},
         "logit_diff_by_length": {m: {"4": scale[m], "8": 2 * scale[m]} for m in modes},
+        "per_sample_shift_curve": {
+            m: [{"0": 2 * scale[m], "4": scale[m], "16": 0.0}] for m in modes
+        },
     }
 
 
 def write_rope_study(root: Path) -> dict[str, list[Path]]:
-    """The RoPE precision study's outputs: JSON, Markdown table, three-panel figure."""
+    """The RoPE precision study's outputs: JSON, Markdown table, three-panel figure, and the
+    per-sequence curves (Figure 7) with their figure."""
     # Imported here: the study imports torch and transformers.
-    from anchorctx.analysis.rope_precision import MD_NAME, PNG_NAME, write_study
+    from anchorctx.analysis.rope_precision import (
+        MD_NAME,
+        PER_SAMPLE_JSON,
+        PER_SAMPLE_PNG,
+        PNG_NAME,
+        write_study,
+    )
 
     path = write_study(rope_result(), root / "rope")
-    png = path.with_name(PNG_NAME)
-    assert png.read_bytes()[:8] == PNG_MAGIC
-    return {"json": [path], "text": [path.with_name(MD_NAME)], "png": [png]}
+    pngs = [path.with_name(PNG_NAME), path.with_name(PER_SAMPLE_PNG)]
+    assert all(png.read_bytes()[:8] == PNG_MAGIC for png in pngs)
+    return {
+        "json": [path, path.with_name(PER_SAMPLE_JSON)],
+        "text": [path.with_name(MD_NAME)],
+        "png": pngs,
+    }
 
 
 def write_checkpoint(root: Path) -> dict[str, list[Path]]:

@@ -109,3 +109,101 @@ def test_an_experiment_that_is_no_paper_preset_gets_no_paper_section(tmp_path):
     assert "Beside the paper" not in out["markdown"]
     assert json.loads((exp / "report.json").read_text())["paper"] == {}
     assert "Table 12 — LongBench categories" in out["markdown"]  # the paper's numbering
+
+
+# ------------------------------------------------------------------- the stacked Table 5
+def _two_datasets(tmp_path: Path, tasks_128k: list[str] = TASKS_11) -> list[tuple[Path, list]]:
+    """Two Table 5 presets' experiments: SlimPajama-64K (anchor, full) and SlimPajama-128K
+    (anchor only), as `anchorctx report` leaves their arms' summaries."""
+    e64 = tmp_path / "paper-table5-slimpajama-64k"
+    e128 = tmp_path / "paper-table5-slimpajama-128k"
+    _summary(e64 / "anchor", {"4096": 90.0, "65536": 70.0}, TASKS_11)
+    _summary(e64 / "full", {"4096": 89.84, "65536": 60.0}, TASKS_11)
+    _summary(e128 / "anchor", {"4096": 91.0, "131072": 60.0}, tasks_128k)
+    return [(e64, ["full", "anchor"]), (e128, ["full", "anchor", "anchor_interleave"])]
+
+
+def test_stacked_report_rows_are_dataset_by_arm_with_the_paper_beside(tmp_path):
+    from anchorctx.evaluation.stacked_report import write_stacked_report
+
+    out = write_stacked_report(_two_datasets(tmp_path), tmp_path / "table5")
+    md = out["markdown"]
+    # The paper's layout: longest length first, one block of rows per dataset.
+    assert "| dataset | arm | 128K | 64K | 32K | 16K | 8K | 4K |" in md
+    assert "ours / paper (arXiv 2411.13476v2, Table 5)" in md
+    assert (
+        "| SlimPajama-64K | anchor | — | 70.00 / 73.25 (-3.25) | — / 75.97 | — / 82.91 "
+        "| — / 85.48 | 90.00 / 90.69 (-0.69) |" in md
+    )
+    assert "| SlimPajama-64K | full | — | 60.00 / 66.40 (-6.40) |" in md
+    assert "| SlimPajama-128K | anchor | 60.00 / 66.15 (-6.15) | — / 77.69 |" in md
+    assert "| SlimPajama-128K | full | — / 62.75 | — / 70.56 |" in md  # the paper's row only
+    saved = json.loads((tmp_path / "table5" / "report.json").read_text())
+    order = [(r["dataset"], r["arm"]) for r in saved["rows"]]
+    want_64k = [("SlimPajama-64K", a) for a in ("full", "anchor")]
+    assert order[:2] == want_64k  # the config's arms first, then the paper's other arms
+    assert order[2][0] == "SlimPajama-64K" and order.index(("SlimPajama-128K", "full")) > 2
+    assert ("SlimPajama-128K", "anchor_interleave") not in order  # neither run nor published
+    assert saved["experiments"][1]["missing"] == ["full", "anchor_interleave"]
+    assert saved["columns"] == ["131072", "65536", "32768", "16384", "8192", "4096"]
+    cell = next(r for r in saved["rows"] if r["arm"] == "anchor")["paper"]["65536"]
+    assert cell == {
+        "paper": 73.25,
+        "table": "5",
+        "ours": 70.0,
+        "compared": True,
+        "difference": -3.25,
+    }
+    assert len(saved["task_sets"]) == 1 and "Not comparable" not in md
+
+
+def test_stacked_report_shows_other_task_sets_apart(tmp_path):
+    from anchorctx.evaluation.stacked_report import write_stacked_report
+
+    md = write_stacked_report(_two_datasets(tmp_path, TASKS_13), tmp_path / "t5")["markdown"]
+    assert "**Not comparable across variants**: their RULER means are over different" in md
+    thirteen = md.split("(13 tasks:")[1]
+    eleven = md.split("(11 tasks:")[1].split("(13 tasks:")[0]
+    assert "| SlimPajama-128K | anchor | 60.00 / 66.15 (not compared: our mean is over 13" in (
+        thirteen
+    )
+    assert "| SlimPajama-64K | anchor |" in eleven and "SlimPajama-64K" not in thirteen
+    # The paper's rows of the 128K dataset are means over its 11 tasks: they stay with those.
+    assert "| SlimPajama-128K | full | — / 62.75 |" in eleven
+
+
+def test_stacked_report_replaces_only_its_own_directory(tmp_path):
+    from anchorctx.evaluation.stacked_report import StackedReportError, write_stacked_report
+    from anchorctx.io import ForeignDirectoryError
+
+    experiments = _two_datasets(tmp_path)
+    out = tmp_path / "t5"
+    write_stacked_report(experiments, out)
+    write_stacked_report(experiments, out)  # its own earlier output: replaced
+    foreign = tmp_path / "mine"
+    (foreign / "notes.txt").parent.mkdir()
+    (foreign / "notes.txt").write_text("keep")
+    with pytest.raises(ForeignDirectoryError, match="mine"):
+        write_stacked_report(experiments, foreign)
+    assert (foreign / "notes.txt").read_text() == "keep" and not (foreign / "report.md").exists()
+    with pytest.raises(StackedReportError, match="named twice"):
+        write_stacked_report([experiments[0], experiments[0]], out)
+
+
+def test_report_command_stacks_configs_only_with_stacked(tmp_path, capsys):
+    from anchorctx.cli import main
+
+    presets = [
+        "configs/paper/table5-slimpajama-64k.yaml",
+        "configs/paper/table5-upsampledmix-128k.yaml",
+    ]
+    root = ["--set", f"run_root={tmp_path}"]
+    assert main(["report", *presets, *root]) == 2
+    assert "only with --stacked DIR" in capsys.readouterr().err
+    out = tmp_path / "stacked"
+    assert main(["report", *presets, *root, "--stacked", str(out)]) == 0
+    md = (out / "report.md").read_text()
+    # No arm evaluated yet: the paper's rows of both datasets, "—" for ours.
+    assert "| SlimPajama-64K | anchor | — | — / 73.25 |" in md
+    assert "| UpSampledMix-128K | anchor | — / 65.24 |" in md
+    assert f"markdown: {out / 'report.md'}" in capsys.readouterr().out

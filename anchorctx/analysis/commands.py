@@ -14,7 +14,9 @@ def rope_precision_arguments(parser: argparse.ArgumentParser) -> None:
         "--out",
         default=None,
         metavar="DIR",
-        help="Output directory (default: <run_dir>/analysis/).",
+        help="Output directory (default: <run_dir>/analysis/): rope_precision.json (means "
+        "over sequences), .md and .png (Figure 1), rope_precision_per_sample.json (the shift "
+        "curve of every sequence) and .png (Figure 7: one line per sequence and the mean).",
     )
     parser.add_argument("--no-progress", action="store_true", help="Hide the progress bar.")
 
@@ -40,5 +42,5 @@ def rope_precision(args: argparse.Namespace) -> int:
             f"D_logit(T={result['settings']['lengths'][-1]})="
             f"{result['logit_diff_by_length'][mode][str(result['settings']['lengths'][-1])]:.3e}"
         )
-    print(f"wrote {path} (figure and table beside it)")
+    print(f"wrote {path} (figure, table and per-sequence curves beside it)")
     return 0

@@ -90,6 +90,52 @@ def plot_study(result: dict[str, Any], path: Path | BinaryIO) -> Path | BinaryIO
     return path
 
 
+def _per_sample_panel(ax, record: dict[str, Any], mode: str) -> None:
+    settings = record["settings"]
+    shifts = settings["shifts"]
+    xs = range(len(shifts))
+    curves = record["per_sample_shift_curve"][mode]
+    for i, curve in enumerate(curves):
+        ys = [curve[str(d)] for d in shifts]
+        label = "one line per sequence" if i == 0 else None
+        ax.plot(xs, _positive(ys), color=STYLE[mode]["color"], lw=0.7, alpha=0.35, label=label)
+    mean = [record["shift_curve"][mode][str(d)] for d in shifts]
+    ax.plot(xs, _positive(mean), color="black", lw=2, marker=STYLE[mode]["marker"], label="mean")
+    if settings["delta2"] in shifts:
+        ax.axvline(shifts.index(settings["delta2"]), color="grey", ls=":", lw=1)
+    ax.set_xticks(xs, [str(d) for d in shifts], rotation=60, fontsize=7)
+    ax.set_yscale("log")  # modes differ by orders of magnitude: each panel has its own axis
+    ax.set_xlabel(f"Δ1 (Δ2 = {settings['delta2']})")
+    ax.set_ylabel("attention difference D")
+    ax.set_title(f"{STYLE[mode]['label']}: {len(curves)} sequence(s)")
+
+
+def plot_per_sample(record: dict[str, Any], path: Path | BinaryIO) -> Path | BinaryIO:
+    """The paper's Figure 7 from ``rope_precision_per_sample.json``: per mode, the attention
+    difference D against Δ1 of every sequence, and their mean. PNG, non-interactive Agg."""
+    # Imported here: matplotlib loads only when a figure is drawn.
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    modes = record["settings"]["modes"]
+    fig = Figure(figsize=(5.4 * len(modes), 4.6))
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(1, len(modes), squeeze=False)[0]
+    for ax, mode in zip(axes, modes, strict=True):
+        _per_sample_panel(ax, record, mode)
+        ax.grid(True, which="both", alpha=0.25)
+        ax.legend(fontsize=7)
+    settings = record["settings"]
+    fig.suptitle(
+        f"BF16 RoPE precision per sequence — {settings.get('weights', '')}; "
+        f"{settings['num_sequences']} sequence(s) × {settings['seq_len']} tokens",
+        fontsize=10,
+    )
+    fig.tight_layout()
+    fig.savefig(path, dpi=130, format="png")
+    return path
+
+
 # ------------------------------------------------------------------------ on learned weights
 INPUT_STYLE = {
     "with_anchor": {"ls": "-", "fillstyle": "full", "label": "anchor at 0"},

@@ -50,7 +50,7 @@ from tqdm.auto import tqdm
 from transformers import AutoModelForCausalLM
 
 from anchorctx.analysis.metrics import column_normalizer, first_token_logits, key_abs_diff
-from anchorctx.analysis.plot import plot_study
+from anchorctx.analysis.plot import plot_per_sample, plot_study
 from anchorctx.analysis.probe import capture, register
 from anchorctx.io import atomic_write_bytes, atomic_write_json, atomic_write_text, read_json
 from anchorctx.manifest import base_manifest
@@ -74,6 +74,10 @@ MODES = ("fp32", "bf16", "bf16_rope_fp32")
 JSON_NAME = "rope_precision.json"
 PNG_NAME = "rope_precision.png"
 MD_NAME = "rope_precision.md"
+# Figure 7: the shift curve of every sequence (the main JSON keeps only their mean and std).
+PER_SAMPLE_JSON = "rope_precision_per_sample.json"
+PER_SAMPLE_PNG = "rope_precision_per_sample.png"
+PER_SAMPLE_KEY = "per_sample_shift_curve"  # in measure()'s result; write_study moves it out
 SCHEMA_VERSION = 1
 
 
@@ -205,8 +209,10 @@ def _mean_std(values: Sequence[float]) -> tuple[float, float]:
 
 
 def _aggregate(rows: list[dict[str, Any]], spec: RopePrecisionConfig) -> dict[str, Any]:
-    """Mean (and std) over sequences of one mode's per-sequence metrics."""
-    curve = {d: _mean_std([r["curve"][d] for r in rows]) for d in _shifts(spec)}
+    """Mean (and std) over sequences of one mode's per-sequence metrics, and the per-sequence
+    shift curves themselves (Figure 7), whose mean is ``shift_curve`` by construction."""
+    per_sample = [{str(d): r["curve"][d] for d in _shifts(spec)} for r in rows]
+    curve = {d: _mean_std([c[str(d)] for c in per_sample]) for d in _shifts(spec)}
     logit = {n: _mean_std([r["logit"][n] for r in rows]) for n in spec.lengths}
     per_token = torch.stack([r["per_token"] for r in rows]).mean(dim=0)
     total = float(per_token.sum())
@@ -217,6 +223,7 @@ def _aggregate(rows: list[dict[str, Any]], spec: RopePrecisionConfig) -> dict[st
         "logit_diff_by_length_std": {str(n): s for n, (_, s) in logit.items()},
         "per_token": per_token.tolist(),
         "first_token_share": float(per_token[0]) / total if total > 0 else 0.0,
+        PER_SAMPLE_KEY: per_sample,
     }
 
 
@@ -229,7 +236,9 @@ def measure(
 ) -> dict[str, Any]:
     """Run the study on a prepared model (:func:`prepare_model`) and token ids [N, ≥T].
 
-    Returns the result mapping written to ``rope_precision.json`` (without config/manifest).
+    Returns the result mapping written to ``rope_precision.json`` (without config/manifest);
+    its per-sequence shift curves (``per_sample_shift_curve``) go to
+    ``rope_precision_per_sample.json`` instead (:func:`write_study`).
     """
 
     need = max(spec.seq_len, *spec.lengths)
@@ -276,6 +285,7 @@ def _assemble(
         "per_token",
         "logit_diff_by_length",
         "logit_diff_by_length_std",
+        PER_SAMPLE_KEY,
     )
     out: dict[str, Any] = {
         "schema_version": SCHEMA_VERSION,
@@ -427,19 +437,41 @@ def run_study(
 
 # ---------------------------------------------------------------------------------------- output
 def write_study(result: dict[str, Any], out_dir: Path, *, figure: bool = True) -> Path:
-    """Write ``rope_precision.json`` (+ manifest), the three-panel PNG and a Markdown table.
+    """Write ``rope_precision.json`` (+ manifest), the three-panel PNG and a Markdown table;
+    with the per-sequence shift curves in ``result`` (what :func:`measure` returns), also
+    ``rope_precision_per_sample.json`` and its figure (the paper's Figure 7).
 
-    ``figure=False`` skips the PNG (machines without matplotlib); render it later with
-    :func:`render_figure` from the JSON.
+    ``figure=False`` skips the PNGs (machines without matplotlib); render them later with
+    :func:`render_figure` and :func:`render_per_sample_figure` from the JSON files.
     """
 
     out_dir.mkdir(parents=True, exist_ok=True)
     result = {**result, "manifest": base_manifest(command="rope-precision")}
+    per_sample = result.pop(PER_SAMPLE_KEY, None)
     atomic_write_text(out_dir / MD_NAME, markdown_table(result))
-    path = atomic_write_json(out_dir / JSON_NAME, result)
+    if per_sample is not None:
+        samples = atomic_write_json(
+            out_dir / PER_SAMPLE_JSON, per_sample_record(result, per_sample)
+        )
+        if figure:
+            render_per_sample_figure(samples)
+    path = atomic_write_json(out_dir / JSON_NAME, result)  # last: its presence means complete
     if figure:
         render_figure(path)
     return path
+
+
+def per_sample_record(result: dict[str, Any], per_sample: dict[str, list]) -> dict[str, Any]:
+    """The Figure 7 file: per mode, one shift curve per sequence (input order) and their mean,
+    the main result's ``shift_curve`` (the same values, so equal exactly)."""
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "study": "rope_precision_per_sample",
+        "settings": result["settings"],
+        PER_SAMPLE_KEY: per_sample,
+        "shift_curve": result["shift_curve"],
+        "manifest": result["manifest"],
+    }
 
 
 def render_figure(json_path: str | Path, target: str | Path | None = None) -> Path:
@@ -449,6 +481,16 @@ def render_figure(json_path: str | Path, target: str | Path | None = None) -> Pa
     target = Path(target) if target is not None else json_path.with_name(PNG_NAME)
     png = io.BytesIO()
     plot_study(read_json(json_path), png)
+    return atomic_write_bytes(target, png.getvalue())
+
+
+def render_per_sample_figure(json_path: str | Path, target: str | Path | None = None) -> Path:
+    """Render Figure 7 of a ``rope_precision_per_sample.json`` (default: beside it), atomically."""
+
+    json_path = Path(json_path)
+    target = Path(target) if target is not None else json_path.with_name(PER_SAMPLE_PNG)
+    png = io.BytesIO()
+    plot_per_sample(read_json(json_path), png)
     return atomic_write_bytes(target, png.getvalue())
 
 

@@ -15,9 +15,11 @@ from anchorctx.evaluation.records import ResultRecord
 from anchorctx.evaluation.report import write_experiment_report
 from anchorctx.evaluation.results import SUITES, EvaluationError, evaluate_checkpoint, load_result
 from anchorctx.evaluation.settings import suite_argument
+from anchorctx.evaluation.stacked_report import write_stacked_report
 from anchorctx.evaluation.tracking import log_evaluation, log_report
 from anchorctx.evaluation.weights import WeightAveragingError, averaged_owner
 from anchorctx.evaluation.weights import average_weights as _average
+from anchorctx.experiment import check_layout, load_config
 from anchorctx.io import WriterLock, check_replaceable
 from anchorctx.models.checkpoints import list_checkpoints
 from anchorctx.packing.pipeline import prepare_data
@@ -173,14 +175,39 @@ def _fmt(value: Any) -> str:
 # --------------------------------------------------------------------------------- report
 def report_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
+        "more_configs",
+        nargs="*",
+        metavar="CONFIG",
+        help="With --stacked: further experiment configs, stacked below the first in this "
+        "order (--set applies to every config).",
+    )
+    parser.add_argument(
         "--last-k",
         type=_positive,
         metavar="K",
         help="Average over the last K checkpoints. Default: evaluation.last_k.",
     )
+    parser.add_argument(
+        "--stacked",
+        metavar="DIR",
+        help="Instead of each experiment's own report: one RULER table across the configs in "
+        "the paper's Table 5 layout (rows dataset × arm, lengths longest first, the paper's "
+        "numbers beside; arms scored on different task sets in separate tables), written as "
+        "DIR/report.{md,json}. DIR is replaced only when it is new, empty or an earlier "
+        "stacked report.",
+    )
 
 
 def report(args: argparse.Namespace) -> int:
+    if args.stacked:
+        return _stacked_report(args)
+    if args.more_configs:
+        print(
+            "anchorctx report: several configs make one report only with --stacked DIR; "
+            "without it, report one config at a time",
+            file=sys.stderr,
+        )
+        return 2
     cfg = args.cfg
     last_k = args.last_k or cfg.evaluation.last_k
     try:
@@ -201,6 +228,29 @@ def report(args: argparse.Namespace) -> int:
     _arm_comparison(cfg)
     out = write_experiment_report(cfg.experiment_dir, [arm.variant_name for arm in arms])
     log_report(cfg, out)
+    print(out["markdown"])
+    for name, path in out["paths"].items():
+        print(f"{name}: {path}")
+    return 0
+
+
+def _stacked_report(args: argparse.Namespace) -> int:
+    """One report across the configs' experiments (:mod:`~anchorctx.evaluation.stacked_report`);
+    each arm's results are checked and averaged first, as for its own report."""
+    cfgs = [args.cfg]
+    for path in args.more_configs:
+        cfg = load_config(path, args.overrides)
+        check_layout(cfg, source=path)  # what `report CONFIG` checks for the first
+        cfgs.append(cfg)
+    experiments = []
+    for cfg in cfgs:
+        arms = cfg.arms()
+        for arm in arms:
+            if (arm.run_dir / "eval").is_dir():
+                # As for one report: every result averaged is the one `evaluate` wrote.
+                summarize_run(arm.run_dir, args.last_k or cfg.evaluation.last_k, verify=True)
+        experiments.append((cfg.experiment_dir, [arm.variant_name for arm in arms]))
+    out = write_stacked_report(experiments, Path(args.stacked))
     print(out["markdown"])
     for name, path in out["paths"].items():
         print(f"{name}: {path}")

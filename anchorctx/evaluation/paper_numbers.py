@@ -86,7 +86,8 @@ def beside(
     return out
 
 
-def _cell_text(entry: BesidePaper | None) -> str:
+def beside_cell_text(entry: BesidePaper | None) -> str:
+    """``ours / paper (ours − paper) [our 95% interval]``; "—" for no cell."""
     if entry is None:
         return "—"
     paper = f"{entry['paper']:.2f}"
@@ -112,7 +113,7 @@ def beside_markdown(
     rows = [a for a in arms if a in compared] + [a for a in compared if a not in arms]
     tables = sorted({e["table"] for a in rows for e in compared[a].values()}, key=int)
     header = ["arm"] + [length_label(c) if c.isdigit() else c for c in shown]
-    body = [[a] + [_cell_text(compared[a].get(c)) for c in shown] for a in rows]
+    body = [[a] + [beside_cell_text(compared[a].get(c)) for c in shown] for a in rows]
     cited = ", ".join(f"Table {t}" for t in tables)
     return (
         f"### {title} — ours / paper ({CITATION}, {cited}); (ours − paper) [our 95% interval]\n\n"

@@ -22,9 +22,9 @@ different task sets (e.g. 11 and 13 tasks) are shown in separate tables, never s
 from __future__ import annotations
 
 import io
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from anchorctx.analysis import rope_weights_table as rope_table
 from anchorctx.evaluation import curves as training_curves
@@ -89,6 +89,8 @@ from anchorctx.io import atomic_write_bytes, atomic_write_json, atomic_write_tex
 HEADLINE = {"mmlu": ("mmlu", "acc"), "hellaswag": ("hellaswag", "acc_norm")}
 GENERAL_SUITES = {"mmlu": "MMLU", "hellaswag": "HellaSwag"}
 
+
+K = TypeVar("K")  # a table's row key: an arm's name, or a stacked report's row
 
 # ------------------------------------------------------------------------------ tables
 # Each variant's eval/summary.json; None: the variant has none.
@@ -364,18 +366,7 @@ def write_experiment_report(
         tables[name]["chance"] = chance_flags(name, tables[name], counts)
     # Sampling intervals and paired differences of the arms' RULER averages (not the base model's:
     # it is evaluated at its pretraining length only).
-    samples: dict[str, SampleScores | None] = {
-        arm: ruler_sample_scores(experiment_dir / arm, ruler)
-        if (ruler := _suite(summaries[arm], "ruler"))
-        else None
-        for arm in arms
-    }
-    # Pairs only among arms that answered the same samples (equal evaluation fingerprints).
-    identity = {
-        arm: ruler_sample_identity(experiment_dir / arm, ruler)
-        for arm in arms
-        if samples[arm] and (ruler := _suite(summaries[arm], "ruler"))  # samples: it has one
-    }
+    samples, identity = arm_ruler_samples(experiment_dir, arms, summaries)
     intervals = ruler_intervals(samples, arms, identity)
     # Arms trained under several seeds (runs <arm>-s<seed>): their differences over the seeds.
     diffs = seed_differences(samples, arms, identity)
@@ -438,6 +429,26 @@ def write_experiment_report(
     }
     atomic_write_json(experiment_dir / "report.json", record)
     return {"markdown": markdown, "tables": tables, "paths": paths}
+
+
+def arm_ruler_samples(
+    experiment_dir: Path, arms: list[str], summaries: Summaries
+) -> tuple[dict[str, SampleScores | None], dict[str, str | None]]:
+    """Per arm, the RULER sample scores its summary averages and the identity they were
+    answered under (:mod:`~anchorctx.evaluation.paired`), for :func:`ruler_intervals`."""
+    samples: dict[str, SampleScores | None] = {
+        arm: ruler_sample_scores(experiment_dir / arm, ruler)
+        if (ruler := _suite(summaries.get(arm), "ruler"))
+        else None
+        for arm in arms
+    }
+    # Pairs only among arms that answered the same samples (equal evaluation fingerprints).
+    identity = {
+        arm: ruler_sample_identity(experiment_dir / arm, ruler)
+        for arm in arms
+        if samples[arm] and (ruler := _suite(summaries.get(arm), "ruler"))  # samples: it has one
+    }
+    return samples, identity
 
 
 # The base model's retrieval check: RULER's single-needle tasks at the base model's own lengths.
@@ -574,13 +585,23 @@ def ruler_task_sets(
 ) -> list[tuple[tuple[str, ...] | None, list[str]]]:
     """Variants grouped by the tasks their RULER mean is over (``average_tasks``), in order of
     first appearance; None: a summary written before it recorded them."""
-    groups: dict[tuple[str, ...] | None, list[str]] = {}
-    for v in variants:
-        ruler = _suite(summaries.get(v), "ruler")
-        if ruler is None:
-            continue
-        tasks = ruler.get("average_tasks")
-        groups.setdefault(tuple(tasks) if tasks is not None else None, []).append(v)
+    return group_by_task_set(
+        {
+            v: ruler.get("average_tasks")
+            for v in variants
+            if (ruler := _suite(summaries.get(v), "ruler")) is not None
+        }
+    )
+
+
+def group_by_task_set(
+    tasks: Mapping[K, Sequence[str] | None],
+) -> list[tuple[tuple[str, ...] | None, list[K]]]:
+    """Keys grouped by the task set their mean is over, in order of first appearance: the one
+    rule that keeps means over different task sets apart (this report's and the stacked one)."""
+    groups: dict[tuple[str, ...] | None, list[K]] = {}
+    for key, over in tasks.items():
+        groups.setdefault(tuple(over) if over is not None else None, []).append(key)
     return list(groups.items())
 
 
@@ -590,16 +611,24 @@ def ruler_markdown(table: Table, variants: list[str], summaries: Summaries) -> s
     groups = ruler_task_sets(summaries, variants)
     if len(groups) <= 1:
         return _markdown("Table 5 — RULER by length", table, variants, length_label)
-    parts = [
-        "**Not comparable across variants**: their RULER means are over different task sets, "
-        "so each set has its own table."
-    ]
+    parts = [TASK_SETS_APART]
     for tasks, members in groups:
         rows = {v: r for v, r in table["rows"].items() if v in members}
-        what = f"{len(tasks)} tasks: {', '.join(tasks)}" if tasks is not None else "tasks unknown"
         sub: Table = {**table, "rows": rows}
-        parts.append(_markdown(f"Table 5 — RULER by length ({what})", sub, members, length_label))
+        title = f"Table 5 — RULER by length ({task_set_label(tasks)})"
+        parts.append(_markdown(title, sub, members, length_label))
     return "\n\n".join(parts)
+
+
+TASK_SETS_APART = (
+    "**Not comparable across variants**: their RULER means are over different task sets, "
+    "so each set has its own table."
+)
+
+
+def task_set_label(tasks: tuple[str, ...] | None) -> str:
+    """``"11 tasks: niah_single_1, …"``: the title of one task set's table."""
+    return f"{len(tasks)} tasks: {', '.join(tasks)}" if tasks is not None else "tasks unknown"
 
 
 # ------------------------------------------------------------------- the paper's numbers

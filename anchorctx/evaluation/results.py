@@ -115,6 +115,7 @@ SCORE_NEUTRAL_SOURCES = (
     "evaluation/schedule.py",
     "evaluation/seed_pairs.py",
     "evaluation/sharding.py",
+    "evaluation/stacked_report.py",
     "evaluation/token_time.py",
     "evaluation/tracking.py",
     "evaluation/weights.py",

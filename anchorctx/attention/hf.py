@@ -93,7 +93,8 @@ def attention_name(model: torch.nn.Module) -> str:
     """The attention implementation ``model`` dispatches to. transformers (5.17-5.23) has a
     public setter (``set_attn_implementation``) but no public getter: the config's
     ``_attn_implementation`` is read here and nowhere else in the library."""
-    config = model.config  # typed Tensor | Module by torch's Module.__getattr__: narrowed here
+    # torch's Module.__getattr__ types model.config as Tensor | Module: narrowed here.
+    config = getattr(model, "config", None)
     if not isinstance(config, PretrainedConfig):
         raise TypeError(f"{type(model).__name__} has no transformers config (model.config)")
     return config._attn_implementation

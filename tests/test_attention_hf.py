@@ -170,3 +170,10 @@ def test_subset_of_heads_full_sequence():
     )
     assert full.shape == (1, 16, 8, 4)
     torch.testing.assert_close(part, full[:, :, 4:], atol=1e-6, rtol=1e-6)
+
+
+def test_attention_name_of_a_module_without_a_transformers_config_is_a_type_error():
+    """Only a transformers model has an attention implementation to read: any other module is a
+    one-line error naming its class, not an AttributeError from inside the getter."""
+    with pytest.raises(TypeError, match=r"^Linear has no transformers config"):
+        hf.attention_name(torch.nn.Linear(2, 2))

@@ -180,3 +180,24 @@ def test_lr_schedule(tiny_config, schedule):
     assert decay[len(decay) // 2] == pytest.approx(
         1e-3 * (COSINE_FLOOR + (1 - COSINE_FLOOR) * 0.5 * (1 + math.cos(math.pi * 10 / 19)))
     )
+
+
+@pytest.mark.parametrize(
+    ("heads", "kv", "sp"), [(4, 2, 3), (12, 4, 6), (4, 2, 4), (8, 8, 2), (4, 2, 1)]
+)
+def test_the_planner_checks_heads_as_training_does(heads, kv, sp):
+    """cost_plan.heads_problem (the planner, from a Shape) gives training's own check_heads
+    verdict (from a transformers config), message included."""
+    from transformers import LlamaConfig
+
+    from anchorctx.training.cost_plan import heads_problem
+    from anchorctx.training.memory import Shape
+    from anchorctx.training.plan import check_heads
+
+    config = LlamaConfig(hidden_size=heads * 8, num_attention_heads=heads, num_key_value_heads=kv)
+    try:
+        check_heads(config, sp)
+        expected = None
+    except TrainingError as err:
+        expected = str(err)
+    assert heads_problem(Shape(2, heads * 8, 64, heads, kv, 100), sp) == expected

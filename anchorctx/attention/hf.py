@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
-from transformers import AttentionInterface
+from transformers import AttentionInterface, PretrainedConfig
 
 from anchorctx.attention.api import attend
 from anchorctx.attention.errors import AttentionError
@@ -93,14 +93,19 @@ def attention_name(model: torch.nn.Module) -> str:
     """The attention implementation ``model`` dispatches to. transformers (5.17-5.23) has a
     public setter (``set_attn_implementation``) but no public getter: the config's
     ``_attn_implementation`` is read here and nowhere else in the library."""
-    return model.config._attn_implementation
+    # torch's Module.__getattr__ types model.config as Tensor | Module: narrowed here.
+    config = getattr(model, "config", None)
+    if not isinstance(config, PretrainedConfig):
+        raise TypeError(f"{type(model).__name__} has no transformers config (model.config)")
+    return config._attn_implementation
 
 
 def select_attention(model: torch.nn.Module, name: str) -> None:
     """Make ``model`` dispatch to the registered implementation ``name`` (public API), or raise
     if the model does not dispatch through ``AttentionInterface``."""
-    if hasattr(model, "set_attn_implementation"):
-        model.set_attn_implementation(name)
+    setter = getattr(model, "set_attn_implementation", None)  # transformers models have it
+    if setter is not None:
+        setter(name)
     if attention_name(model) != name:
         raise RuntimeError(
             f"{type(model).__name__} did not accept attn_implementation={name!r}: it must "

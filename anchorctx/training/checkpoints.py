@@ -47,7 +47,7 @@ import random
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import torch
@@ -67,6 +67,7 @@ from anchorctx.training.settings import SaveConfig
 
 if TYPE_CHECKING:
     from deepspeed.runtime.engine import DeepSpeedEngine
+    from transformers import PreTrainedModel
 
 RESUME_DIR = "resume"
 TRAINER_FILE = "trainer.json"
@@ -115,7 +116,7 @@ def _stage_weights(
     return stage, None
 
 
-def _finish_streamed(model: torch.nn.Module, staged: Path, tmp: Path) -> None:
+def _finish_streamed(model: PreTrainedModel, staged: Path, tmp: Path) -> None:
     """Move the streamed weights in and write what ``save_pretrained`` writes beside them."""
     for path in staged.iterdir():
         path.rename(tmp / path.name)
@@ -260,7 +261,10 @@ def _unb64(text: str) -> torch.Tensor:
 def rng_state() -> dict[str, Any]:
     """This process's RNG state as plain JSON (no pickle needed to read it back)."""
     version, internal, gauss = random.getstate()
-    name, keys, pos, has_gauss, cached = np.random.get_state()
+    # The global RandomState is always MT19937, whose legacy state (the default) is this tuple;
+    # numpy types get_state() as that tuple or the dict form of other bit generators.
+    legacy = cast(tuple[str, np.ndarray, int, int, float], np.random.get_state())
+    name, keys, pos, has_gauss, cached = legacy
     state: dict[str, Any] = {
         "python": [version, list(internal), gauss],
         "numpy": [name, keys.tolist(), int(pos), int(has_gauss), float(cached)],
@@ -339,7 +343,7 @@ def _any_rank_failed(failed: bool) -> bool:
     return bool(_reduce_int(1 if failed else 0, dist.ReduceOp.MAX))
 
 
-def _reduce_int(value: int, op: dist.ReduceOp) -> int:
+def _reduce_int(value: int, op: dist.ReduceOp.RedOpType) -> int:
     """``value`` reduced over all ranks with ``op`` (a collective: all ranks must call)."""
     if not dist.is_initialized() or dist.get_world_size() == 1:
         return value

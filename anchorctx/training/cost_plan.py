@@ -36,8 +36,7 @@ import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from types import SimpleNamespace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from anchorctx.training import layout_plan, memory
 from anchorctx.training.memory import GIB, RESERVED_FRACTION, Options, Shape
@@ -164,7 +163,7 @@ def model_shape(cfg: ExperimentConfig, name: str | None = None) -> tuple[Shape, 
             t.head_dim,
         )
         return shape, "model.tiny"
-    path = Path(m.path)
+    path = Path(cast(Path, m.path))  # ModelConfig holds exactly one of path and tiny
     if (path / "config.json").is_file():
         return _shape_from_json(json.loads((path / "config.json").read_text())), str(
             path / "config.json"
@@ -196,12 +195,10 @@ def heads_problem(shape: Shape, sp: int) -> str | None:
     """Why Ulysses cannot split ``shape``'s heads over ``sp`` GPUs, in training's own words
     (:func:`anchorctx.training.plan.check_heads`); None when it can."""
     # Imported here: plan.py resolves devices through torch, which only a plan needs.
-    from anchorctx.training.plan import TrainingError, check_heads
+    from anchorctx.training.plan import TrainingError, check_head_counts
 
-    text = SimpleNamespace(num_attention_heads=shape.heads, num_key_value_heads=shape.kv_heads)
-    config = SimpleNamespace(get_text_config=lambda: text)  # check_heads reads a HF config
     try:
-        check_heads(config, sp)
+        check_head_counts(shape.heads, shape.kv_heads or shape.heads, sp)
     except TrainingError as err:
         return str(err)
     return None
@@ -622,6 +619,7 @@ def document_lengths(
     the measured rows' ``D`` (:func:`assumed_lengths`). ``cache`` shares the datasets located
     and read between the arms of one plan."""
     cache = {} if cache is None else cache
+    where: tuple[str | int, ...]
     where = ("locate", cfg.data.model_dump_json(), cfg.seed, str(cfg.model.tokenizer_path))
     where += (str(cfg.experiment_dir),)
     if where not in cache:

@@ -126,9 +126,9 @@ def build_optimizer(model: torch.nn.Module, cfg: ExperimentConfig, device: str):
         import_deepspeed()
         from deepspeed.ops.adam import DeepSpeedCPUAdam
 
-        return DeepSpeedCPUAdam(groups, lr=t.lr, betas=tuple(t.betas), eps=1e-8, adamw_mode=True)
+        return DeepSpeedCPUAdam(groups, lr=t.lr, betas=t.betas, eps=1e-8, adamw_mode=True)
     fused = {"fused": True} if device == "cuda" else {}
-    return torch.optim.AdamW(groups, lr=t.lr, betas=tuple(t.betas), eps=1e-8, **fused)
+    return torch.optim.AdamW(groups, lr=t.lr, betas=t.betas, eps=1e-8, **fused)
 
 
 # The cosine schedule ends at this fraction of the peak rate (the Chinchilla recipe's 10%).

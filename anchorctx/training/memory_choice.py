@@ -227,7 +227,8 @@ def choose(
     config's own options are considered."""
     liger = liger_installed() if liger is None else liger
     t = cfg.training
-    base = dataclasses.replace(memory_options(cfg, shape, world, sp), **_zero(cfg, zero))
+    options = memory_options(cfg, shape, world, sp)
+    base = dataclasses.replace(options, zero=_zero(cfg, zero, options.zero))
     overlap = layout_plan.overlap_of(t.comm, base.zero)
     tokens = row_tokens(cfg, sp)
     use = usable_gib(gpu)
@@ -273,10 +274,11 @@ def choose(
     return dataclasses.replace(best[1], fitting=fitting, considered=considered)
 
 
-def _zero(cfg: ExperimentConfig, zero: int | None) -> dict[str, int]:
+def _zero(cfg: ExperimentConfig, zero: int | None, default: int) -> int:
+    """The ZeRO stage: ``zero`` if given, else the config's, else ``default``."""
     if zero is not None:
-        return {"zero": zero}
-    return {"zero": cfg.training.zero_stage} if cfg.training.zero_stage is not None else {}
+        return zero
+    return cfg.training.zero_stage if cfg.training.zero_stage is not None else default
 
 
 def sp_candidates(cfg: ExperimentConfig, shape: Shape, world: int) -> list[int]:

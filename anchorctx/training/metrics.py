@@ -13,8 +13,12 @@ import resource
 import sys
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 # Dense bf16 tensor-core peaks (TFLOP/s) per device, by name fragment; most specific first.
 PEAK_BF16_TFLOPS = (
@@ -40,12 +44,12 @@ def peak_tflops(device: str, precision: str, configured: float | None) -> float 
     return next((peak for key, peak in PEAK_BF16_TFLOPS if key in name), None)
 
 
-def matmul_params(model: torch.nn.Module) -> int:
+def matmul_params(model: PreTrainedModel) -> int:
     """Parameters that take part in a matmul per token (all but the input embedding).
 
     ZeRO-3 partitions parameters; ``ds_numel`` keeps their full size."""
     total = sum(getattr(p, "ds_numel", p.numel()) for p in model.parameters())
-    emb = model.get_input_embeddings().weight
+    emb = model.get_input_embeddings().get_parameter("weight")
     return total - getattr(emb, "ds_numel", emb.numel())
 
 

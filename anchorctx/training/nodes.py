@@ -30,6 +30,7 @@ import socket
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import cast
 
 from anchorctx.io import atomic_write_text
 from anchorctx.training.plan import TrainingError
@@ -139,21 +140,23 @@ def check_shared_run_dir(run_dir: Path, rank: int, world: int) -> None:
     import torch.distributed as dist
 
     path = Path(run_dir) / _CHECK_FILE
-    token = [secrets.token_hex(16) if rank == 0 else None]
+    token: list[str | None] = [None]  # filled by the broadcast on ranks other than 0
     if rank == 0:
+        token[0] = mine = secrets.token_hex(16)
         path.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(path, token[0])
+        atomic_write_text(path, mine)
     dist.broadcast_object_list(token, src=0)
     dist.barrier()  # rank 0's rename is done before anyone reads
     try:
         seen = path.read_text() == token[0]
     except OSError:
         seen = False
-    views: list[tuple[bool, str] | None] = [None] * world
-    dist.all_gather_object(views, (seen, socket.gethostname()))
-    blind = [f"rank {r} ({host})" for r, (ok, host) in enumerate(views) if not ok]  # type: ignore[misc]
+    gathered: list[tuple[bool, str] | None] = [None] * world
+    dist.all_gather_object(gathered, (seen, socket.gethostname()))
+    views = cast(list[tuple[bool, str]], gathered)  # all_gather_object filled every slot
+    blind = [f"rank {r} ({host})" for r, (ok, host) in enumerate(views) if not ok]
     if blind:
         raise TrainingError(
             f"run_root is not shared: {', '.join(blind)} cannot see {path}, written by rank 0 "
-            f"({views[0][1]}); every node must mount the same run_root"  # type: ignore[index]
+            f"({views[0][1]}); every node must mount the same run_root"
         )

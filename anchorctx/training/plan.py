@@ -158,7 +158,13 @@ def check_heads(hf_config: PretrainedConfig, sp: int) -> None:
         return
     text = hf_config.get_text_config()
     heads = text.num_attention_heads
-    kv = getattr(text, "num_key_value_heads", None) or heads
+    check_head_counts(heads, getattr(text, "num_key_value_heads", None) or heads, sp)
+
+
+def check_head_counts(heads: int, kv: int, sp: int) -> None:
+    """:func:`check_heads` on a model's ``heads`` query and ``kv`` key/value heads."""
+    if sp == 1:
+        return
     if heads % sp:
         divisors = [d for d in range(1, heads + 1) if heads % d == 0]
         raise TrainingError(

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Protocol
 
 import torch
 import torch.distributed as dist
+from transformers import PreTrainedModel
 
 from anchorctx.attention.hf import model_inputs
 from anchorctx.training import tiling
@@ -73,7 +74,7 @@ def tiled_loss_sum(
     run as usual) with ``logits_to_keep`` empty, so the model's own LM head sees zero positions;
     the final hidden states are taken from the decoder's norm and the head runs tile by tile.
     """
-    module = getattr(model, "module", model)  # the model DeepSpeed wraps
+    module = _hf_model(model)
     none = torch.empty(0, dtype=torch.long, device=mb.input_ids.device)
     with _final_hidden(module) as captured:
         forward_logits(model, mb, attention_engine, logits_to_keep=none)
@@ -85,8 +86,16 @@ def tiled_loss_sum(
     return tiled_summed_cross_entropy(head, hidden, mb.targets, tiles)
 
 
+def _hf_model(model: DeepSpeedEngine | torch.nn.Module) -> PreTrainedModel:
+    """The transformers model: the one DeepSpeed wraps (its ``module``), or ``model`` itself."""
+    module = getattr(model, "module", model)
+    if not isinstance(module, PreTrainedModel):
+        raise TypeError(f"{type(module).__name__} is not a transformers model (PreTrainedModel)")
+    return module
+
+
 @contextmanager
-def _final_hidden(model: torch.nn.Module) -> Iterator[dict[str, torch.Tensor]]:
+def _final_hidden(model: PreTrainedModel) -> Iterator[dict[str, torch.Tensor]]:
     """Captures the decoder's final (normed) hidden states, [B, T, H], during a forward."""
     out: dict[str, torch.Tensor] = {}
     norm = model.get_decoder().norm

@@ -45,6 +45,8 @@ from anchorctx.training.deepspeed_env import import_deepspeed
 from anchorctx.training.plan import TrainingError
 
 if TYPE_CHECKING:
+    from transformers import PreTrainedModel
+
     from anchorctx.experiment import ExperimentConfig
     from anchorctx.training.settings import MemoryConfig
 
@@ -119,7 +121,7 @@ def enable_checkpoint_offload(model) -> int:
     return len(layers)
 
 
-def enable_activation_checkpointing(model: torch.nn.Module) -> None:
+def enable_activation_checkpointing(model: PreTrainedModel) -> None:
     """Recompute each decoder layer in backward (non-reentrant checkpointing).
 
     transformers renamed ``gradient_checkpointing_enable`` to ``activation_checkpointing_enable``

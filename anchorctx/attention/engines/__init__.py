@@ -52,8 +52,10 @@ def ranked(rows: Sequence[Layout]) -> list[str]:
     """The engines ``auto`` ranks on document-masked rows (a ``masked`` rank and a cost),
     cheapest first; equal costs keep the ``masked`` rank order (a stable sort)."""
     counts = cost.TileCounts.of(rows)
-    costs = {name: ENGINES[name].cost(counts) for name in preference("masked")}
-    return sorted((name for name, c in costs.items() if c is not None), key=costs.__getitem__)
+    costs = {
+        name: c for name in preference("masked") if (c := ENGINES[name].cost(counts)) is not None
+    }
+    return sorted(costs, key=costs.__getitem__)
 
 
 def auto_order(device_type: str, rows: Sequence[Layout]) -> tuple[str, ...]:

@@ -27,9 +27,14 @@ from test_eval_sharding import LENGTHS, _cfg, _sorted_records
 from anchorctx.demo import ensure_eval_fixtures
 from anchorctx.evaluation import results
 from anchorctx.experiment import config_from_dict
-from anchorctx.flows.pool import LOST_AFTER_S
+from anchorctx.flows.pool import HEARTBEAT_S
 
 pytestmark = pytest.mark.slow
+
+# The workers' lost-run window (`eval-worker --lost-after`): 10 s over the shard runs' heartbeat
+# period, which Prefect keeps at 30 s or more, so a live run is never taken for lost; the default
+# (90 s) would be waited out in full after the kill.
+LOST_AFTER_S = HEARTBEAT_S + 10
 
 # Run inside node 0: wait until both workers have registered and are online.
 WAIT_FOR_WORKERS = """
@@ -169,7 +174,7 @@ def _pool_on_two_hosts(tmp_path: Path, while_server_starts):
                 time.sleep(1)
             for node in (0, 1):  # one worker per host: each is one slot of the pool
                 worker = [sys.executable, "-m", "anchorctx", "eval-worker", "anchorctx-test"]
-                worker += ["--name", f"node{node}"]
+                worker += ["--name", f"node{node}", "--lost-after", str(LOST_AFTER_S)]
                 procs.append(_in(hosts, node, worker, worker_env, worker_logs[node]))
             wait = [sys.executable, "-c", WAIT_FOR_WORKERS, "anchorctx-test"]
             online = subprocess.run(
@@ -295,6 +300,7 @@ def test_a_host_lost_mid_shard_is_run_again_on_the_other(tmp_path, demo_corpus):
     assert proc.returncode == 0, err[-6000:] + logs
     lost = [x for x in (out + err).splitlines() if "lost on" in x]
     assert len(lost) == 1 and f"({hosts[1][1]})" in lost[0], (out + err)[-6000:]
+    assert f"no heartbeat from its node for {LOST_AFTER_S} s" in lost[0], lost[0]
     report = _report(out)
     crashed = [t for _, state, t in report["states"] if state == "Crashed"]
     # Slack: Prefect's proactive triggers are evaluated every 5 s, the last heartbeat may come

@@ -93,9 +93,10 @@ def check_listed_tests(items) -> None:
 SLOW_FIRST = (
     "tests/test_flows_overlap.py::test_overlapped_experiment_equals_sequential",  # group: 51
     "tests/test_gpu_small.py::test_miniature_pretrains_then_trains_the_arms_from_it",  # 55
+    # group: the two pool tests, ~130 s together
     "tests/test_eval_pool_multinode.py::test_a_host_lost_mid_shard_is_run_again_on_the_other",
-    "tests/test_training_multinode.py::test_a_killed_node_fails_the_other_and_the_run_resumes",
     "tests/test_eval_pool_multinode.py::test_shards_run_on_both_hosts_and_equal_one_process",
+    "tests/test_training_multinode.py::test_a_killed_node_fails_the_other_and_the_run_resumes",
     "tests/test_tracking.py::test_training_logs_every_step_to_every_backend",  # 57
     "tests/test_decoding.py::test_fused_step_shares_weights_and_compiles",  # 51 (Inductor, cold)
     "tests/test_task_format.py::test_task_format_documents_do_not_depend_on_workers",  # 48
@@ -135,6 +136,13 @@ TOGETHER = {
         HARNESS_GROUP
     ),
     "tests/test_flows_control.py::test_full_experiment_evaluates_an_lm_eval_suite": (HARNESS_GROUP),
+    # One server and two worker hosts for both (tests/test_eval_pool_multinode.py: `pool`).
+    "tests/test_eval_pool_multinode.py::test_shards_run_on_both_hosts_and_equal_one_process": (
+        "pool-hosts"
+    ),
+    "tests/test_eval_pool_multinode.py::test_a_host_lost_mid_shard_is_run_again_on_the_other": (
+        "pool-hosts"
+    ),
     # The second compiles nothing: Inductor's in-process cache has the first's kernels (~13 s
     # of CPU each when the two compile at once on two workers).
     "tests/test_decoding.py::test_fused_step_shares_weights_and_compiles[llama]": "inductor",

@@ -33,10 +33,11 @@ from anchorctx.flows.pool import HEARTBEAT_S
 
 pytestmark = pytest.mark.slow
 
-# The workers' lost-run window (`eval-worker --lost-after`): 10 s over the shard runs' heartbeat
-# period, which Prefect keeps at 30 s or more, so a live run is never taken for lost; the default
-# (90 s) would be waited out in full after the kill.
-LOST_AFTER_S = HEARTBEAT_S + 10
+# The workers' lost-run window (`eval-worker --lost-after`): half a period over the shard runs'
+# heartbeat period (Prefect keeps it at 30 s or more), so that a live run whose heartbeat event
+# reaches a busy server late is not taken for lost; the default (90 s) would be waited out in
+# full after the kill.
+LOST_AFTER_S = HEARTBEAT_S + HEARTBEAT_S // 2
 
 # Run inside node 0: wait until both workers have registered and are online.
 WAIT_FOR_WORKERS = """

@@ -30,11 +30,17 @@ if [ ! -f "$db_dir/prefect.db" ]; then
     && mkdir -p "$db_dir" && mv "$tmp/prefect.db" "$db_dir/prefect.db"; rm -rf "$tmp" ) &
   migrating=$!
 fi
+# mypy (~75 s of one core on a cold cache, as from a fresh clone) checks beside ruff and pytest,
+# at a lower priority: it takes the CPU the suite leaves idle (a test waiting on its processes),
+# not the suite's. Its report and verdict come after pytest's.
+echo "[test] mypy (in the background; its report follows pytest's)"
+mypy_log=$(mktemp)
+nice -n 10 python -m mypy anchorctx >"$mypy_log" 2>&1 &
+mypy=$!
+trap 'kill "$mypy" 2>/dev/null || true; rm -f "$mypy_log"' EXIT
 echo "[test] ruff"
 ruff check anchorctx tests bench
 ruff format --check anchorctx tests bench
-echo "[test] mypy"
-python -m mypy anchorctx
 if [ -n "${migrating:-}" ]; then wait "$migrating" || true; fi
 if [ -f "$db_dir/prefect.db" ]; then export ANCHORCTX_TEST_PREFECT_DB="$PWD/$db_dir/prefect.db"; fi
 # Two workers by default (CI has two cores); PYTEST_WORKERS=0 runs in this process, `auto` one
@@ -42,4 +48,11 @@ if [ -f "$db_dir/prefect.db" ]; then export ANCHORCTX_TEST_PREFECT_DB="$PWD/$db_
 # pyproject.toml). The 15 slowest tests are listed at the end.
 if [ -n "$chromium" ]; then wait "$chromium"; fi
 echo "[test] pytest"
-python -m pytest -q -n "${PYTEST_WORKERS:-2}" --durations=15 "$@"
+pytest_status=0
+python -m pytest -q -n "${PYTEST_WORKERS:-2}" --durations=15 "$@" || pytest_status=$?
+echo "[test] mypy"
+mypy_status=0
+wait "$mypy" || mypy_status=$?
+cat "$mypy_log"
+if [ "$pytest_status" != 0 ]; then exit "$pytest_status"; fi
+exit "$mypy_status"

@@ -83,30 +83,34 @@ def check_listed_tests(items) -> None:
             raise pytest.UsageError(f"{nodeid}, named in {__file__}, is not a test")
 
 
-# The slowest tests outside the served group, slowest first (CI durations on two cores, s): with
-# pytest-xdist they go out first, right after the group, so that no worker is left with a long
-# test at the end while the other idles (longest-first scheduling). A test missing here only
-# runs later; the order changes no result; a name here that is no longer a test stops the
-# collection (check_listed_tests). Refresh from `--durations` when it drifts.
+# The slowest tests outside the served group, slowest first (CI durations on two cores from a
+# fresh clone with empty caches, s): with pytest-xdist they go out first, right after the group,
+# so that no worker is left with a long test at the end while the other idles (longest-first
+# scheduling). A group goes out at its first member's place: the Prefect-harness group (its
+# tests together ~200 s) leads, beside the served group on the other worker. A test missing
+# here only runs later; the order changes no result; a name here that is no longer a test stops
+# the collection (check_listed_tests). Refresh from `--durations` when it drifts.
 SLOW_FIRST = (
-    "tests/test_training_multinode.py::test_a_killed_node_fails_the_other_and_the_run_resumes",
+    "tests/test_flows_overlap.py::test_overlapped_experiment_equals_sequential",  # group: 51
+    "tests/test_gpu_small.py::test_miniature_pretrains_then_trains_the_arms_from_it",  # 55
+    # group: the two pool tests, ~130 s together
+    "tests/test_eval_pool_multinode.py::test_a_host_lost_mid_shard_is_run_again_on_the_other",
     "tests/test_eval_pool_multinode.py::test_shards_run_on_both_hosts_and_equal_one_process",
-    "tests/test_flows_overlap.py::test_overlapped_experiment_equals_sequential",
-    "tests/test_gpu_small.py::test_miniature_pretrains_then_trains_the_arms_from_it",
+    "tests/test_training_multinode.py::test_a_killed_node_fails_the_other_and_the_run_resumes",
+    "tests/test_tracking.py::test_training_logs_every_step_to_every_backend",  # 57
+    "tests/test_decoding.py::test_fused_step_shares_weights_and_compiles",  # 51 (Inductor, cold)
+    "tests/test_task_format.py::test_task_format_documents_do_not_depend_on_workers",  # 48
     "tests/test_training_sp.py::test_sp2_and_dp2_equal_one_process",
+    "tests/test_tracking.py::test_evaluation_and_report_scores",  # 40
+    "tests/test_flows_overlap.py::test_one_gpu_prefetches_ruler_samples_while_training",  # 39
+    "tests/test_flows_overlap.py::test_prefetch_thread_starts_after_transformers_is_resolved",
+    "tests/test_packing_pipeline.py::test_deterministic_across_runs_and_workers",  # 37
     "tests/test_training_multinode.py::test_a_node_without_the_shared_run_root_fails_at_start",
-    "tests/test_flows_overlap.py::test_one_gpu_prefetches_ruler_samples_while_training",
     "tests/test_eval_sharding.py::test_flow_shards_over_gpu_slots_in_child_processes",
-    "tests/test_decoding.py::test_fused_step_shares_weights_and_compiles",
     "tests/test_training_launch.py::test_cli_sp2_launch_matches_one_process",
     "tests/test_task_format.py::test_write_pretrain_corpus_with_task_format_documents",
-    "tests/test_task_format.py::test_task_format_documents_do_not_depend_on_workers",
     "tests/test_training_tools.py::test_a_cpu_run_on_a_gpu_host_uses_deepspeeds_cpu_accelerator",
-    "tests/test_tracking.py::test_training_logs_every_step_to_every_backend",
-    "tests/test_packing_pipeline.py::test_deterministic_across_runs_and_workers",
-    "tests/test_flows_overlap.py::test_prefetch_thread_starts_after_transformers_is_resolved",
     "tests/test_analysis_rope_precision.py::test_command_writes_json_figure_and_table",
-    "tests/test_tracking.py::test_evaluation_and_report_scores",
     "tests/test_attention_triton.py::test_rows_with_different_variants_and_a_shared_layout",
 )
 
@@ -132,6 +136,13 @@ TOGETHER = {
         HARNESS_GROUP
     ),
     "tests/test_flows_control.py::test_full_experiment_evaluates_an_lm_eval_suite": (HARNESS_GROUP),
+    # One server and two worker hosts for both (tests/test_eval_pool_multinode.py: `pool`).
+    "tests/test_eval_pool_multinode.py::test_shards_run_on_both_hosts_and_equal_one_process": (
+        "pool-hosts"
+    ),
+    "tests/test_eval_pool_multinode.py::test_a_host_lost_mid_shard_is_run_again_on_the_other": (
+        "pool-hosts"
+    ),
     # The second compiles nothing: Inductor's in-process cache has the first's kernels (~13 s
     # of CPU each when the two compile at once on two workers).
     "tests/test_decoding.py::test_fused_step_shares_weights_and_compiles[llama]": "inductor",

@@ -172,3 +172,72 @@ def test_the_lost_node_is_the_runs_label():
     labelled = SimpleNamespace(labels={pool.NODE_LABEL: "gpu-7 (10.0.0.7)"}, infrastructure_pid="9")
     assert pool.run_node(labelled) == "gpu-7 (10.0.0.7)"
     assert pool.run_node(SimpleNamespace(labels={}, infrastructure_pid="9")) == "worker process 9"
+
+
+class _AutomationClient:
+    """The automation calls of a sync Prefect client, on a server holding ``existing``."""
+
+    def __init__(self, existing: list):
+        self.existing, self.created, self.updated = existing, [], []
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+    def read_deployment_by_name(self, name):
+        return SimpleNamespace(id="00000000-0000-0000-0000-000000000001")
+
+    def read_automations_by_name(self, name):
+        return [a for a in self.existing if a.name == name]
+
+    def create_automation(self, automation):
+        self.created.append(automation)
+
+    def update_automation(self, automation_id, automation):
+        self.updated.append((automation_id, automation))
+
+
+def _windows(automations) -> list[float]:
+    return [a.trigger.within.total_seconds() for a in automations]
+
+
+def test_a_workers_lost_after_sets_the_pools_window(monkeypatch):
+    """``eval-worker --lost-after S`` creates the pool's automation with an S-second window or
+    replaces the window of the one the server has; without it (a worker or the evaluate flow)
+    a missing automation gets the default and an existing one keeps its window."""
+    server = _AutomationClient([])
+    monkeypatch.setattr("prefect.client.orchestration.get_client", lambda sync_client: server)
+    pool.ensure_lost_run_automation("p")
+    assert _windows(server.created) == [pool.LOST_AFTER_S]
+    assert "for 90 s" in server.created[0].actions[0].message
+
+    custom = pool.lost_run_automation("p", "00000000-0000-0000-0000-000000000001", 40)
+    server = _AutomationClient([SimpleNamespace(id="a1", name=custom.name, trigger=custom.trigger)])
+    monkeypatch.setattr("prefect.client.orchestration.get_client", lambda sync_client: server)
+    pool.ensure_lost_run_automation("p")  # the evaluate flow: the pool's window stays
+    pool.ensure_lost_run_automation("p", 40)  # the same window: nothing to update
+    assert not server.created and not server.updated
+    pool.ensure_lost_run_automation("p", 60)
+    assert [i for i, _ in server.updated] == ["a1"]
+    assert _windows(a for _, a in server.updated) == [60]
+    assert "for 60 s" in server.updated[0][1].actions[0].message
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        ("30", "lost-after must exceed the shard runs' heartbeat period of 30 s, got 30"),
+        ("1.5", "not a whole number of seconds: '1.5'"),
+    ],
+)
+def test_eval_worker_refuses_a_lost_after_a_live_run_would_meet(value, message, capsys):
+    """A window no longer than the heartbeat period would crash live runs: one line, and the
+    worker never registers."""
+    from anchorctx.cli import main
+
+    with pytest.raises(SystemExit) as exit_:
+        main(["eval-worker", "p", "--lost-after", value])
+    assert exit_.value.code == 2
+    assert f"argument --lost-after: {message}" in capsys.readouterr().err

@@ -15,6 +15,8 @@ import re
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import netns
@@ -27,9 +29,15 @@ from test_eval_sharding import LENGTHS, _cfg, _sorted_records
 from anchorctx.demo import ensure_eval_fixtures
 from anchorctx.evaluation import results
 from anchorctx.experiment import config_from_dict
-from anchorctx.flows.pool import LOST_AFTER_S
+from anchorctx.flows.pool import HEARTBEAT_S
 
 pytestmark = pytest.mark.slow
+
+# The workers' lost-run window (`eval-worker --lost-after`): half a period over the shard runs'
+# heartbeat period (Prefect keeps it at 30 s or more), so that a live run whose heartbeat event
+# reaches a busy server late is not taken for lost; the default (90 s) would be waited out in
+# full after the kill.
+LOST_AFTER_S = HEARTBEAT_S + HEARTBEAT_S // 2
 
 # Run inside node 0: wait until both workers have registered and are online.
 WAIT_FOR_WORKERS = """
@@ -48,16 +56,20 @@ while True:
 """
 
 # Run inside node 0: the evaluate flow on the pool, then which host ran each shard (its log).
+# Only this config's shard runs (their checkpoints are under its run_root): the server also
+# holds those of the module's other test.
 COORDINATOR = """
-import json, sys
+import json, os, sys
 from anchorctx.experiment import ExperimentConfig
 from anchorctx.flows.experiment import evaluate_flow
 cfg = ExperimentConfig.model_validate_json(open(sys.argv[1]).read())
 out = evaluate_flow(cfg)
+mine = os.path.abspath(cfg.run_root) + os.sep
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.filters import FlowFilter, FlowFilterName, FlowRunFilter, LogFilter, LogFilterFlowRunId
 with get_client(sync_client=True) as client:
     runs = client.read_flow_runs(flow_filter=FlowFilter(name=FlowFilterName(any_=["evaluate-shard"])))
+    runs = [r for r in runs if str(r.parameters.get("checkpoint", "")).startswith(mine)]
     where = {}
     for run in runs:
         logs = client.read_logs(log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[run.id])))
@@ -169,7 +181,7 @@ def _pool_on_two_hosts(tmp_path: Path, while_server_starts):
                 time.sleep(1)
             for node in (0, 1):  # one worker per host: each is one slot of the pool
                 worker = [sys.executable, "-m", "anchorctx", "eval-worker", "anchorctx-test"]
-                worker += ["--name", f"node{node}"]
+                worker += ["--name", f"node{node}", "--lost-after", str(LOST_AFTER_S)]
                 procs.append(_in(hosts, node, worker, worker_env, worker_logs[node]))
             wait = [sys.executable, "-c", WAIT_FOR_WORKERS, "anchorctx-test"]
             online = subprocess.run(
@@ -194,6 +206,36 @@ def _pool_on_two_hosts(tmp_path: Path, while_server_starts):
         finally:
             for p in procs:
                 netns.kill_tree(p.pid)
+
+
+@dataclass
+class Pool:
+    """The module's two hosts, server and workers (:func:`_pool_on_two_hosts`) and the reference
+    evaluation of one process alone; ``root``: the tests' working directory."""
+
+    root: Path
+    hosts: list
+    env: dict
+    procs: list[subprocess.Popen]
+    worker_logs: list[Path]
+    ref_ckpt: Path
+    ref: dict
+
+
+@pytest.fixture(scope="module")
+def pool(tmp_path_factory, demo_corpus) -> Iterator[Pool]:
+    """One server and two workers for both tests (the lost-host test, which kills host 1, runs
+    last): their start is ~20 s of interpreters and polls, the reference evaluation ~10 s more.
+    With pytest-xdist the two tests run on one worker (tests/conftest.py: TOGETHER)."""
+    root = tmp_path_factory.mktemp("pool")
+    with _pool_on_two_hosts(root, lambda: _alone(root, demo_corpus)) as (
+        hosts,
+        env,
+        procs,
+        worker_logs,
+        (ref_ckpt, ref),
+    ):
+        yield Pool(root, hosts, env, procs, worker_logs, ref_ckpt, ref)
 
 
 def _coordinator(hosts, env: dict, cfg_json: Path, cwd: Path) -> subprocess.Popen:
@@ -236,19 +278,13 @@ def _alone(tmp_path: Path, demo_corpus):
     return ref_ckpt, ref
 
 
-def test_shards_run_on_both_hosts_and_equal_one_process(tmp_path, demo_corpus):
-    cfg, ckpt = _relative_cfg(tmp_path, demo_corpus, "pool")
-    cfg_json = tmp_path / "pool.json"
+def test_shards_run_on_both_hosts_and_equal_one_process(pool, demo_corpus):
+    hosts, worker_logs = pool.hosts, pool.worker_logs
+    cfg, ckpt = _relative_cfg(pool.root, demo_corpus, "pool")
+    cfg_json = pool.root / "pool.json"
     cfg_json.write_text(cfg.model_dump_json())
-    with _pool_on_two_hosts(tmp_path, lambda: _alone(tmp_path, demo_corpus)) as (
-        hosts,
-        env,
-        _,
-        worker_logs,
-        (ref_ckpt, ref),
-    ):
-        proc = _coordinator(hosts, env, cfg_json, tmp_path)
-        out, err = proc.communicate(timeout=600)
+    proc = _coordinator(hosts, pool.env, cfg_json, pool.root)
+    out, err = proc.communicate(timeout=600)
     logs = "\n".join(log.read_text()[-2000:] for log in worker_logs)
     assert proc.returncode == 0, err[-6000:] + logs
     report = _report(out)
@@ -264,40 +300,37 @@ def test_shards_run_on_both_hosts_and_equal_one_process(tmp_path, demo_corpus):
     assert hosts_used == {hosts[0][1], hosts[1][1]}, f"{report['where']}\n" + "\n".join(
         map(_worker_story, worker_logs)
     )
-    _assert_equal_to_alone(ckpt, ref_ckpt, ref)
+    _assert_equal_to_alone(ckpt, pool.ref_ckpt, pool.ref)
 
 
-def test_a_host_lost_mid_shard_is_run_again_on_the_other(tmp_path, demo_corpus):
+def test_a_host_lost_mid_shard_is_run_again_on_the_other(pool, demo_corpus):
     """Host 1 dies (its worker, the shard's flow run and its process, at once) while it runs a
     shard: within LOST_AFTER_S (+ slack) of its last heartbeat the run is Crashed, the flow logs
-    one line naming host 1 and runs that shard again on host 0; the result equals one process's."""
-    cfg, ckpt = _relative_cfg(tmp_path, demo_corpus, "lost")
-    cfg_json = tmp_path / "lost.json"
+    one line naming host 1 and runs that shard again on host 0; the result equals one process's.
+    (The module's last test: host 1 stays dead.)"""
+    hosts, worker_logs = pool.hosts, pool.worker_logs
+    cfg, ckpt = _relative_cfg(pool.root, demo_corpus, "lost")
+    cfg_json = pool.root / "lost.json"
     cfg_json.write_text(cfg.model_dump_json())
-    with _pool_on_two_hosts(tmp_path, lambda: _alone(tmp_path, demo_corpus)) as (
-        hosts,
-        env,
-        procs,
-        worker_logs,
-        (ref_ckpt, ref),
-    ):
-        proc = _coordinator(hosts, env, cfg_json, tmp_path)
-        started = re.compile(rf"shard \d/2 on .*\({re.escape(hosts[1][1])}\)")
-        deadline = time.monotonic() + 300
-        while not started.search(worker_logs[1].read_text()):
-            assert proc.poll() is None, proc.communicate()[1][-6000:]
-            assert time.monotonic() < deadline, "\n".join(map(_worker_story, worker_logs))
-            time.sleep(0.2)
-        netns.kill_tree(procs[2].pid)  # host 1 dies mid-shard: its worker and the run's processes
-        killed = time.time()
-        out, err = proc.communicate(timeout=600)
+    seen = len(worker_logs[1].read_text())  # host 1's log before this test's shards
+    proc = _coordinator(hosts, pool.env, cfg_json, pool.root)
+    started = re.compile(rf"shard \d/2 on .*\({re.escape(hosts[1][1])}\)")
+    deadline = time.monotonic() + 300
+    while not started.search(worker_logs[1].read_text()[seen:]):
+        assert proc.poll() is None, proc.communicate()[1][-6000:]
+        assert time.monotonic() < deadline, "\n".join(map(_worker_story, worker_logs))
+        time.sleep(0.2)
+    netns.kill_tree(pool.procs[2].pid)  # host 1 dies mid-shard: its worker and the run's processes
+    killed = time.time()
+    out, err = proc.communicate(timeout=600)
     logs = "\n".join(log.read_text()[-3000:] for log in worker_logs)
     assert proc.returncode == 0, err[-6000:] + logs
     lost = [x for x in (out + err).splitlines() if "lost on" in x]
     assert len(lost) == 1 and f"({hosts[1][1]})" in lost[0], (out + err)[-6000:]
+    assert f"no heartbeat from its node for {LOST_AFTER_S} s" in lost[0], lost[0]
     report = _report(out)
     crashed = [t for _, state, t in report["states"] if state == "Crashed"]
     # Slack: Prefect's proactive triggers are evaluated every 5 s, the last heartbeat may come
     # up to one period after the kill is noticed, and this 2-core machine runs both hosts.
     assert len(crashed) == 1 and crashed[0] - killed <= LOST_AFTER_S + 45, report["states"]
-    _assert_equal_to_alone(ckpt, ref_ckpt, ref)
+    _assert_equal_to_alone(ckpt, pool.ref_ckpt, pool.ref)

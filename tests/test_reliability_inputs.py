@@ -96,9 +96,9 @@ def test_eval_worker_names_the_server_it_cannot_reach(monkeypatch, capsys):
     url = f"http://127.0.0.1:{free_port()}/api"  # nothing listens there
     real = pool.register
 
-    def register(name):  # Prefect retries a refused connection for a while: once is enough
+    def register(*args):  # Prefect retries a refused connection for a while: once is enough
         monkeypatch.setenv("PREFECT_CLIENT_MAX_RETRIES", "0")
-        return real(name)
+        return real(*args)
 
     monkeypatch.setattr(pool, "register", register)
     with temporary_settings(updates={PREFECT_API_URL: url}):

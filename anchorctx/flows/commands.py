@@ -73,6 +73,27 @@ def eval_worker_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--name", default=None, help="Worker name shown in the UI (default: Prefect's)."
     )
+    parser.add_argument(
+        "--lost-after",
+        type=_lost_after,
+        default=None,
+        metavar="S",
+        help="Mark a shard run Crashed (and run it again elsewhere) after S seconds without a "
+        "heartbeat from its node; one window a pool, kept by workers started without this "
+        "(default 90: three of Prefect's 30 s heartbeats).",
+    )
+
+
+def _lost_after(text: str) -> int:
+    """``--lost-after``'s seconds (argparse prints the error on one line, naming the option)."""
+    from anchorctx.flows.pool import check_lost_after  # imports Prefect, as eval-worker does
+
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError(f"not a whole number of seconds: {text!r}")
+    try:
+        return check_lost_after(int(text))
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
 
 
 def eval_worker(args: argparse.Namespace) -> int:
@@ -87,7 +108,7 @@ def eval_worker(args: argparse.Namespace) -> int:
     from anchorctx.tasks.api import ServerUnreachable, unreachable  # (the same)
 
     try:
-        register(args.pool)
+        register(args.pool, args.lost_after)
     except Exception as err:  # a bare httpx.ConnectError names no server: say which one
         if (lost := unreachable(err)) is None:
             raise

@@ -24,7 +24,8 @@ flow" recipe) marks a run Crashed once :data:`LOST_AFTER_S` seconds pass without
 evaluate flow then runs that shard again on the pool (where a live worker takes it; it resumes
 from the records the lost run wrote), at most :data:`LOST_RETRIES` times, and logs one line
 naming the node that was lost; with no online worker left, or the retries spent, it fails with
-one line naming the node.
+one line naming the node. ``anchorctx eval-worker --lost-after S`` sets the pool's window (one a
+pool; workers started without it keep the window the pool has).
 """
 
 from __future__ import annotations
@@ -304,10 +305,21 @@ def evaluate_on_pool(
     return [str(result_path(c, s, cfg)) for c, s in pairs]
 
 
-def lost_run_automation(pool: str, deployment_id: Any) -> Any:
+def check_lost_after(seconds: int) -> int:
+    """``seconds`` as the lost-run window; an error unless it exceeds :data:`HEARTBEAT_S` (a
+    shorter window would take every live shard run, between two heartbeats, for lost)."""
+    if seconds <= HEARTBEAT_S:
+        raise ValueError(
+            f"lost-after must exceed the shard runs' heartbeat period of {HEARTBEAT_S} s, "
+            f"got {seconds}"
+        )
+    return seconds
+
+
+def lost_run_automation(pool: str, deployment_id: Any, lost_after_s: int = LOST_AFTER_S) -> Any:
     """Prefect's zombie-flow automation for the pool's shard runs: a run that went Pending or
     Running, or sent a heartbeat, and then sends neither a heartbeat nor a final state for
-    :data:`LOST_AFTER_S` seconds is marked Crashed (its node is gone)."""
+    ``lost_after_s`` seconds is marked Crashed (its node is gone)."""
     from prefect.client.schemas.objects import StateType
     from prefect.events.actions import ChangeFlowRunState
     from prefect.events.schemas.automations import AutomationCore, EventTrigger, Posture
@@ -336,32 +348,40 @@ def lost_run_automation(pool: str, deployment_id: Any) -> Any:
             for_each={"prefect.resource.id"},
             posture=Posture.Proactive,
             threshold=1,
-            within=timedelta(seconds=LOST_AFTER_S),
+            within=timedelta(seconds=lost_after_s),
         ),
         actions=[
             ChangeFlowRunState(
                 state=StateType.CRASHED,
-                message=f"no heartbeat from its node for {LOST_AFTER_S} s",
+                message=f"no heartbeat from its node for {lost_after_s} s",
             )
         ],
     )
 
 
-def ensure_lost_run_automation(pool: str) -> None:
-    """Create :func:`lost_run_automation` for ``pool`` unless the server has it (by name)."""
+def ensure_lost_run_automation(pool: str, lost_after_s: int | None = None) -> None:
+    """Create :func:`lost_run_automation` for ``pool`` unless the server has it (by name), with
+    ``lost_after_s`` (default :data:`LOST_AFTER_S`). Given, it also replaces the window of the
+    automation the server has; None leaves that as it is."""
     from prefect.client.orchestration import get_client
 
     with get_client(sync_client=True) as client:
         deployment = client.read_deployment_by_name(f"{SHARD_FLOW}/{pool}")
-        automation = lost_run_automation(pool, deployment.id)
-        if client.read_automations_by_name(automation.name):
+        automation = lost_run_automation(pool, deployment.id, lost_after_s or LOST_AFTER_S)
+        existing = client.read_automations_by_name(automation.name)
+        if not existing:
+            client.create_automation(automation)
             return
-        client.create_automation(automation)
+        # the automation this module creates has an event trigger (its ``within`` window)
+        window = getattr(existing[0].trigger, "within", None)
+        if lost_after_s and window != timedelta(seconds=lost_after_s):
+            client.update_automation(existing[0].id, automation)
 
 
-def register(pool: str) -> None:
+def register(pool: str, lost_after_s: int | None = None) -> None:
     """Create the process work pool (if missing), its ``evaluate-shard/<pool>`` deployment (its
-    runs send heartbeats) and the automation that marks a run Crashed when they stop."""
+    runs send heartbeats) and the automation that marks a run Crashed when they stop, after
+    ``lost_after_s`` seconds without one (:func:`ensure_lost_run_automation`)."""
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.actions import WorkPoolCreate
     from prefect.deployments.runner import EntrypointType
@@ -379,7 +399,7 @@ def register(pool: str) -> None:
         )
     )
     deployment.apply(work_pool_name=pool)
-    ensure_lost_run_automation(pool)
+    ensure_lost_run_automation(pool, lost_after_s)
 
 
 def worker_command(pool: str, name: str | None = None) -> list[str]:

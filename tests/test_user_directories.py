@@ -196,6 +196,7 @@ def _library_writers(tmp_path: Path) -> dict[str, Callable[[Path], object]]:
     from anchorctx.demo.heldout_eval import write_heldout_eval
     from anchorctx.demo.paper_assets import write_paper_assets
     from anchorctx.demo.pretrain_corpus import write_pretrain_corpus
+    from anchorctx.evaluation.stacked_report import write_stacked_report
     from anchorctx.evaluation.weights import average_weights
 
     ckpts = run_checkpoints(tmp_path / "runs" / "exp" / "anchor")
@@ -207,6 +208,8 @@ def _library_writers(tmp_path: Path) -> dict[str, Callable[[Path], object]]:
         "write_demo_corpus": lambda d: write_demo_corpus(d, docs_per_domain=1, progress=False),
         "write_pretrain_corpus": lambda d: write_pretrain_corpus(d, documents=2),
         "write_paper_assets": lambda d: write_paper_assets(d, tiny=True, progress=False),
+        # no experiments: an empty report, so only the directory rule is exercised
+        "write_stacked_report": lambda d: write_stacked_report([], d),
     }
 
 
@@ -218,6 +221,7 @@ LIBRARY_WRITERS = [
     "write_demo_corpus",
     "write_pretrain_corpus",
     "write_paper_assets",
+    "write_stacked_report",
 ]
 
 
@@ -294,6 +298,7 @@ def test_every_directory_writer_is_walked_here():
     """A new writer of whole directories must join the walk above (or say why not)."""
     covered = {
         "anchorctx/evaluation/weights.py",
+        "anchorctx/evaluation/stacked_report.py",
         "anchorctx/demo/fixtures.py",
         "anchorctx/demo/heldout_eval.py",
         "anchorctx/demo/corpus.py",

@@ -172,6 +172,27 @@ def test_stacked_report_shows_other_task_sets_apart(tmp_path):
     assert "| SlimPajama-128K | full | — / 62.75 |" in eleven
 
 
+def test_stacked_report_of_the_table6_families_rows_family_by_arm(tmp_path):
+    """Table 6 stacked: the three families' presets give family × arm rows beside the paper's
+    13-task means."""
+    from anchorctx.evaluation.stacked_report import write_stacked_report
+
+    experiments = []
+    for name in ("llama3-8b", "qwen1.5-1.8b"):
+        exp = tmp_path / f"paper-{name}-128k"
+        _summary(exp / "anchor", {"131072": 50.0, "4096": 88.0}, TASKS_13)
+        _summary(exp / "full", {"131072": 30.0, "4096": 84.0}, TASKS_13)
+        experiments.append((exp, ["full", "anchor"]))
+    out = write_stacked_report(experiments, tmp_path / "table6")
+    md = out["markdown"]
+    assert "ours / paper (arXiv 2411.13476v2, Table 6)" in md
+    assert "| Llama-3-8B | anchor | 50.00 / 51.49 (-1.49) |" in md
+    assert "| Llama-3-8B | full | 30.00 / 34.02 (-4.02) |" in md
+    rows = [(r["dataset"], r["arm"]) for r in out["record"]["rows"]]
+    assert rows[:2] == [("Llama-3-8B", "full"), ("Llama-3-8B", "anchor")]
+    assert ("Qwen-1.5-1.8B", "anchor") in rows and "Not comparable" not in md
+
+
 def test_stacked_report_replaces_only_its_own_directory(tmp_path):
     from anchorctx.evaluation.stacked_report import StackedReportError, write_stacked_report
     from anchorctx.io import ForeignDirectoryError

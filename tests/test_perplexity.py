@@ -318,6 +318,10 @@ def test_every_checkpoint_of_every_arm_gives_the_curves_in_the_report(
     markdown = (tmp_path / "exp" / "report.md").read_text()
     assert "Figure 4 — RULER and perplexity over training" in markdown
     assert "![RULER and perplexity over training](training_curves.png)" in markdown
+    # the arms side by side: a RULER table and a perplexity table per length, rows by step
+    figure4 = markdown.split("Figure 4")[1]
+    assert figure4.count("| step | full | anchor |") == 3
+    assert "**RULER mean** by step" in figure4 and "**perplexity at 64** by step" in figure4
     assert "### Perplexity by length" in markdown
     # The last-k table averages the newest two checkpoints, the curves show all three.
     assert report["tables"]["perplexity"]["rows"]["anchor"]["64"]["n"] == 2

@@ -125,23 +125,28 @@ def curves_markdown(
     figure: str | None,
     problems: tuple[str, ...] | list[str] = (),
 ) -> str:
-    """One table per arm: step, RULER mean, perplexity at each length; the arms left out."""
+    """The arms side by side by step: one table of the RULER mean, one of perplexity per
+    length; then the arms left out."""
     lines = ["### Figure 4 — RULER and perplexity over training", ""]
     lines += [f"- {line}" for line in problems] + ([""] if problems else [])
     lines += [
-        "Every evaluated checkpoint of each arm (`anchorctx evaluate CONFIG --all-arms` evaluates them all)."
+        "Every evaluated checkpoint of each arm (`anchorctx evaluate CONFIG --all-arms` "
+        "evaluates them all)."
     ]
     if figure:
         lines += ["", f"![RULER and perplexity over training]({figure})"]
-    for arm, c in curves.items():
-        lengths = list(c["perplexity"])
-        steps = sorted({*c["ruler"], *(s for by in c["perplexity"].values() for s in by)}, key=int)
-        rows = [
-            [s, _num(c["ruler"].get(s))] + [_num(c["perplexity"][n].get(s)) for n in lengths]
-            for s in steps
-        ]
-        header = ["step", "RULER"] + [f"ppl {length_label(n)}" for n in lengths]
-        lines += ["", f"**{arm}**", "", markdown_table(header, rows)]
+    if not curves:
+        return "\n".join(lines)
+    arms = list(curves)
+    series = {"RULER mean": {arm: c["ruler"] for arm, c in curves.items()}}
+    lengths = sorted_keys(n for c in curves.values() for n in c["perplexity"])
+    for n in lengths:
+        by_arm = {arm: c["perplexity"].get(n, {}) for arm, c in curves.items()}
+        series[f"perplexity at {length_label(n)}"] = by_arm
+    for title, by_arm in series.items():
+        steps = sorted({s for points in by_arm.values() for s in points}, key=int)
+        rows = [[s] + [_num(by_arm[arm].get(s)) for arm in arms] for s in steps]
+        lines += ["", f"**{title}** by step", "", markdown_table(["step", *arms], rows)]
     return "\n".join(lines)
 
 

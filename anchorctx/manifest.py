@@ -23,7 +23,12 @@ PACKAGES = (
     "datasets",
     "tokenizers",
     "deepspeed",
+    # the kernels a run may have used: attention engines, fused kernels and their compilers
     "flash-attn",
+    "flash-attn-4",
+    "nvidia-cutlass-dsl",
+    "liger-kernel",
+    "triton",
     "prefect",
     "lm-eval",
     "pydantic",

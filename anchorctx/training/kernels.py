@@ -124,6 +124,8 @@ def fused_rope_forward(self, hidden_states, position_embeddings=None, attention_
     if cached or position_embeddings is None or impl not in ALL_ATTENTION_FUNCTIONS:
         parent: Any = super(type(self), self)
         return parent.forward(hidden_states, position_embeddings, attention_mask, **kw)
+    for name in ("cache", "past_key_values"):  # None here; the model's forward takes them by name
+        kw.pop(name, None)
     input_shape = hidden_states.shape[:-1]
     hidden_shape = (*input_shape, -1, self.head_dim)
     # [B, T, heads·D] -> [B, heads, T, D]: views of the projections' outputs

@@ -26,6 +26,7 @@ processes); later calls and layers reuse it.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -53,6 +54,17 @@ def _kernel() -> Callable[..., Any]:
     from flash_attn.cute import flash_attn_varlen_func
 
     return flash_attn_varlen_func
+
+
+@functools.cache
+def import_problem() -> str | None:
+    """Why FA4 does not import here (None: it does). Asked once per process: ``auto`` checks
+    fa4 first on every attention call of every layer, and a failing import is not free."""
+    try:
+        _kernel()
+    except Exception as err:  # ImportError, or the CuTe DSL failing to load its libraries
+        return f"{type(err).__name__}: {err}"
+    return None
 
 
 def run_kernel(q, k, v, plan: VarlenPlan, scale: float) -> torch.Tensor:
@@ -92,11 +104,10 @@ class Fa4Engine(Engine):
         return NU4 * tiles.u + LAMBDA4 * tiles.n_q
 
     def available(self) -> tuple[bool, str]:
-        try:
-            _kernel()
-        except Exception as err:  # ImportError, or the CuTe DSL failing to load its libraries
+        problem = import_problem()
+        if problem is not None:
             return False, (
-                f"flash_attn.cute does not import ({type(err).__name__}: {err}); "
+                f"flash_attn.cute does not import ({problem}); "
                 "pip install 'anchorctx[flash4]' on a Hopper or Blackwell machine"
             )
         return True, ""

@@ -95,7 +95,7 @@ COMMANDS: dict[str, Command] = {
         evaluation_commands.report,
         evaluation_commands.report_arguments,
         "Average the last k checkpoints and write the experiment report (--stacked DIR: one "
-        "report across several experiments, the paper's Table 5).",
+        "report across several experiments, the paper's Tables 5 and 6).",
         True,
     ),
     "plan": Command(

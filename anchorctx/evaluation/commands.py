@@ -191,7 +191,8 @@ def report_arguments(parser: argparse.ArgumentParser) -> None:
         "--stacked",
         metavar="DIR",
         help="Instead of each experiment's own report: one RULER table across the configs in "
-        "the paper's Table 5 layout (rows dataset × arm, lengths longest first, the paper's "
+        "the paper's Table 5 / 6 layout (rows dataset or model family × arm, lengths longest "
+        "first, the paper's "
         "numbers beside; arms scored on different task sets in separate tables), written as "
         "DIR/report.{md,json}. DIR is replaced only when it is new, empty or an earlier "
         "stacked report.",

@@ -25,6 +25,7 @@ import dataclasses
 import errno
 import fcntl
 import hashlib
+import io
 import json
 import locale
 import os
@@ -86,6 +87,15 @@ def atomic_write_bytes(path: str | Path, data: bytes) -> Path:
             raise OSError(err.errno, err.strerror or os.strerror(err.errno), str(path)) from err
         raise
     return path
+
+
+def atomic_write_png(path: str | Path, figure: Any, dpi: float | None = None) -> Path:
+    """A matplotlib ``figure`` laid out, rendered to PNG in memory and written by
+    :func:`atomic_write_bytes` (matplotlib's own writer opens ``path`` directly)."""
+    figure.tight_layout()
+    buf = io.BytesIO()
+    figure.savefig(buf, format="png", **({} if dpi is None else {"dpi": dpi}))
+    return atomic_write_bytes(path, buf.getvalue())
 
 
 def atomic_write_text(path: str | Path, text: str) -> Path:

@@ -21,7 +21,6 @@ so the report also shows the quantities that *do* depend on the arm:
 
 from __future__ import annotations
 
-import io
 import math
 import time
 from pathlib import Path
@@ -36,7 +35,7 @@ from anchorctx.evaluation.records import (
     Provenance,
     RopeStudy,
 )
-from anchorctx.io import atomic_write_bytes, atomic_write_json, read_json, read_jsonl
+from anchorctx.io import atomic_write_json, atomic_write_png, read_json, read_jsonl
 from anchorctx.packing.pipeline import load_packed
 from anchorctx.training.plan import Parallelism
 
@@ -178,11 +177,7 @@ def plot_loss_curves(curves: dict[str, list[tuple[int, float]]], path: Path) -> 
     bottom.xaxis.set_major_locator(MaxNLocator(integer=True))
     for ax in (top, bottom):
         ax.grid(True, alpha=0.3)
-    fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png")
-    atomic_write_bytes(path, buf.getvalue())
-    return path
+    return atomic_write_png(path, fig)
 
 
 # ---------------------------------------------------------------------- attention work

@@ -14,7 +14,6 @@ step (a weight-averaged one, a base model) has no place on the axis and is left 
 
 from __future__ import annotations
 
-import io
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +26,7 @@ from anchorctx.evaluation.averaging import (
     sorted_keys,
 )
 from anchorctx.evaluation.integrity import ResultIntegrityError
-from anchorctx.io import atomic_write_bytes
+from anchorctx.io import atomic_write_png
 
 PNG_NAME = "training_curves.png"
 
@@ -113,11 +112,7 @@ def plot_curves(curves: dict[str, dict[str, Any]], path: Path) -> Path:
         ax.grid(True, alpha=0.3)
         if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize="small")
-    fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png")
-    atomic_write_bytes(path, buf.getvalue())
-    return path
+    return atomic_write_png(path, fig)
 
 
 def curves_markdown(

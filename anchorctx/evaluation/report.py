@@ -21,7 +21,6 @@ different task sets (e.g. 11 and 13 tasks) are shown in separate tables, never s
 
 from __future__ import annotations
 
-import io
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
@@ -83,7 +82,7 @@ from anchorctx.evaluation.seed_pairs import (
     seed_differences_markdown,
     with_costs,
 )
-from anchorctx.io import atomic_write_bytes, atomic_write_json, atomic_write_text, read_json
+from anchorctx.io import atomic_write_json, atomic_write_png, atomic_write_text, read_json
 
 # The one score a general-ability suite is reported by: (task, metric) in its scores.
 HEADLINE = {"mmlu": ("mmlu", "acc"), "hellaswag": ("hellaswag", "acc_norm")}
@@ -326,11 +325,7 @@ def plot_ruler(
     ax.set_title(f"RULER by length (bars: {bars})")
     ax.grid(True, alpha=0.3)
     ax.legend()
-    fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png")
-    atomic_write_bytes(path, buf.getvalue())
-    return path
+    return atomic_write_png(path, fig)
 
 
 # ---------------------------------------------------------------------------- report

@@ -13,12 +13,11 @@ is an estimate (the H200 fit scaled by peak compute, not measured), and the rows
 
 from __future__ import annotations
 
-import io
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from anchorctx.evaluation.averaging import markdown_table
-from anchorctx.io import atomic_write_bytes, atomic_write_json, atomic_write_text
+from anchorctx.io import atomic_write_json, atomic_write_png, atomic_write_text
 
 if TYPE_CHECKING:
     from anchorctx.experiment import ExperimentConfig
@@ -127,11 +126,7 @@ def plot_token_time(rows: list[dict[str, Any]], path: Path) -> Path:
     ax.grid(True, axis="y", alpha=0.3)
     if kinds:
         ax.legend()
-    fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png")
-    atomic_write_bytes(path, buf.getvalue())
-    return path
+    return atomic_write_png(path, fig)
 
 
 def write_token_time(rows: list[dict[str, Any]], out_dir: Path) -> dict[str, str]:

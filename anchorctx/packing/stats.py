@@ -6,13 +6,12 @@ Fu et al.'s rule (budget, tokens, documents kept and dropped)."""
 
 from __future__ import annotations
 
-import io
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from anchorctx.io import atomic_write_bytes, atomic_write_json, atomic_write_text
+from anchorctx.io import atomic_write_json, atomic_write_png, atomic_write_text
 from anchorctx.packing.mixture import DocumentPlan, bucket_tokens
 from anchorctx.packing.pack import PackStats
 from anchorctx.packing.tokens import DocIndex
@@ -97,11 +96,8 @@ def length_histogram(index: DocIndex, plan: DocumentPlan, emitted: np.ndarray, p
     ax.set_ylabel("documents")
     ax.set_title("Document length distribution")
     ax.legend()
-    fig.tight_layout()
-    buf = io.BytesIO()  # rendered in memory, then written by the one atomic writer (mode, fsync)
-    fig.savefig(buf, dpi=120, format="png")
+    atomic_write_png(path, fig, dpi=120)
     plt.close(fig)
-    atomic_write_bytes(path, buf.getvalue())
     return path
 
 

@@ -68,6 +68,8 @@ def test_the_step_model_is_within_10_percent_of_the_measured_steps(row):
 
 
 def test_the_plan_assumes_fa4_only_where_it_runs(monkeypatch):
+    cost_plan.fa4_installed.cache_clear()  # looked up once per process otherwise
+    monkeypatch.setattr(cost_plan, "fa4_installed", cost_plan.fa4_installed.__wrapped__)
     a100 = cost_plan.GPUS["a100-80g"]
     assert cost_plan.attention_kernels(a100) == "cudnn-triton"
     monkeypatch.setattr(cost_plan.importlib.util, "find_spec", lambda name: object())

@@ -476,21 +476,19 @@ def per_sample_record(result: dict[str, Any], per_sample: dict[str, list]) -> di
 
 def render_figure(json_path: str | Path, target: str | Path | None = None) -> Path:
     """Render the three-panel PNG of a ``rope_precision.json`` (default: beside it), atomically."""
-
-    json_path = Path(json_path)
-    target = Path(target) if target is not None else json_path.with_name(PNG_NAME)
-    png = io.BytesIO()
-    plot_study(read_json(json_path), png)
-    return atomic_write_bytes(target, png.getvalue())
+    return _render(plot_study, json_path, target, PNG_NAME)
 
 
 def render_per_sample_figure(json_path: str | Path, target: str | Path | None = None) -> Path:
     """Render Figure 7 of a ``rope_precision_per_sample.json`` (default: beside it), atomically."""
+    return _render(plot_per_sample, json_path, target, PER_SAMPLE_PNG)
 
+
+def _render(plot, json_path: str | Path, target: str | Path | None, default_name: str) -> Path:
     json_path = Path(json_path)
-    target = Path(target) if target is not None else json_path.with_name(PER_SAMPLE_PNG)
+    target = Path(target) if target is not None else json_path.with_name(default_name)
     png = io.BytesIO()
-    plot_per_sample(read_json(json_path), png)
+    plot(read_json(json_path), png)
     return atomic_write_bytes(target, png.getvalue())
 
 

@@ -36,6 +36,7 @@ from tqdm.auto import tqdm
 
 from anchorctx.io import read_json
 from anchorctx.models.checkpoints import META_FILE
+from anchorctx.models.loading import lengths_beyond
 from anchorctx.packing.settings import SourceConfig
 
 if TYPE_CHECKING:
@@ -179,8 +180,7 @@ def row_nll(model: Any, row: Any, variant: str, engine: str) -> tuple[float, int
 
 
 def _check_lengths(model: Any, wanted: list[int]) -> None:
-    limit = getattr(model.config, "max_position_embeddings", None)
-    too_long = [n for n in wanted if limit is not None and n > limit]
+    limit, too_long = lengths_beyond(model, wanted)
     if too_long:
         raise PerplexityDataError(
             f"evaluation.perplexity.lengths {too_long} exceed the model's "

@@ -51,6 +51,12 @@ class DeviceError(ValueError):
     exit_code = 2  # the config names it (anchorctx.cli)
 
 
+def lengths_beyond(model: Any, lengths: list[int]) -> tuple[int | None, list[int]]:
+    """(the model's ``max_position_embeddings`` or None, the ``lengths`` above it)."""
+    limit = getattr(model.config, "max_position_embeddings", None)
+    return limit, [n for n in lengths if limit is not None and n > limit]
+
+
 def resolve_device(want: str | None, key: str) -> str:
     """The device a config value (``key``) asks for: ``auto``/None is CUDA when a GPU is
     visible, else CPU; ``cuda`` without a visible GPU is an error naming ``key``."""

@@ -31,6 +31,7 @@ from its dense bf16 peak) factor, see :data:`GPUS`.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib.util
 import json
 import math
@@ -295,13 +296,16 @@ ROPE_SAVED_S_PER_ELEMENT = 2.2e-11
 def attention_kernels(gpu: GpuKind) -> str:
     """The attention kernels ``engine: auto`` runs on ``gpu`` when it trains from this
     environment: ``fa4`` on Hopper with flash-attn-4 installed, else ``cudnn-triton``."""
-    if gpu.name not in FA4_GPUS:
-        return "cudnn-triton"
+    return "fa4" if gpu.name in FA4_GPUS and fa4_installed() else "cudnn-triton"
+
+
+@functools.cache
+def fa4_installed() -> bool:
+    """flash-attn-4 is importable here (looked up once: the layout search asks per candidate)."""
     try:
-        found = importlib.util.find_spec("flash_attn.cute") is not None
+        return importlib.util.find_spec("flash_attn.cute") is not None
     except ImportError:  # no flash_attn package at all
-        found = False
-    return "fa4" if found else "cudnn-triton"
+        return False
 
 
 def rope_saving_seconds(shape: Shape, t: float, keep: int) -> float:

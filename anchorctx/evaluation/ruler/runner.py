@@ -29,6 +29,7 @@ from anchorctx.evaluation.ruler.data import (
 from anchorctx.evaluation.ruler.generate import generate, num_available
 from anchorctx.evaluation.ruler.scoring import sample_score
 from anchorctx.io import atomic_write_text
+from anchorctx.models.loading import lengths_beyond
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -191,8 +192,7 @@ def selected_tasks(tasks: list[str] | None, exclude: list[str]) -> list[str]:
 
 
 def check_lengths(lengths: list[int], model: PreTrainedModel) -> None:
-    limit = getattr(model.config, "max_position_embeddings", None)
-    too_long = [n for n in lengths if limit is not None and n > limit]
+    limit, too_long = lengths_beyond(model, lengths)
     if too_long:
         raise RulerLengthError(
             f"RULER lengths {too_long} exceed the model's max_position_embeddings={limit}. "

@@ -119,8 +119,9 @@ def parse_setup(text: str) -> dict:
 def make_config(args, layers: int, seq_len: int, world: int, setup: dict | None = None):
     setup = setup or {"zero_stage": args.zero_stage, "comm": {}}
     sp = args.sp or world
-    # sp "auto": the layout plan's probe, over a batch that every data-parallel size divides.
-    batch = world if sp == "auto" else world // sp  # one row per data-parallel group
+    # sp "auto": the layout plan's probe, over a batch that every data-parallel size divides;
+    # --rows-per-step: that many rows, accumulated; else one row per data-parallel group.
+    batch = world if sp == "auto" else args.rows_per_step or world // sp
     raw = {
         "name": "bench",
         "run_root": "/tmp/anchorctx-bench",
@@ -177,11 +178,15 @@ def memory_options(args) -> dict:
     }
 
 
-def launch_defaults(configs: dict, world: int, rank: int) -> dict:
+def launch_defaults(configs: dict, world: int, rank: int, variant: str) -> dict:
     """``training.memory.auto``'s choice for this host's GPU, by the launcher's own function
-    (what ``anchorctx train`` runs by default)."""
+    (what ``anchorctx train`` runs by default), for rows of ``variant`` (the first measured:
+    a document mask's cheaper attention can choose another layout than full attention's)."""
     chosen = {}
     for n, cfg in configs.items():
+        cfg = cfg.model_copy(
+            update={"training": cfg.training.model_copy(update={"attention": variant})}
+        )
         chosen[n], _, note = memory_choice.for_launch(cfg, world, 1)
         if rank == 0:
             print(f"{n} layers: {note}", flush=True)
@@ -200,22 +205,31 @@ def load(cfg, device: str = "cpu"):
     return model.train()
 
 
-def step_data(seq_len: int, variant: str, par, rank: int, seed: int) -> StepData:
-    """This rank's shard of its data-parallel group's row (group ``g`` reads the row of seed
-    ``seed + g``), with the global batch's totals (every group's row)."""
+def step_data(seq_len: int, variant: str, par, rank: int, seed: int, rows: int) -> StepData:
+    """This rank's shards of its data-parallel group's rows, one micro-step each, with the
+    global batch's totals. The step holds ``rows`` rows (seeds ``seed`` to ``seed + rows - 1``),
+    group ``g`` the ``g``-th run of ``rows / dp`` of them: layouts measured with the same
+    ``rows`` train on the same rows (heavy-tailed rows differ in attention work)."""
     from anchorctx.attention import build_layout
 
-    rows = [
-        synthetic_row(seq_len, variant, seed=seed + g, vocab=VOCAB, sp=par.sp)
-        for g in range(par.dp)
+    if rows % par.dp:
+        raise SystemExit(
+            f"--rows-per-step {rows}: not a multiple of the {par.dp} data-parallel groups"
+        )
+    every = [
+        synthetic_row(seq_len, variant, seed=seed + i, vocab=VOCAB, sp=par.sp) for i in range(rows)
     ]
-    row = rows[rank // par.sp]
+    k = rows // par.dp
+    group = rank // par.sp
     device = f"cuda:{torch.cuda.current_device()}" if DEVICE == "cuda" else "cpu"
-    mb = shard_rows([row], variant, par.sp, rank % par.sp, device)
-    targets = sum(count_targets(r.targets) for r in rows)
-    tokens = sum(r.real_tokens for r in rows)
-    pairs = sum(build_layout(r.seg_lens, variant, r.seg_doc).attended_pairs for r in rows)
-    return StepData([mb], targets, tokens, pairs)
+    mbs = [
+        shard_rows([row], variant, par.sp, rank % par.sp, device)
+        for row in every[group * k : (group + 1) * k]
+    ]
+    targets = sum(count_targets(r.targets) for r in every)
+    tokens = sum(r.real_tokens for r in every)
+    pairs = sum(build_layout(r.seg_lens, variant, r.seg_doc).attended_pairs for r in every)
+    return StepData(mbs, targets, tokens, pairs)
 
 
 class PhaseTimes:
@@ -291,6 +305,78 @@ def kernel_kind(name: str) -> str:
 PLAN_ATTENTION = {"fa4": "fa4", "triton": "cudnn-triton", "sdpa": "cudnn-triton"}
 
 
+COLLECTIVES = (
+    "AllToAll",
+    "SendRecv",
+    "ReduceScatter",
+    "AllGather",
+    "AllReduce",
+    "Reduce",
+    "Broadcast",
+)
+
+
+def collective_of(name: str) -> str:
+    """NCCL kernel name -> its collective (``ncclDevKernel_AllGather_RING_LL`` -> AllGather);
+    all-to-all runs as send/receive kernels."""
+    for c in COLLECTIVES:
+        if c.lower() in name.lower():
+            return "AllToAll" if c == "SendRecv" else c
+    return "other"
+
+
+def exposed_communication(events) -> dict[str, float]:
+    """Seconds in which a collective's kernel runs while no compute kernel does, by collective,
+    and the step's GPU span and the compute kernels' busy time. Kernel time of a collective
+    includes waiting for the other ranks, so its sum says little; what no compute overlaps is
+    what the step pays for it (or for a straggler)."""
+    import bisect
+
+    spans: list[tuple[float, float]] = []
+    comm: list[tuple[str, float, float]] = []
+    for e in events:
+        if str(e.device_type).rsplit(".", 1)[-1] != "CUDA" or e.is_user_annotation:
+            continue  # ranges such as ``nccl:all_reduce`` are annotations: their kernels count
+        a, b = e.time_range.start, e.time_range.end
+        if "nccl" in e.name.lower():
+            comm.append((collective_of(e.name), a, b))
+        else:
+            spans.append((a, b))
+    if not spans:
+        return {}
+    spans.sort()
+    merged = [list(spans[0])]
+    for a, b in spans[1:]:
+        if a <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], b)
+        else:
+            merged.append([a, b])
+    starts = [m[0] for m in merged]
+
+    def uncovered(a: float, b: float) -> float:
+        """Length of [a, b] outside the merged compute spans."""
+        free, i = b - a, max(bisect.bisect_right(starts, a) - 1, 0)
+        while i < len(merged) and merged[i][0] < b:
+            lo, hi = max(a, merged[i][0]), min(b, merged[i][1])
+            free -= max(0.0, hi - lo)
+            i += 1
+        return free
+
+    out: dict[str, float] = {}
+    comm.sort(key=lambda c: c[1])
+    last = -float("inf")
+    for kind, a, b in comm:  # overlapping collectives: each moment counted once
+        a = max(a, last)
+        if b > a:
+            out[kind] = out.get(kind, 0.0) + uncovered(a, b)
+            last = b
+    first = min([m[0] for m in merged] + [c[1] for c in comm])
+    end = max([m[1] for m in merged] + [c[2] for c in comm])
+    busy = sum(b - a for a, b in merged)
+    res = {k: round(v / 1e6, 4) for k, v in sorted(out.items(), key=lambda kv: -kv[1])}
+    return {**res, "gpu_span": round((end - first) / 1e6, 4), "compute_busy": round(busy / 1e6, 4)}
+
+
 def profiled_step(engine, data, par, scale, loss_fn, rank: int) -> dict[str, float]:
     """``--profile``: one more step under torch's profiler; seconds of GPU time by kernel kind
     (kernels of different streams may overlap, so the kinds can sum past the step's wall time).
@@ -317,7 +403,9 @@ def profiled_step(engine, data, par, scale, loss_fn, rank: int) -> dict[str, flo
         kind = kernel_kind(e.key)
         by_kind[kind] = by_kind.get(kind, 0.0) + e.self_device_time_total / 1e6
     out = {k: round(v, 3) for k, v in sorted(by_kind.items(), key=lambda kv: -kv[1])}
+    exposed = exposed_communication(prof.events())
     if rank == 0:
+        print(f"  exposed communication (no compute kernel running): {json.dumps(exposed)}")
         for e in sorted(kernels, key=lambda e: -e.self_device_time_total)[:25]:
             print(
                 f"  {e.self_device_time_total / 1e6:8.3f} s {e.count:7d}x  "
@@ -325,7 +413,19 @@ def profiled_step(engine, data, par, scale, loss_fn, rank: int) -> dict[str, flo
                 flush=True,
             )
         print("  GPU time by kind: " + json.dumps(out), flush=True)
-    return {**out, "host_waits": sum(waits.values())}
+    return {**out, "host_waits": sum(waits.values()), "exposed": exposed}
+
+
+def alloc_retries() -> int | None:
+    """The caching allocator's retries since the process began: each one is a failed cudaMalloc
+    answered by freeing the cache and trying again (a device synchronisation), the cost of a
+    step that runs at the memory's edge."""
+    return torch.cuda.memory_stats().get("num_alloc_retries", 0) if DEVICE == "cuda" else None
+
+
+def alloc_retries_note() -> str:
+    n = alloc_retries()
+    return f", {n} allocator retries so far" if n else ""
 
 
 def median_phases(steps: list[dict[str, float]]) -> dict[str, float]:
@@ -333,7 +433,8 @@ def median_phases(steps: list[dict[str, float]]) -> dict[str, float]:
 
 
 def measure(engine, par, variant: str, seq_len: int, rank: int, args, cfg) -> dict:
-    data = step_data(seq_len, variant, par, rank, seed=args.seed)
+    rows = args.rows_per_step or par.dp
+    data = step_data(seq_len, variant, par, rank, seed=args.seed, rows=rows)
     scale = loss_scale(engine, par)
     loss_fn = loss_function(cfg.training.memory.tiled_loss)
     sync = torch.cuda.synchronize if DEVICE == "cuda" else (lambda: None)
@@ -357,7 +458,7 @@ def measure(engine, par, variant: str, seq_len: int, rank: int, args, cfg) -> di
         if rank == 0:  # long full-depth steps: each one is on record even if a later one fails
             print(
                 f"step {i + 1}: {time.perf_counter() - t0:.2f} s, loss {stats.loss:.4f}, "
-                f"peak {M.peak_memory_gib(DEVICE):.1f} GiB",
+                f"peak {M.peak_memory_gib(DEVICE):.1f} GiB{alloc_retries_note()}",
                 flush=True,
             )
     gpu_by_kind = None
@@ -375,7 +476,7 @@ def measure(engine, par, variant: str, seq_len: int, rank: int, args, cfg) -> di
     shape = MM.Shape.from_hf(text)
     predicted = MM.summary(MM.predict(shape, seq_len, opts))
     predicted_step = None
-    if DEVICE == "cuda":  # the plan's step for this GPU, layout and options (one row per group)
+    if DEVICE == "cuda":  # the plan's step for this GPU, layout and options, these rows
         kind = memory_choice.gpu_kind(torch.cuda.get_device_name(), 0.0)
         predicted_step = cost_plan.step_seconds(
             shape,
@@ -384,7 +485,8 @@ def measure(engine, par, variant: str, seq_len: int, rank: int, args, cfg) -> di
             opts,
             kind,
             overlap_comm=layout_plan.overlap_of(cfg.training.comm, par.zero_stage),
-            pairs=data.attention_pairs / par.dp if variant != "full" else None,
+            accum=rows // par.dp,
+            pairs=data.attention_pairs / rows if variant != "full" else None,
             attention=PLAN_ATTENTION.get(par.engine),  # auto: what auto runs here
         )
     return {
@@ -398,12 +500,14 @@ def measure(engine, par, variant: str, seq_len: int, rank: int, args, cfg) -> di
         "zero_stage": par.zero_stage,
         "step_time_s": round(dt, 4),
         "dp": par.dp,
+        "rows_per_step": rows,
         "setup": cfg.training.comm.model_dump(exclude_none=True),
-        "tokens_per_s": round(seq_len * par.dp / dt, 1),
-        "tokens_per_s_per_gpu": round(seq_len * par.dp / dt / par.world, 1),
+        "tokens_per_s": round(seq_len * rows / dt, 1),
+        "tokens_per_s_per_gpu": round(seq_len * rows / dt / par.world, 1),
         "tflops_per_gpu": round(per_gpu / 1e12, 1),
         "mfu": round(per_gpu / (peak * 1e12), 4) if peak else None,
         "peak_mem_gib": round(M.peak_memory_gib(DEVICE), 2),
+        "alloc_retries": alloc_retries(),
         "predicted_peak_gib": predicted["peak"],
         "predicted_step_s": round(predicted_step, 3) if predicted_step else None,
         "predicted": predicted,
@@ -434,6 +538,9 @@ def _run(args) -> list[dict]:
     planned = args.sp == "auto"
     if planned:  # rows of --lengths' first value, split as the layout plan splits them
         args.sp = plan_sp(args, world, rank)
+        # the plan's batch: a row per GPU, whatever the split (so the step is whole: its
+        # micro-steps and the optimizer step, and every layout trains on the same rows)
+        args.rows_per_step = args.rows_per_step or world
     sp = args.sp or world
     if world % sp:
         raise SystemExit(f"--sp {sp} does not divide the {world} processes")
@@ -452,7 +559,7 @@ def _run(args) -> list[dict]:
         for setup in setups:
             configs = {n: make_config(args, n, max(lengths), world, setup) for n in args.layers}
             if args.defaults and DEVICE == "cuda":
-                configs = launch_defaults(configs, world, rank)
+                configs = launch_defaults(configs, world, rank, args.variants[0])
             results += _measure_setup(args, configs, world, rank, local_rank, lengths, setup)
     finally:
         shutdown_distributed()
@@ -659,7 +766,8 @@ def main() -> int:
         help="Sequence-parallel degree (default: every process); the data-parallel groups "
         "(processes / SP) each read a row of their own, so a step is processes / SP rows. "
         "auto: the layout plan's choice for rows of --lengths' first value and the first of "
-        "--variants (as anchorctx train chooses).",
+        "--variants (as anchorctx train chooses); a step is then one row per process "
+        "(--rows-per-step's default), accumulated as the plan's batch is.",
     )
     p.add_argument(
         "--setups",
@@ -669,6 +777,14 @@ def main() -> int:
         help="Engine setups measured one after another in this process: z<stage> then "
         "optional training.comm fields (z3, z2:overlap_comm=true,reduce_bucket_size=2e8), or "
         "auto (the layout plan's choice). Default: one, --zero-stage's.",
+    )
+    p.add_argument(
+        "--rows-per-step",
+        type=int,
+        default=None,
+        help="Rows a step trains on, accumulated over rows / DP micro-steps (default: one row "
+        "per data-parallel group). Give layouts of different DP the same rows to compare them "
+        "on the same data: heavy-tailed rows differ in attention work.",
     )
     p.add_argument("--steps", type=int, default=3, help="Timed steps (median reported).")
     p.add_argument("--warmup", type=int, default=2, help="Untimed steps (compilation).")

@@ -7,6 +7,9 @@ then every rank runs the same weights under DeepSpeed ZeRO-3 with Ulysses SP ove
 the logits shards are gathered to rank 0 and compared. (Loss, gradient norm and parameters
 after an optimiser step are checked against one process in the CPU tests, every ZeRO stage.)
 
+``--ring`` adds the paper's baseline: zigzag ring attention over the same ranks (causal full
+attention, anchorctx.attention.ring), the same weights without DeepSpeed, compared the same way.
+
     torchrun --nproc-per-node 2 bench/sp_equivalence.py --seq-len 32768 --out sp2-equiv.json
     torchrun --nproc-per-node 4 bench/sp_equivalence.py --seq-len 32768 --out sp4-equiv.json
 """
@@ -32,8 +35,8 @@ import torch.distributed as dist  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from anchorctx.attention import build_layout  # noqa: E402
-from anchorctx.attention.hf import model_inputs  # noqa: E402
+from anchorctx.attention import build_layout, ring  # noqa: E402
+from anchorctx.attention.hf import attention_name, model_inputs, select_attention  # noqa: E402
 from anchorctx.demo.synthetic import SMOKE, VOCAB, WIDTH_7B, synthetic_row  # noqa: E402
 from anchorctx.experiment import config_from_dict  # noqa: E402
 from anchorctx.models.loading import load_model  # noqa: E402
@@ -104,6 +107,47 @@ def sp_logits(engine, row, variant: str, par, rank: int, device: str) -> torch.T
     return torch.cat(shards).cpu() if rank == 0 else None
 
 
+def ring_logits(model, row, world: int, rank: int, device: str) -> torch.Tensor | None:
+    """Zigzag ring attention over every rank: the whole row's logits [T, V] on rank 0."""
+    seq = row.input_ids.shape[0]
+    pos = ring.zigzag_positions(seq, world, rank).to(device)
+    own = attention_name(model)
+    select_attention(model, ring.register())
+    try:
+        with torch.no_grad():
+            local = (
+                model(
+                    input_ids=row.input_ids.to(device)[pos][None],
+                    position_ids=pos[None],
+                    use_cache=False,
+                    **{ring.POSITIONS_KWARG: pos},
+                )
+                .logits[0]
+                .contiguous()
+            )  # [T/N, V], this rank's zigzag shard
+    finally:
+        select_attention(model, own)
+    shards = [torch.empty_like(local) for _ in range(world)]
+    dist.all_gather(shards, local)
+    if rank:
+        return None
+    order = torch.cat([ring.zigzag_positions(seq, world, r) for r in range(world)])
+    whole = torch.empty((seq, local.shape[-1]), dtype=local.dtype)
+    whole[order] = torch.cat(shards).cpu()
+    return whole
+
+
+def compare(got: torch.Tensor, ref: torch.Tensor, **fields) -> dict:
+    diff = (got.float() - ref.float()).abs()
+    return {
+        **fields,
+        "dtype": "bfloat16",
+        "max_abs_logits_diff": float(diff.max()),
+        "mean_abs_logits_diff": float(diff.mean()),
+        "bit_identical": bool(torch.equal(got, ref)),
+    }
+
+
 def run(args) -> list[dict]:
     rank, world, local_rank = init_distributed(args.device)
     device = f"cuda:{local_rank}" if args.device == "cuda" else "cpu"
@@ -120,26 +164,41 @@ def run(args) -> list[dict]:
         single = replace(par, sp=1)
         refs = {v: reference_logits(model, rows[v], v, single.engine, device) for v in rows}
     dist.barrier()
+    results = []
+    if args.ring and "full" in rows:  # before Ulysses wraps the attention: the plain model
+        got = ring_logits(model, rows["full"], world, rank, device)
+        if rank == 0:
+            results.append(
+                compare(
+                    got,
+                    refs["full"],
+                    variant="full",
+                    method="ring (zigzag)",
+                    sp=world,
+                    seq_len=args.seq_len,
+                    layers=args.layers,
+                    documents=len(rows["full"].seg_lens),
+                    zero_stage=None,
+                )
+            )
+            print(json.dumps(results[-1]), flush=True)
     mpu = register_sequence_parallel(model, par, args.seq_len)
     engine = build_engine(model, cfg, par, mpu)
-    results = []
     for variant, row in rows.items():
         got = sp_logits(engine, row, variant, par, rank, device)
         if rank == 0:
-            diff = (got.float() - refs[variant].float()).abs()
             results.append(
-                {
-                    "variant": variant,
-                    "sp": world,
-                    "seq_len": args.seq_len,
-                    "layers": args.layers,
-                    "documents": len(row.seg_lens),
-                    "zero_stage": 3,
-                    "dtype": "bfloat16",
-                    "max_abs_logits_diff": float(diff.max()),
-                    "mean_abs_logits_diff": float(diff.mean()),
-                    "bit_identical": bool(torch.equal(got, refs[variant])),
-                }
+                compare(
+                    got,
+                    refs[variant],
+                    variant=variant,
+                    method="Ulysses",
+                    sp=world,
+                    seq_len=args.seq_len,
+                    layers=args.layers,
+                    documents=len(row.seg_lens),
+                    zero_stage=3,
+                )
             )
             print(json.dumps(results[-1]), flush=True)
     shutdown_distributed()
@@ -155,6 +214,12 @@ def main() -> int:
     p.add_argument("--engine", default="auto")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
+    p.add_argument(
+        "--ring",
+        action="store_true",
+        help="Also zigzag ring attention over the same ranks (full attention; the paper's "
+        "Table 8 baseline).",
+    )
     p.add_argument("--smoke", action="store_true", help="Tiny width on CPU (checks the script).")
     p.add_argument("--out", type=Path, default=None)
     args = p.parse_args()
@@ -163,11 +228,13 @@ def main() -> int:
     results = run(args)
     if not results:
         return 0
-    print("\n| variant | SP | seq_len | layers | docs | max abs logits diff | bit-identical |")
-    print("|---|---:|---:|---:|---:|---:|---|")
+    print(
+        "\n| method | variant | SP | seq_len | layers | docs | max abs logits diff | bit-identical |"
+    )
+    print("|---|---|---:|---:|---:|---:|---:|---|")
     for r in results:
         print(
-            f"| {r['variant']} | {r['sp']} | {r['seq_len']} | {r['layers']} | "
+            f"| {r['method']} | {r['variant']} | {r['sp']} | {r['seq_len']} | {r['layers']} | "
             f"{r['documents']} | {r['max_abs_logits_diff']:.3g} | {r['bit_identical']} |"
         )
     if args.out:

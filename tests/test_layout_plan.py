@@ -183,3 +183,28 @@ def test_sp_candidates_follow_heads_and_the_batch():
     assert memory_choice.sp_candidates(cfg, SHAPE, 8) == [2, 4, 8]
     fixed = _cfg("training.sequence_parallel=4")
     assert memory_choice.sp_candidates(fixed, SHAPE, 8) == [4]
+
+
+def test_the_step_parts_name_what_is_exposed_and_sum_to_the_step():
+    sp4 = memory.Options(gpus=4, sp=4, zero=2, keep_activations=32, kernels="liger")
+    parts = cost_plan.step_parts(SHAPE, 65536, "anchor", sp4, H200, overlap_comm=True)
+    assert set(parts) == set(cost_plan.STEP_PARTS)
+    assert sum(parts.values()) == cost_plan.step_seconds(
+        SHAPE, 65536, "anchor", sp4, H200, overlap_comm=True
+    )
+    assert parts["ulysses"] > 0 and parts["zero3_gather"] == 0
+    assert parts["grad_reduce"] == 0  # overlapped behind backward
+    dp = memory.Options(gpus=4, sp=1, zero=2, keep_activations=23, kernels="liger")
+    serial = cost_plan.step_parts(SHAPE, 32768, "anchor", dp, H200, overlap_comm=False)
+    assert serial["ulysses"] == 0 and serial["grad_reduce"] > 0
+
+
+def test_the_plan_prints_where_a_step_goes_once_per_split():
+    from anchorctx.evaluation.cost_plan import format_plan, plan_experiment
+
+    text = format_plan(plan_experiment(_cfg("training.kernels=liger"), "h200", gpus=4))
+    lines = [x for x in text.splitlines() if x.startswith("  where a step goes (")]
+    # full attention alone; the document-masked arms (same attention work) share one line
+    assert len(lines) == 2 and lines[0].startswith("  where a step goes (full): compute ")
+    assert "intra_doc, intra_doc_reset, anchor" in lines[1]
+    assert all("per-layer hooks and launches" in x for x in lines)  # never 0 at full depth

@@ -218,6 +218,31 @@ def _h(hours: float) -> str:
     return f"{hours:,.1f}"
 
 
+def step_parts_lines(arms) -> list[str]:
+    """Where a step goes, once per split (arms of equal splits share a line): the compute, then
+    each exposed communication and the update (cost_plan.step_parts; parts under 5 ms left
+    out)."""
+    groups: dict[tuple, list[str]] = {}
+    for a in arms:
+        if a.parts:
+            key = tuple((k, round(v, 2)) for k, v in a.parts.items())
+            if a.variant not in groups.setdefault(key, []):
+                groups[key].append(a.variant)
+    lines = []
+    for key, variants in groups.items():
+        parts = dict(key)
+        named = [
+            f"{cost_plan.STEP_PARTS[k]} {v:.2f}"
+            for k, v in parts.items()
+            if k != "compute" and v > 0
+        ]
+        rest = f"; {', '.join(named)}" if named else "; no communication exposed"
+        lines.append(
+            f"  where a step goes ({', '.join(variants)}): compute {parts['compute']:.2f} s{rest}"
+        )
+    return lines
+
+
 def format_plan(plan: ExperimentPlan) -> str:
     """The plan as a readable report (what ``anchorctx plan`` prints)."""
     t, e = plan.training, plan.evaluation
@@ -262,6 +287,7 @@ def format_plan(plan: ExperimentPlan) -> str:
             f"  {a.name:<18}{a.variant:<17}{a.steps:>7}{a.step_s:>9.2f}{_h(a.gpu_hours):>12}"
         )
     lines.append(f"  {'all arms':<51}{_h(t.gpu_hours):>12}")
+    lines += step_parts_lines(t.arms)
     sources: dict[str, list[str]] = {}  # the document-masked arms' attention work, by source
     for a in t.arms:
         if a.document_lengths is not None:

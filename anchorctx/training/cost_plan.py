@@ -74,7 +74,8 @@ GPUS: dict[str, GpuKind] = {
         1.0,
         1.0,
         False,
-        "fitted on one H200 (docs/PERFORMANCE.md sections 1, 2, 4; 2026-11-22..24)",
+        "fitted on H200s: one GPU's kernels and steps, the 2- and 4-GPU layouts "
+        "(docs/PERFORMANCE.md, tests/test_layout_plan.py)",
     ),
     # Measured on both kinds: the 128K 4-layer step with liger, H100 2.09 / 6.47 s (anchor /
     # full) against H200 2.026 / 6.436 s (docs/benchmarks/2026-11-22-training-step.md,
@@ -488,6 +489,25 @@ def row_seconds(
 
 
 def step_seconds(
+    shape: Shape, tokens: int, variant: str, opt: Options, gpu: GpuKind, **kw
+) -> float:
+    """One optimizer step on each GPU: the sum of :func:`step_parts`."""
+    return sum(step_parts(shape, tokens, variant, opt, gpu, **kw).values())
+
+
+# What each of step_parts' parts is, as `anchorctx plan` names them.
+STEP_PARTS = {
+    "compute": "the rows' forward and backward",
+    "ulysses": "Ulysses' all-to-alls",
+    "zero3_gather": "ZeRO-3's gathers",
+    "grad_reduce": "gradient reduction",
+    "overhead": "per-layer hooks and launches",
+    "param_gather": "updated weights' all-gather",
+    "update": "the update",
+}
+
+
+def step_parts(
     shape: Shape,
     tokens: int,
     variant: str,
@@ -502,11 +522,12 @@ def step_seconds(
     overlap_comm: bool | None = None,
     inter_node_gb_per_s: float | None = None,
     attention: str | None = None,
-) -> float:
-    """One optimizer step on each GPU: ``accum`` micro-steps of ``rows`` rows per data-parallel
-    group, each with the communication its compute does not hide, then the update
-    (:mod:`anchorctx.training.layout_plan`); an offloaded optimizer steps on the host
-    (:func:`optimizer_seconds`). ``overlap_comm``: default the plan's setting for ``opt.zero``."""
+) -> dict[str, float]:
+    """Seconds of one optimizer step on each GPU by part (:data:`STEP_PARTS`): ``accum``
+    micro-steps of ``rows`` rows per data-parallel group, each with the communication its compute
+    does not hide, then the update (:mod:`anchorctx.training.layout_plan`; an offloaded optimizer
+    steps on the host, :func:`optimizer_seconds`). Communication counts only what is exposed.
+    ``overlap_comm``: default the plan's setting for ``opt.zero``."""
     keep = opt.keep_activations if checkpointing else shape.layers
     overlap = layout_plan.overlap_of(None, opt.zero) if overlap_comm is None else overlap_comm
     lay = layout_plan.Layout(opt.gpus // nodes, nodes, opt.sp, opt.zero, overlap)
@@ -515,9 +536,15 @@ def step_seconds(
     comm["ulysses"] *= rows
     if opt.offload_optimizer:
         comm["optimizer"] = 0.0
-    micro, update = layout_plan.exposed(comm, overlap)
+    micro = layout_plan.exposed_parts(comm, overlap)
     row = row_seconds(shape, tokens, variant, opt, gpu, checkpointing, pairs, attention)
-    return accum * (rows * row + micro) + update + optimizer_seconds(shape, opt)
+    parts = {"compute": accum * rows * row}
+    parts |= {k: accum * v for k, v in micro.items()}
+    parts["param_gather"] = layout_plan.EXPOSED["param_gather"] * comm["param_gather"]
+    parts["update"] = layout_plan.EXPOSED["optimizer"] * comm["optimizer"] + optimizer_seconds(
+        shape, opt
+    )
+    return parts
 
 
 def optimizer_seconds(shape: Shape, opt: Options) -> float:
@@ -672,6 +699,7 @@ class ArmPlan:
     gpu_hours: float
     # The document-masked arms' attention work (None for full: causal pairs T²/2).
     document_lengths: DocLengths | None = None
+    parts: dict[str, float] = dataclasses.field(default_factory=dict)  # step_parts' split
 
 
 @dataclass(frozen=True)
@@ -806,7 +834,7 @@ def plan_training(
         lengths = None
         if t.attention != "full":
             lengths = document_lengths(arm, tokens, par.sp, read)
-        step = step_seconds(
+        parts = step_parts(
             shape,
             tokens,
             t.attention,
@@ -820,8 +848,9 @@ def plan_training(
             overlap_comm=layout_plan.overlap_of(t.comm, par.zero_stage),
             inter_node_gb_per_s=t.comm.inter_node_gb_per_s,
         )
+        step = sum(parts.values())
         hours = t.steps * step * par.world / 3600
-        arms.append(ArmPlan(arm.variant_name, t.attention, t.steps, step, hours, lengths))
+        arms.append(ArmPlan(arm.variant_name, t.attention, t.steps, step, hours, lengths, parts))
     return TrainingPlan(
         gpu=gpu,
         gpu_estimate=kind.estimate,

@@ -171,14 +171,13 @@ def overlap_of(comm_cfg: Any, zero: int) -> bool:
     return COMM_SETTINGS.get(zero, {}).get("overlap_comm", zero >= 3)
 
 
-def exposed(comm: dict[str, float], overlap_comm: bool) -> tuple[float, float]:
-    """(per micro-step, per optimizer step) seconds the compute does not hide."""
+def exposed_parts(comm: dict[str, float], overlap_comm: bool) -> dict[str, float]:
+    """Per micro-step seconds the compute does not hide, by collective (and the per-layer
+    overhead); the optimizer step's own parts are ``param_gather`` and ``optimizer``."""
     reduce = EXPOSED["grad_reduce_overlapped" if overlap_comm else "grad_reduce"]
-    micro = (
-        comm["overhead"]
-        + EXPOSED["ulysses"] * comm["ulysses"]
-        + EXPOSED["zero3_gather"] * comm["zero3_gather"]
-        + reduce * comm["grad_reduce"]
-    )
-    step = EXPOSED["param_gather"] * comm["param_gather"] + EXPOSED["optimizer"] * comm["optimizer"]
-    return micro, step
+    return {
+        "ulysses": EXPOSED["ulysses"] * comm["ulysses"],
+        "zero3_gather": EXPOSED["zero3_gather"] * comm["zero3_gather"],
+        "grad_reduce": reduce * comm["grad_reduce"],
+        "overhead": comm["overhead"],
+    }

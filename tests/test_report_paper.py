@@ -66,6 +66,30 @@ def test_numbers_are_cited_by_table_and_never_filled_in():
             assert group is None or any(r.get("group") == group for r in tables[table]["rows"])
 
 
+def test_the_demo_shows_the_paper_for_reference_at_the_papers_lengths(tmp_path):
+    """The CPU demo and gpu-small reproduce the main recipe in miniature: every score table
+    they print (RULER, LongBench, MMLU/HellaSwag) gets the paper's numbers beside it, marked as
+    a reference; lengths the run did not evaluate show the paper's number alone."""
+    exp = tmp_path / "demo"
+    _summary(exp / "anchor", {"1024": 3.0, "2048": 1.0}, ["niah_single_1"], mmlu=26.0)
+    md = write_experiment_report(exp, ["anchor"])["markdown"]
+    beside = md[md.index("## Beside the paper") :]
+    assert "for reference" in beside and "in miniature" in beside
+    assert "— / 90.69" in beside  # Table 5's anchor at 4K, which this run did not evaluate
+    assert "| arm | 64K | 32K | 16K | 8K | 4K |\n" in beside  # each paper length once
+    general = beside[beside.index("### MMLU and HellaSwag") :]
+    assert "| arm | MMLU | HellaSwag |\n" in general  # Table 7's LongBench ICL is LongBench's
+    assert "26.00 / 40.32 (-14.32)" in beside  # Table 7's MMLU, the one overlapping column
+    assert "1.00 /" not in beside  # our 1K/2K lengths: the paper has none
+    other = tmp_path / "my-experiment"  # neither a preset nor a miniature: nothing beside
+    _summary(other / "anchor", {"4096": 3.0}, TASKS_11)
+    assert "Beside the paper" not in write_experiment_report(other, ["anchor"])["markdown"]
+    numbers = PN.load_paper_numbers()
+    assert set(numbers["miniatures"]) == {"demo", "gpu-small"}
+    for name in numbers["miniatures"]:  # the names of the project's own configs
+        assert f"name: {name}\n" in Path(f"configs/{name}.yaml").read_text()
+
+
 def test_report_shows_the_paper_beside_ours_with_the_difference(tmp_path):
     exp = tmp_path / "paper-table5-slimpajama-64k"
     _summary(exp / "anchor", {"4096": 90.0, "65536": 70.0}, TASKS_11, mmlu=40.0)

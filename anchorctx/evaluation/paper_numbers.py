@@ -5,7 +5,10 @@
 own column keys: RULER lengths as token counts, LongBench categories, ``MMLU``/``HellaSwag``),
 with how they were read (``source``), the paper's own inconsistencies (``notes``) and the tables
 left out (``left_out``). ``presets`` names, per paper preset (its experiment ``name``), the
-tables and groups its arms reproduce; a config under another name is compared with nothing.
+tables and groups its arms reproduce; ``miniatures`` the same for the project's small
+experiments (the CPU demo, gpu-small), which reproduce the paper's main recipe at a size whose
+scores are not expected to reach the paper's: their reports show the numbers for reference. A
+config under another name is compared with nothing.
 
 A RULER cell is compared only where the arm's RULER mean is over the paper's task set (11 tasks
 for Llama-2, 13 for the Table 6 families): a mean over other tasks is a different number.
@@ -31,9 +34,17 @@ def load_paper_numbers(path: Path = PAPER_NUMBERS) -> dict[str, Any]:
 
 
 def references(experiment: str, numbers: dict[str, Any] | None = None) -> list[tuple[str, Any]]:
-    """``[(table, group), ...]`` the experiment named ``experiment`` reproduces (none: [])."""
+    """``[(table, group), ...]`` the experiment named ``experiment`` reproduces, as a paper
+    preset or in miniature (none: [])."""
     numbers = numbers or load_paper_numbers()
-    return [(str(t), g) for t, g in numbers["presets"].get(experiment, [])]
+    refs = numbers["presets"].get(experiment) or numbers["miniatures"].get(experiment, [])
+    return [(str(t), g) for t, g in refs]
+
+
+def is_miniature(experiment: str, numbers: dict[str, Any] | None = None) -> bool:
+    """Whether ``experiment`` reproduces the paper's tables in miniature (``miniatures``)."""
+    numbers = numbers or load_paper_numbers()
+    return experiment in numbers["miniatures"]
 
 
 def paper_cells(
@@ -41,9 +52,11 @@ def paper_cells(
 ) -> dict[str, dict[str, PaperCell]]:
     """``{arm: {column: {"value", "table", "tasks"}}}`` of the paper's cells that fall in the
     report's table ``report_table`` (``ruler``, ``longbench``, ``general``); the first table in
-    ``refs`` that has a cell gives it."""
+    ``refs`` that has a cell gives it, the tables of that suite before those that place one
+    column there (Table 7's LongBench ICL defers to Table 12's Few-shot)."""
     out: dict[str, dict[str, PaperCell]] = {}
-    for table_id, group in refs:
+    own_first = sorted(refs, key=lambda ref: numbers["tables"][ref[0]]["suite"] != report_table)
+    for table_id, group in own_first:
         table = numbers["tables"][table_id]
         where = table.get("column_tables", {})
         for row in table["rows"]:
@@ -109,7 +122,8 @@ def beside_markdown(
     """One table: per arm, ``ours / paper (ours − paper) [our 95% interval]`` in each column
     the paper has; arms the paper has and the run lacks are listed with ``—`` for ours."""
     shown = [c for c in columns if any(c in compared.get(a, {}) for a in compared)]
-    shown += [c for a in compared for c in compared[a] if c not in shown]
+    for cells in compared.values():  # then the paper's columns this run has none of, once
+        shown += [c for c in cells if c not in shown]
     rows = [a for a in arms if a in compared] + [a for a in compared if a not in arms]
     tables = sorted({e["table"] for a in rows for e in compared[a].values()}, key=int)
     header = ["arm"] + [length_label(c) if c.isdigit() else c for c in shown]

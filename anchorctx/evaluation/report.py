@@ -52,6 +52,7 @@ from anchorctx.evaluation.paired import (
 from anchorctx.evaluation.paper_numbers import (
     beside,
     beside_markdown,
+    is_miniature,
     load_paper_numbers,
     paper_cells,
     references,
@@ -405,7 +406,8 @@ def write_experiment_report(
         figure = Path(paths["curves_plot"]).name if curves else None
         markdown += "\n" + training_curves.curves_markdown(curves, figure, curve_problems) + "\n"
     if paper:
-        markdown += "\n" + paper_markdown(paper, tables, arms) + "\n"
+        miniature = is_miniature(experiment_dir.name)
+        markdown += "\n" + paper_markdown(paper, tables, arms, miniature) + "\n"
     paths["markdown"] = str(atomic_write_text(experiment_dir / "report.md", markdown))
     paths["json"] = str(experiment_dir / "report.json")
     record: ReportRecord = {
@@ -660,13 +662,26 @@ PAPER_TITLES = {
 }
 
 
-def paper_markdown(paper: PaperComparison, tables: Tables, arms: list[str]) -> str:
+def paper_markdown(
+    paper: PaperComparison, tables: Tables, arms: list[str], miniature: bool = False
+) -> str:
+    source = (
+        "The paper's published numbers (anchorctx/evaluation/paper_numbers.json, read from "
+        "arXiv 2411.13476v2) beside ours"
+    )
+    if miniature:
+        what = (
+            f"{source}, for reference: this experiment runs the paper's recipe in miniature "
+            "(its arms on a small model at short rows), whose scores are not expected to reach "
+            "a 7B model's at 64K tokens; the paper's lengths this run did not evaluate show "
+            "only the paper's number."
+        )
+    else:
+        what = f"{source} for the arms this preset reproduces."
     lines = [
         "## Beside the paper",
         "",
-        "The paper's published numbers (anchorctx/evaluation/paper_numbers.json, read from "
-        "arXiv 2411.13476v2) beside ours for the arms this preset reproduces. A RULER cell is "
-        "compared only where our mean is over the paper's task set.",
+        f"{what} A RULER cell is compared only where our mean is over the paper's task set.",
     ]
     for name, compared in paper.items():
         columns = list(tables[name]["columns"])

@@ -475,7 +475,7 @@ def measure(engine, par, variant: str, seq_len: int, rank: int, args, cfg) -> di
     opts = MM.Options.of_run(cfg.training, par.world, par.sp, par.zero_stage)
     shape = MM.Shape.from_hf(text)
     predicted = MM.summary(MM.predict(shape, seq_len, opts))
-    predicted_step = None
+    predicted_step = floor = None
     if DEVICE == "cuda":  # the plan's step for this GPU, layout and options, these rows
         kind = memory_choice.gpu_kind(torch.cuda.get_device_name(), 0.0)
         predicted_step = cost_plan.step_seconds(
@@ -488,6 +488,18 @@ def measure(engine, par, variant: str, seq_len: int, rank: int, args, cfg) -> di
             accum=rows // par.dp,
             pairs=data.attention_pairs / rows if variant != "full" else None,
             attention=PLAN_ATTENTION.get(par.engine),  # auto: what auto runs here
+        )
+        # The floor: these rows' compute alone at the plan's rates (matmuls at the fitted rate,
+        # attention at the measured kernels'), every layer kept, nothing communicated.
+        floor = (rows // par.dp) * cost_plan.row_seconds(
+            shape,
+            seq_len,
+            variant,
+            opts,
+            kind,
+            checkpointing=False,
+            pairs=data.attention_pairs / rows if variant != "full" else None,
+            attention=PLAN_ATTENTION.get(par.engine),
         )
     return {
         "layers": text.num_hidden_layers,
@@ -510,6 +522,7 @@ def measure(engine, par, variant: str, seq_len: int, rank: int, args, cfg) -> di
         "alloc_retries": alloc_retries(),
         "predicted_peak_gib": predicted["peak"],
         "predicted_step_s": round(predicted_step, 3) if predicted_step else None,
+        "floor_step_s": round(floor, 3) if floor else None,
         "predicted": predicted,
         "host_max_rss_gib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 1),
         "memory": mem.model_dump(),
@@ -619,8 +632,8 @@ def _measure_setup(args, configs, world, rank, local_rank, lengths, setup) -> li
 def table(results: list[dict]) -> str:
     head = (
         "| layers | SP × DP | setup | seq_len | variant | engine | step s | tok/s | tok/s/GPU "
-        "| TFLOP/s/GPU | MFU | peak GiB | predicted GiB | plan's step s |\n"
-        "|---:|---:|---|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"
+        "| TFLOP/s/GPU | MFU | peak GiB | predicted GiB | plan's step s | floor s |\n"
+        "|---:|---:|---|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
     )
     rows = [
         f"| {r['layers']} | {r['sp']} × {r['dp']} | {r['setup_name']} | {r['seq_len']} | "
@@ -630,6 +643,7 @@ def table(results: list[dict]) -> str:
         + (f"{100 * r['mfu']:.1f}%" if r["mfu"] is not None else "n/a")
         + f" | {r['peak_mem_gib']:.1f} | {r['predicted_peak_gib']:.1f} | "
         + (f"{r['predicted_step_s']:.3f} |" if r.get("predicted_step_s") else "n/a |")
+        + (f" {r['floor_step_s']:.3f} |" if r.get("floor_step_s") else " n/a |")
         for r in results
     ]
     return "\n".join([head, *rows])
@@ -638,8 +652,8 @@ def table(results: list[dict]) -> str:
 def speedups(results: list[dict]) -> str:
     """Anchor (and the other variants) step time over full attention's, per depth and length."""
     out = [
-        "| layers | SP × DP | setup | seq_len | variant | step time / full |",
-        "|---:|---:|---|---:|---|---:|",
+        "| layers | SP × DP | setup | seq_len | variant | step time / full | floor |",
+        "|---:|---:|---|---:|---|---:|---:|",
     ]
     for r in results:
         full = next(
@@ -653,9 +667,14 @@ def speedups(results: list[dict]) -> str:
         )
         if full and r["variant"] != "full":
             ratio = r["step_time_s"] / full["step_time_s"]
+            floor = (
+                f"{r['floor_step_s'] / full['floor_step_s']:.3f}"
+                if r.get("floor_step_s") and full.get("floor_step_s")
+                else "n/a"
+            )
             out.append(
                 f"| {r['layers']} | {r['sp']} × {r['dp']} | {r['setup_name']} | {r['seq_len']} | "
-                f"{r['variant']} | {ratio:.3f} |"
+                f"{r['variant']} | {ratio:.3f} | {floor} |"
             )
     return "\n".join(out)
 

@@ -399,7 +399,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         nargs="+",
         default=[
             *("flex", "varlen", "flash_attn", "flex_merge", "flex_copy", "triton"),
-            *("fa4", "auto"),
+            *("fa4", "flex_flash", "auto"),
         ],
         choices=[*ENGINES, "auto"],
         help="Engines on the document masks.",

@@ -123,3 +123,48 @@ def test_flash_attn_needs_fa2_not_fa4s_namespace(monkeypatch):
     monkeypatch.setitem(sys.modules, "flash_attn", types.ModuleType("flash_attn"))
     ok, why = ENGINES["flash_attn"].available()
     assert not ok and "FlashAttention-2 does not import" in why
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_flex_flash_sends_flex_its_block_mask_with_the_flash_backend(monkeypatch, variant):
+    """flex_flash is the flex engine's mask run on FA4's kernels: the same block mask and
+    arguments reach FlexAttention, with ``kernel_options={"BACKEND": "FLASH"}`` (on CPU the
+    eager FlexAttention stands in for the compiled call; torch chooses the FLASH kernels
+    there and nowhere else)."""
+    from torch.nn.attention.flex_attention import flex_attention
+
+    from anchorctx.attention.engines import flex
+
+    sent = []
+
+    def recording(q, k, v, **kw):
+        sent.append(kw.pop("kernel_options"))
+        return flex_attention(q, k, v, **kw)
+
+    monkeypatch.setattr(flex, "compiled_flex", lambda: recording)
+    rows = _two_rows(variant, 2)
+    g = torch.Generator().manual_seed(1)
+    qkv = [torch.randn(2, h, rows[0].seq_len, 16, generator=g) for h in (4, 2, 2)]
+    with torch.no_grad():
+        got = _forward("flex_flash", rows, qkv)
+        want = attend(*qkv, rows, engine="sdpa")
+    assert sent and all(o == {"BACKEND": "FLASH"} for o in sent)
+    torch.testing.assert_close(got, want, rtol=2e-5, atol=2e-5)  # float32, as above
+
+
+def test_flex_flash_names_what_is_missing(monkeypatch):
+    from anchorctx.attention.engines import flex
+
+    flex_flash = ENGINES["flex_flash"]
+    assert flex_flash.auto == flex.AutoRanks()  # runs when named, until measured
+    monkeypatch.setitem(sys.modules, "flash_attn.cute", None)
+    flash4.import_problem.cache_clear()
+    try:
+        ok, why = flex_flash.available()
+    finally:
+        flash4.import_problem.cache_clear()
+    assert not ok and ("[flash4]" in why or "BACKEND" in why)
+    monkeypatch.setattr(
+        "torch.nn.attention.flex_attention.FlexKernelOptions", types.SimpleNamespace()
+    )
+    assert "no FlexAttention BACKEND option" in flex.flash_backend_problem()

@@ -20,7 +20,7 @@ pytestmark = pytest.mark.gpu
 T = 3000  # not a multiple of 128
 FUSED = [
     name
-    for name in ("flex", "varlen", "flash_attn", "flex_merge", "triton", "fa4")
+    for name in ("flex", "varlen", "flash_attn", "flex_merge", "triton", "fa4", "flex_flash")
     if ENGINES[name].available()[0]
 ]
 

@@ -34,7 +34,7 @@ def test_names_are_the_registry():
     assert all(engine.name == name for name, engine in ENGINES.items())
     pinned = (
         *("auto", "sdpa", "flex", "varlen", "flash_attn", "flex_merge", "flex_copy", "triton"),
-        "fa4",
+        *("fa4", "flex_flash"),
     )
     assert pinned == ENGINE_NAMES
     assert VARIANTS is names.VARIANTS is LAYOUT_VARIANTS
@@ -68,6 +68,7 @@ def test_auto_preferences_are_pinned():
     assert preference("masked") == masked
     assert preference("other") == ("sdpa",)
     assert ENGINES["flex_copy"].auto == AutoRanks()  # runs when named only
+    assert ENGINES["flex_flash"].auto == AutoRanks()  # not measured yet
     # Every engine auto ranks by cost has a cost model; sdpa has none and comes last.
     unpriced = [n for n in preference("masked") if ENGINES[n].cost(cost.TileCounts(8, 2)) is None]
     assert unpriced == ["sdpa"]

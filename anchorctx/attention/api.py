@@ -31,7 +31,8 @@ def attend(
             as ``hf.model_inputs`` returns, or a list). Engines' masks and plans are cached
             on the layout / batch, so every layer of a forward reuses them.
         engine: ``auto``, ``sdpa``, ``flex``, ``varlen``, ``flash_attn``, ``flex_merge``,
-            ``flex_copy``, ``triton`` or ``fa4``.
+            ``flex_copy``, ``triton``, ``fa4`` or ``flex_flash`` (flex's block mask on
+            FlashAttention-4's kernels through PyTorch's ``BACKEND="FLASH"``; runs when named).
         scale: softmax scale; default ``1/sqrt(D)``.
 
     Returns:

@@ -29,5 +29,6 @@ ENGINE_CLASSES: dict[str, str] = {
     "flex_copy": f"{_ENGINES}.copy:FlexCopyEngine",
     "triton": f"{_ENGINES}.triton_doc:TritonEngine",
     "fa4": f"{_ENGINES}.flash4:Fa4Engine",
+    "flex_flash": f"{_ENGINES}.flex:FlexFlashEngine",
 }
 ENGINE_NAMES: tuple[str, ...] = ("auto", *ENGINE_CLASSES)

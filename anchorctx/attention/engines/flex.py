@@ -12,13 +12,14 @@ forward exists.
 from __future__ import annotations
 
 import functools
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch.nn.attention.flex_attention import BlockMask, flex_attention
 
 from anchorctx.attention.engines.base import AttentionCall, AutoRanks, Capabilities, Engine
 from anchorctx.attention.engines.cost import TileCounts
+from anchorctx.attention.errors import AttentionError
 from anchorctx.attention.layout import Layout
 
 BLOCK = 128
@@ -79,6 +80,71 @@ class FlexEngine(Engine):
         fn = compiled_flex() if call.q.is_cuda else flex_attention
         gqa = call.q.shape[1] != call.k.shape[1]
         return fn(call.q, call.k, call.v, block_mask=block_mask, scale=call.scale, enable_gqa=gqa)
+
+
+def flash_backend_problem() -> str | None:
+    """Why FlexAttention cannot run on FlashAttention-4 here (None: it can): the installed
+    PyTorch must take ``kernel_options={"BACKEND": "FLASH"}`` and ``flash_attn.cute`` (the
+    ``[flash4]`` extra) must import."""
+    from torch.nn.attention import flex_attention as fa
+
+    options = getattr(fa, "FlexKernelOptions", None)
+    if options is None or "BACKEND" not in getattr(options, "__annotations__", {}):
+        return f"torch {torch.__version__} has no FlexAttention BACKEND option (2.10 or newer)"
+    from anchorctx.attention.engines.flash4 import import_problem
+
+    problem = import_problem()
+    if problem is not None:
+        return f"flash_attn.cute does not import ({problem}): pip install 'anchorctx[flash4]'"
+    return None
+
+
+class FlexFlashEngine(FlexEngine):
+    """The flex engine's block mask and mask_mod run by FlashAttention-4's CuTe kernels instead
+    of Flex's Triton templates (PyTorch's ``BACKEND="FLASH"``, experimental there): Hopper and
+    Blackwell, half precision. Runs when named (``auto`` does not take it until it is measured
+    beside ``flex`` and ``fa4``)."""
+
+    name = "flex_flash"
+    alternative = "flex"
+    capabilities = Capabilities(
+        devices=frozenset({"cuda"}),
+        backward_devices=frozenset({"cuda"}),
+        dtypes=frozenset({torch.bfloat16, torch.float16}),
+        max_head_dim=128,  # FA4's limit on Blackwell, as the fa4 engine declares
+    )
+    auto = AutoRanks()
+    kernel_options: ClassVar[dict[str, str]] = {"BACKEND": "FLASH"}
+
+    def available(self) -> tuple[bool, str]:
+        ok, why = flex_available()
+        if not ok:
+            return ok, why
+        problem = flash_backend_problem()
+        return (False, problem) if problem else (True, "")
+
+    def check(self, call: AttentionCall) -> None:
+        super().check(call)
+        from anchorctx.attention.engines.flash4 import ARCHES
+
+        major, minor = torch.cuda.get_device_capability(call.q.device)
+        if major not in ARCHES:
+            raise AttentionError(
+                f"engine {self.name!r} runs FlashAttention-4, on Hopper and Blackwell (sm90, "
+                f"sm100); this GPU is sm{major}{minor}: use engine='flex'"
+            )
+
+    def forward(self, call: AttentionCall) -> torch.Tensor:
+        gqa = call.q.shape[1] != call.k.shape[1]
+        return compiled_flex()(
+            call.q,
+            call.k,
+            call.v,
+            block_mask=cached_block_mask(call),
+            scale=call.scale,
+            enable_gqa=gqa,
+            kernel_options=dict(self.kernel_options),
+        )
 
 
 class FlexAnchorEngine(Engine):

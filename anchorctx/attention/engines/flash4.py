@@ -67,6 +67,17 @@ def import_problem() -> str | None:
     return None
 
 
+def require_arch(engine: str, device: torch.device, instead: str) -> None:
+    """FlashAttention-4's kernels exist for Hopper and Blackwell only: refuse another GPU,
+    naming what to run ``instead``."""
+    major, minor = torch.cuda.get_device_capability(device)
+    if major not in ARCHES:
+        raise AttentionError(
+            f"engine {engine!r} runs FlashAttention-4, on Hopper and Blackwell (sm90, sm100); "
+            f"this GPU is sm{major}{minor}: {instead}"
+        )
+
+
 def run_kernel(q, k, v, plan: VarlenPlan, scale: float) -> torch.Tensor:
     """FA4 over a varlen plan: q [N_q, H, D], k/v [N_k, H_kv, D] -> out [N_q, H, D]."""
     out, _ = _kernel()(
@@ -114,12 +125,7 @@ class Fa4Engine(Engine):
 
     def check(self, call: AttentionCall) -> None:
         super().check(call)
-        major, minor = torch.cuda.get_device_capability(call.q.device)
-        if major not in ARCHES:
-            raise AttentionError(
-                f"engine {self.name!r} (FlashAttention-4) runs on Hopper and Blackwell (sm90, "
-                f"sm100); this GPU is sm{major}{minor}: use engine='flash_attn' (FA2) or 'triton'"
-            )
+        require_arch(self.name, call.q.device, "use engine='flash_attn' (FA2) or 'triton'")
 
     def forward(self, call: AttentionCall) -> torch.Tensor:
         plan = cached_plan(call)

@@ -19,7 +19,6 @@ from torch.nn.attention.flex_attention import BlockMask, flex_attention
 
 from anchorctx.attention.engines.base import AttentionCall, AutoRanks, Capabilities, Engine
 from anchorctx.attention.engines.cost import TileCounts
-from anchorctx.attention.errors import AttentionError
 from anchorctx.attention.layout import Layout
 
 BLOCK = 128
@@ -125,14 +124,9 @@ class FlexFlashEngine(FlexEngine):
 
     def check(self, call: AttentionCall) -> None:
         super().check(call)
-        from anchorctx.attention.engines.flash4 import ARCHES
+        from anchorctx.attention.engines.flash4 import require_arch
 
-        major, minor = torch.cuda.get_device_capability(call.q.device)
-        if major not in ARCHES:
-            raise AttentionError(
-                f"engine {self.name!r} runs FlashAttention-4, on Hopper and Blackwell (sm90, "
-                f"sm100); this GPU is sm{major}{minor}: use engine='flex'"
-            )
+        require_arch(self.name, call.q.device, "use engine='flex'")
 
     def forward(self, call: AttentionCall) -> torch.Tensor:
         gqa = call.q.shape[1] != call.k.shape[1]

@@ -168,3 +168,13 @@ def test_flex_flash_names_what_is_missing(monkeypatch):
         "torch.nn.attention.flex_attention.FlexKernelOptions", types.SimpleNamespace()
     )
     assert "no FlexAttention BACKEND option" in flex.flash_backend_problem()
+
+
+def test_fa4_engines_refuse_a_gpu_without_its_kernels(monkeypatch):
+    from anchorctx.attention.errors import AttentionError
+
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 0))
+    with pytest.raises(AttentionError, match=r"sm80: use engine='flex'"):
+        flash4.require_arch("flex_flash", torch.device("cpu"), "use engine='flex'")
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    flash4.require_arch("fa4", torch.device("cpu"), "")  # Hopper: nothing to refuse

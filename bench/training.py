@@ -476,6 +476,7 @@ def measure(engine, par, variant: str, seq_len: int, rank: int, args, cfg) -> di
     shape = MM.Shape.from_hf(text)
     predicted = MM.summary(MM.predict(shape, seq_len, opts))
     predicted_step = floor = None
+    row_pairs = data.attention_pairs / rows if variant != "full" else None  # full: T²/2
     if DEVICE == "cuda":  # the plan's step for this GPU, layout and options, these rows
         kind = memory_choice.gpu_kind(torch.cuda.get_device_name(), 0.0)
         predicted_step = cost_plan.step_seconds(
@@ -486,7 +487,7 @@ def measure(engine, par, variant: str, seq_len: int, rank: int, args, cfg) -> di
             kind,
             overlap_comm=layout_plan.overlap_of(cfg.training.comm, par.zero_stage),
             accum=rows // par.dp,
-            pairs=data.attention_pairs / rows if variant != "full" else None,
+            pairs=row_pairs,
             attention=PLAN_ATTENTION.get(par.engine),  # auto: what auto runs here
         )
         # The floor: these rows' compute alone at the plan's rates (matmuls at the fitted rate,
@@ -498,7 +499,7 @@ def measure(engine, par, variant: str, seq_len: int, rank: int, args, cfg) -> di
             opts,
             kind,
             checkpointing=False,
-            pairs=data.attention_pairs / rows if variant != "full" else None,
+            pairs=row_pairs,
             attention=PLAN_ATTENTION.get(par.engine),
         )
     return {

@@ -129,8 +129,8 @@ def test_flash_attn_needs_fa2_not_fa4s_namespace(monkeypatch):
 def test_flex_flash_sends_flex_its_block_mask_with_the_flash_backend(monkeypatch, variant):
     """flex_flash is the flex engine's mask run on FA4's kernels: the same block mask and
     arguments reach FlexAttention, with ``kernel_options={"BACKEND": "FLASH"}`` (on CPU the
-    eager FlexAttention stands in for the compiled call; torch chooses the FLASH kernels
-    there and nowhere else)."""
+    engine calls the eager FlexAttention, which records them here; torch chooses the FLASH
+    kernels in the compiled call on a GPU)."""
     from torch.nn.attention.flex_attention import flex_attention
 
     from anchorctx.attention.engines import flex
@@ -141,7 +141,7 @@ def test_flex_flash_sends_flex_its_block_mask_with_the_flash_backend(monkeypatch
         sent.append(kw.pop("kernel_options"))
         return flex_attention(q, k, v, **kw)
 
-    monkeypatch.setattr(flex, "compiled_flex", lambda: recording)
+    monkeypatch.setattr(flex, "flex_attention", recording)
     rows = _two_rows(variant, 2)
     g = torch.Generator().manual_seed(1)
     qkv = [torch.randn(2, h, rows[0].seq_len, 16, generator=g) for h in (4, 2, 2)]

@@ -31,15 +31,9 @@ def _blocks_in_ring_order(q, k, v, world: int, rank: int) -> torch.Tensor:
     seq = q.shape[1]
     shards = [ring.zigzag_positions(seq, world, r) for r in range(world)]
     mine = shards[rank]
-    out = lse = None
-    for step in range(world):
-        src = shards[(rank - step) % world]
-        b_out, b_lse = ring.block_attention(q[:, mine], k[:, src], v[:, src], mine, src, 0.125)
-        if out is None:
-            out, lse = b_out.float(), b_lse
-        else:
-            out, lse = ring.merge(out, lse, b_out, b_lse)
-    return out.to(q.dtype)
+    order = [shards[(rank - step) % world] for step in range(world)]
+    blocks = [(k[:, src], v[:, src], src) for src in order]
+    return ring.attend_blocks(q[:, mine], mine, blocks, 0.125)
 
 
 def test_blocks_merged_in_ring_order_equal_whole_row_attention_in_float32():

@@ -80,6 +80,27 @@ def merge(
     return out, lse
 
 
+def attend_blocks(
+    q: torch.Tensor,
+    positions: torch.Tensor,
+    blocks: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]],
+    scale: float,
+) -> torch.Tensor:
+    """q [H, Tq, D] at row ``positions`` [Tq] against ``blocks`` of (k, v [H, Tk, D], their
+    positions [Tk]) in the order they are merged, the query's own block first (every query sees
+    at least itself there) -> [H, Tq, D] in q's dtype."""
+    out = lse = None
+    for k, v, pos_k in blocks:
+        b_out, b_lse = block_attention(q, k, v, positions, pos_k, scale)
+        if out is None or lse is None:
+            out, lse = b_out.float(), b_lse
+        else:
+            out, lse = merge(out, lse, b_out, b_lse)
+    if out is None:
+        raise AttentionError("ring attention: no key block to attend to")
+    return out.to(q.dtype)
+
+
 def ring_attention(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -100,16 +121,9 @@ def ring_attention(
     dist.all_gather(ks, k.contiguous(), group=group)
     dist.all_gather(vs, v.contiguous(), group=group)
     dist.all_gather(ps, positions.contiguous(), group=group)
-    out = lse = None
-    for step in range(world):
-        src = (rank - step) % world  # the block that reaches this rank at this ring step
-        b_out, b_lse = block_attention(q, ks[src], vs[src], positions, ps[src], scale)
-        if out is None or lse is None:  # the own block: every query sees at least itself
-            out, lse = b_out.float(), b_lse
-        else:
-            out, lse = merge(out, lse, b_out, b_lse)
-    assert out is not None
-    return out.to(q.dtype)
+    # step s brings rank (rank - s)'s block: the own block first, then round the ring
+    order = [(rank - step) % world for step in range(world)]
+    return attend_blocks(q, positions, [(ks[i], vs[i], ps[i]) for i in order], scale)
 
 
 def ring_attention_hf(

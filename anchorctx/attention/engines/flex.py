@@ -62,6 +62,8 @@ class FlexEngine(Engine):
     # (triton's intra_doc speed was measured only through its anchor rows, and flex_merge adds
     # a log-sum-exp output).
     auto = AutoRanks(full=40, mixed=30, masked=10)
+    # FlexAttention's kernel_options (None: its defaults, the Triton templates)
+    kernel_options: ClassVar[dict[str, str] | None] = None
 
     def available(self) -> tuple[bool, str]:
         return flex_available()
@@ -78,7 +80,16 @@ class FlexEngine(Engine):
         block_mask = cached_block_mask(call)
         fn = compiled_flex() if call.q.is_cuda else flex_attention
         gqa = call.q.shape[1] != call.k.shape[1]
-        return fn(call.q, call.k, call.v, block_mask=block_mask, scale=call.scale, enable_gqa=gqa)
+        options = {"kernel_options": dict(self.kernel_options)} if self.kernel_options else {}
+        return fn(
+            call.q,
+            call.k,
+            call.v,
+            block_mask=block_mask,
+            scale=call.scale,
+            enable_gqa=gqa,
+            **options,
+        )
 
 
 def flash_backend_problem() -> str | None:
@@ -113,7 +124,7 @@ class FlexFlashEngine(FlexEngine):
         max_head_dim=128,  # FA4's limit on Blackwell, as the fa4 engine declares
     )
     auto = AutoRanks()
-    kernel_options: ClassVar[dict[str, str]] = {"BACKEND": "FLASH"}
+    kernel_options: ClassVar[dict[str, str] | None] = {"BACKEND": "FLASH"}
 
     def available(self) -> tuple[bool, str]:
         ok, why = flex_available()
@@ -127,18 +138,6 @@ class FlexFlashEngine(FlexEngine):
         from anchorctx.attention.engines.flash4 import require_arch
 
         require_arch(self.name, call.q.device, "use engine='flex'")
-
-    def forward(self, call: AttentionCall) -> torch.Tensor:
-        gqa = call.q.shape[1] != call.k.shape[1]
-        return compiled_flex()(
-            call.q,
-            call.k,
-            call.v,
-            block_mask=cached_block_mask(call),
-            scale=call.scale,
-            enable_gqa=gqa,
-            kernel_options=dict(self.kernel_options),
-        )
 
 
 class FlexAnchorEngine(Engine):
